@@ -11,6 +11,7 @@ regopy wraps a native library with sharp edges, so they are all handled here:
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -75,6 +76,10 @@ class Bundle:
                 output = self._interpreter.query_bundle_entrypoint(self._bundle, entrypoint)
             except regopy.RegoError as exc:
                 raise RegoEvalError(_first_line(str(exc))) from None
+            except ValueError as exc:
+                # regopy builds Output by json-parsing the native result; an evaluation error
+                # (e.g. an unknown builtin) arrives as an s-expression and fails that parse.
+                raise RegoEvalError(_errormsg(getattr(exc, "doc", "") or str(exc))) from None
             if not output.ok():
                 raise RegoEvalError(_first_line(str(output)))
             results = output.results
@@ -127,6 +132,12 @@ def query_once(modules: Iterable[Module], data: Mapping[str, Any], query: str) -
     if not results or not results[0].expressions:
         return Undefined
     return results[0].expressions[0]
+
+
+def _errormsg(text: str) -> str:
+    """The ``(errormsg N:text)`` payload of a native error s-expression, else its first line."""
+    match = re.search(r"\(errormsg \d+:([^)]*)\)", text)
+    return match.group(1).strip()[:500] if match else _first_line(text)
 
 
 def _first_line(text: str) -> str:

@@ -1,0 +1,5 @@
+"""``python -m service`` is ``cpctl``."""
+
+from .cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""System surfaces: ``/api/v1/system/info``, component status objects, health, readiness, metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .. import __version__
+from ..errors import ServiceUnavailable
+from ..keys import COMPONENTS, CONFIG, METRICS, STARTED_AT
+
+routes = web.RouteTableDef()
+
+#: A component reporter returns a status object: at least ``{"status": ready|placeholder|degraded}``.
+Reporter = Callable[[], Awaitable[dict[str, Any]]]
+
+#: Components that must be ``ready`` for /readyz (when the application has them).
+READY_REQUIRES = ("config", "store", "policies")
+
+_PLACEHOLDER_DETAIL = {
+    "authn": "authentication is not configured in this build",
+    "authz": "the policy engine is not configured in this build",
+}
+
+
+def register_component(app: web.Application, name: str, reporter: Reporter) -> None:
+    """Make ``name`` visible in system/info (and /readyz when it is required)."""
+    app[COMPONENTS][name] = reporter
+
+
+async def component_statuses(app: web.Application) -> dict[str, dict[str, Any]]:
+    statuses: dict[str, dict[str, Any]] = {}
+    for name, reporter in app[COMPONENTS].items():
+        try:
+            statuses[name] = await reporter()
+        except Exception:
+            # A reporter that fails is itself a finding; its error text stays in our logs.
+            statuses[name] = {"status": "degraded", "detail": "status check failed"}
+    return statuses
+
+
+def aggregate(statuses: dict[str, dict[str, Any]]) -> str:
+    """``degraded`` if any component is; ``ready`` if all are; else ``placeholder``."""
+    values = [s.get("status") for s in statuses.values()]
+    if "degraded" in values:
+        return "degraded"
+    if values and all(v == "ready" for v in values):
+        return "ready"
+    return "placeholder"
+
+
+async def _component(request: web.Request, name: str) -> dict[str, Any]:
+    reporter = request.app[COMPONENTS].get(name)
+    if reporter is None:
+        return {"status": "placeholder", "detail": _PLACEHOLDER_DETAIL.get(name, "not configured")}
+    try:
+        return await reporter()
+    except Exception:
+        return {"status": "degraded", "detail": "status check failed"}
+
+
+@routes.get("/api/v1/system/info")
+async def system_info(request: web.Request) -> web.Response:
+    """Aggregate status, per-component states, version and runtime — never a secret."""
+    app = request.app
+    config = app[CONFIG]
+    statuses = await component_statuses(app)
+    for name in ("authn", "authz"):
+        statuses.setdefault(name, await _component(request, name))
+    started = app[STARTED_AT]
+    store_desc = statuses.get("store", {}).get("describe", {})
+    return web.json_response(
+        {
+            "status": aggregate(statuses),
+            "service": "controlplane",
+            "version": __version__,
+            "started_at": _iso(started),
+            "uptime_s": round(time.time() - started, 3),
+            "components": statuses,
+            "runtime": {
+                "mode": config.runtime_mode,
+                "config_mode": config.mode,
+                "workers": config.server.workers,
+                "persistence": _persistence(config.store.backend, store_desc),
+            },
+            "environments": [
+                {"name": name, "production": prod} for name, prod in config.environments.items()
+            ],
+        }
+    )
+
+
+def _persistence(backend: str, describe: dict[str, Any]) -> dict[str, Any]:
+    if backend == "none":
+        return {
+            "backend": "none",
+            "durable": [],
+            "multi_process_safe": False,
+            "multi_replica_safe": False,
+            "note": "no store: sessions, approvals, tasks and audit are unavailable",
+        }
+    return {
+        "backend": "sqlite" if backend == "sqlite" else "postgresql",
+        "durable": ["sessions", "approvals", "tasks", "audit"],
+        "multi_process_safe": True,
+        "multi_replica_safe": bool(describe.get("multi_replica_safe", backend == "postgres")),
+    }
+
+
+@routes.get("/api/v1/authn/status")
+async def authn_status(request: web.Request) -> web.Response:
+    """AuthN status object: issuer, key ids, lifetimes — never tokens or sessions."""
+    return web.json_response(await _component(request, "authn"))
+
+
+@routes.get("/api/v1/authz/status")
+async def authz_status(request: web.Request) -> web.Response:
+    """AuthZ status object: revision, module count, reloads — never policy text or decisions."""
+    return web.json_response(await _component(request, "authz"))
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process serves requests. Checks nothing else on purpose."""
+    return web.json_response({"status": "ok"})
+
+
+@routes.get("/readyz")
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: 200 only when configuration, policies and store are loaded."""
+    statuses = await component_statuses(request.app)
+    not_ready = sorted(
+        name
+        for name in READY_REQUIRES
+        if name in statuses and statuses[name].get("status") != "ready"
+    )
+    if not_ready:
+        raise ServiceUnavailable(
+            f"not ready: {', '.join(not_ready)}",
+            code="not_ready",
+            components={name: statuses[name].get("status") for name in not_ready},
+        )
+    return web.json_response(
+        {"status": "ready", "components": {k: v.get("status") for k, v in statuses.items()}}
+    )
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text exposition of this process's registry."""
+    body = generate_latest(request.app[METRICS].registry)
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

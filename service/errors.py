@@ -1,0 +1,263 @@
+"""RFC 9457 problem details: the error tree, and the one place errors become HTTP responses.
+
+Problem                              status  code
+├── BadRequest                       400     bad_request
+│   └── MalformedJSON                400     malformed_json
+├── Unauthorized                     401     unauthenticated
+│   └── StepUpRequired               401     step_up_required   (+ RFC 9470 WWW-Authenticate)
+├── Forbidden                        403     forbidden
+│   ├── PolicyDenied                 403     denied
+│   ├── ApprovalRequired             403     approval_required  (+ the bindings a ticket needs)
+│   └── TicketBindingMismatch        403     ticket_binding_mismatch
+├── NotFound                         404     not_found
+├── MethodNotAllowed                 405     method_not_allowed (+ Allow)
+├── Conflict                         409     conflict (ticket_consumed, ticket_expired, ...)
+├── Gone                             410     gone
+│   └── LegacyOnly                   410     legacy_only
+├── PayloadTooLarge                  413     payload_too_large
+├── UnsupportedMediaType             415     unsupported_media_type
+├── SchemaValidationFailed           422     schema_validation_failed (+ errors: [{pointer, message}])
+├── TooManyRequests                  429     rate_limited (+ Retry-After)
+├── InternalError                    500     internal_error
+└── ServiceUnavailable               503     service_unavailable
+    └── ApprovalRepositoryUnavailable 503    approval_repository_unavailable
+
+Every body carries ``type``, ``title``, ``status``, ``detail``, ``code`` and ``correlation_id``.
+``detail`` is written for people and never contains exception text from a library, a path, a DSN
+or a secret; an unexpected exception becomes a 500 whose body says only the correlation id.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from aiohttp import web
+
+from .schemas import ValidationFailed
+
+__all__ = [
+    "PROBLEM_CONTENT_TYPE",
+    "ApprovalRepositoryUnavailable",
+    "ApprovalRequired",
+    "BadRequest",
+    "Conflict",
+    "Forbidden",
+    "Gone",
+    "InternalError",
+    "LegacyOnly",
+    "MalformedJSON",
+    "MethodNotAllowed",
+    "NotFound",
+    "PayloadTooLarge",
+    "PolicyDenied",
+    "Problem",
+    "SchemaValidationFailed",
+    "ServiceUnavailable",
+    "StepUpRequired",
+    "TicketBindingMismatch",
+    "TooManyRequests",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "problem_response",
+    "to_problem",
+]
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+TYPE_PREFIX = "urn:controlplane:problem:"
+
+
+class Problem(Exception):
+    """An error with an HTTP meaning. Subclasses set ``status``, ``code`` and ``title``."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    title: ClassVar[str] = "Internal Server Error"
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        **extensions: Any,
+    ):
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        self.instance_code = code or self.code
+        self.headers = dict(headers or {})
+        self.extensions = extensions
+
+    def body(self, correlation_id: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": TYPE_PREFIX + self.instance_code,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "code": self.instance_code,
+            "correlation_id": correlation_id,
+        }
+        for key, value in self.extensions.items():
+            body.setdefault(key, value)
+        return body
+
+
+class BadRequest(Problem):
+    status, code, title = 400, "bad_request", "Bad Request"
+
+
+class MalformedJSON(BadRequest):
+    code, title = "malformed_json", "Malformed JSON"
+
+
+class Unauthorized(Problem):
+    status, code, title = 401, "unauthenticated", "Unauthorized"
+
+    def __init__(self, detail: str | None = None, **kwargs: Any):
+        kwargs.setdefault("headers", {"WWW-Authenticate": 'Bearer realm="controlplane"'})
+        super().__init__(detail or "valid credentials are required", **kwargs)
+
+
+class StepUpRequired(Unauthorized):
+    """RFC 9470: the caller is authenticated, but not recently or strongly enough."""
+
+    code, title = "step_up_required", "Step-Up Authentication Required"
+
+
+class Forbidden(Problem):
+    status, code, title = 403, "forbidden", "Forbidden"
+
+
+class PolicyDenied(Forbidden):
+    code, title = "denied", "Denied By Policy"
+
+
+class ApprovalRequired(Forbidden):
+    code, title = "approval_required", "Approval Required"
+
+
+class TicketBindingMismatch(Forbidden):
+    code, title = "ticket_binding_mismatch", "Approval Ticket Does Not Match"
+
+
+class NotFound(Problem):
+    status, code, title = 404, "not_found", "Not Found"
+
+
+class MethodNotAllowed(Problem):
+    status, code, title = 405, "method_not_allowed", "Method Not Allowed"
+
+
+class Conflict(Problem):
+    status, code, title = 409, "conflict", "Conflict"
+
+
+class Gone(Problem):
+    status, code, title = 410, "gone", "Gone"
+
+
+class LegacyOnly(Gone):
+    code, title = "legacy_only", "Legacy Endpoint: Migration Needed"
+
+
+class PayloadTooLarge(Problem):
+    status, code, title = 413, "payload_too_large", "Payload Too Large"
+
+
+class UnsupportedMediaType(Problem):
+    status, code, title = 415, "unsupported_media_type", "Unsupported Media Type"
+
+
+class SchemaValidationFailed(Problem):
+    status, code, title = 422, "schema_validation_failed", "Request Body Failed Validation"
+
+
+class TooManyRequests(Problem):
+    status, code, title = 429, "rate_limited", "Too Many Requests"
+
+    def __init__(self, retry_after_s: int, detail: str | None = None, **kwargs: Any):
+        retry = str(max(1, int(retry_after_s)))
+        kwargs.setdefault("headers", {"Retry-After": retry})
+        super().__init__(detail or f"retry after {retry} seconds", **kwargs)
+
+
+class InternalError(Problem):
+    status, code, title = 500, "internal_error", "Internal Server Error"
+
+
+class ServiceUnavailable(Problem):
+    status, code, title = 503, "service_unavailable", "Service Unavailable"
+
+
+class ApprovalRepositoryUnavailable(ServiceUnavailable):
+    code, title = "approval_repository_unavailable", "Approval Repository Unavailable"
+
+
+# aiohttp's own HTTP exceptions (raised by the router and the body reader) mapped to problems.
+_HTTP_EXCEPTIONS: dict[int, type[Problem]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    405: MethodNotAllowed,
+    409: Conflict,
+    410: Gone,
+    413: PayloadTooLarge,
+    415: UnsupportedMediaType,
+    422: SchemaValidationFailed,
+    429: TooManyRequests,
+    503: ServiceUnavailable,
+}
+
+
+def to_problem(exc: BaseException) -> Problem:
+    """The one table from exceptions to problems; anything unknown is an opaque 500."""
+    if isinstance(exc, Problem):
+        return exc
+    if isinstance(exc, ValidationFailed):
+        return SchemaValidationFailed(
+            "the request body does not match its schema",
+            errors=[v.as_dict() for v in exc.violations],
+        )
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allow = ", ".join(sorted(exc.allowed_methods))
+        return MethodNotAllowed(
+            f"{exc.method} is not allowed here; allowed: {allow}", headers={"Allow": allow}
+        )
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return PayloadTooLarge("the request body exceeds the configured size limit")
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFound("no such resource")
+    if isinstance(exc, web.HTTPException):
+        cls = _HTTP_EXCEPTIONS.get(exc.status, BadRequest if exc.status < 500 else InternalError)
+        if cls is TooManyRequests:
+            return TooManyRequests(int(exc.headers.get("Retry-After", "1")))
+        return cls()
+    for mapper in _MAPPERS:
+        problem = mapper(exc)
+        if problem is not None:
+            return problem
+    return InternalError("an unexpected error occurred; quote the correlation id when reporting it")
+
+
+# Subsystems whose errors are HTTP-free register how they map here (e.g. the store's
+# StoreUnavailable -> 503); each mapper returns None for exceptions that are not its own.
+_MAPPERS: list[Any] = []
+
+
+def register_mapper(mapper: Any) -> None:
+    """Add a function ``exc -> Problem | None`` to the table consulted by ``to_problem``."""
+    if mapper not in _MAPPERS:
+        _MAPPERS.append(mapper)
+
+
+def problem_response(problem: Problem, correlation_id: str | None) -> web.Response:
+    """Render ``problem`` as an ``application/problem+json`` response."""
+    response = web.Response(
+        status=problem.status,
+        body=json.dumps(problem.body(correlation_id)).encode(),
+        content_type=PROBLEM_CONTENT_TYPE,
+    )
+    response.headers.update(problem.headers)
+    return response

@@ -1,0 +1,35 @@
+"""The only catch-all: every exception becomes an RFC 9457 problem, never a stack trace."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from ..errors import InternalError, problem_response, to_problem
+from ..keys import CORRELATION_ID
+
+log = logging.getLogger("controlplane.http")
+
+
+def setup_problems(app: web.Application) -> None:
+    """Install the problems middleware (inside metrics and headers, which see its responses)."""
+
+    @web.middleware
+    async def problems_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Turn ``Problem``, aiohttp HTTP errors and unexpected exceptions into problem+json."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise  # redirects and the like are not errors
+            problem = to_problem(exc)
+        except Exception as exc:
+            problem = to_problem(exc)
+            if isinstance(problem, InternalError):
+                # The trace goes to our log with the correlation id; the client sees only the id.
+                log.exception("unhandled error on %s %s", request.method, request.rel_url.path)
+        return problem_response(problem, request.get(CORRELATION_ID))
+
+    app.middlewares.append(problems_middleware)

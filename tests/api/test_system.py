@@ -1,0 +1,118 @@
+"""System surfaces: system/info, status objects, health, readiness, metrics."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from service.api.system import register_component
+from service.app import create_app
+from tests.problems import assert_problem
+
+
+async def test_system_info_shape(client):
+    response = await client.get("/api/v1/system/info")
+    assert response.status == 200
+    assert response.headers["Cache-Control"] == "no-store"
+    body = await response.json()
+    assert body["status"] in {"placeholder", "ready", "degraded"}
+    assert body["version"]
+    assert body["runtime"]["mode"] == "embedded-sqlite"
+    persistence = body["runtime"]["persistence"]
+    assert persistence["backend"] == "sqlite"
+    assert persistence["multi_replica_safe"] is False
+    assert {"authn", "authz", "config"} <= body["components"].keys()
+
+
+async def test_system_info_never_reveals_configured_secrets(make_client):
+    password = "s3cr3t-Pa55w0rd-xyz"
+    client = await make_client(
+        {
+            "store": {
+                "backend": "postgres",
+                "postgres": {"dsn": f"postgresql://cp:{password}@db.internal:5432/cp"},
+            },
+            "inventory": {
+                "databases": [
+                    {
+                        "name": "orders",
+                        "engine": "postgresql",
+                        "env": "prod",
+                        "dsn": f"postgresql://app:{password}@orders/db",
+                        "credentials_ref": {"vault": f"secret/{password}"},
+                    }
+                ]
+            },
+        }
+    )
+    for path in ("/api/v1/system/info", "/api/v1/databases", "/readyz", "/metrics"):
+        text = await (await client.get(path)).text()
+        assert password not in text, path
+        assert "db.internal" not in text, path
+    info = await (await client.get("/api/v1/system/info")).json()
+    assert info["runtime"]["mode"] == "postgresql"
+
+
+async def test_placeholder_status_surfaces_are_honest_not_501(client):
+    for path in ("/api/v1/authn/status", "/api/v1/authz/status"):
+        response = await client.get(path)
+        assert response.status == 200
+        assert (await response.json())["status"] in {"placeholder", "ready", "degraded"}
+
+
+async def test_aggregate_status_follows_components(aiohttp_client, make_config):
+    app = create_app(make_config())
+
+    async def broken() -> dict:
+        return {"status": "degraded", "detail": "policy revision rejected"}
+
+    register_component(app, "policies", broken)
+    client = await aiohttp_client(app)
+    info = await (await client.get("/api/v1/system/info")).json()
+    assert info["status"] == "degraded"
+    assert info["components"]["policies"]["status"] == "degraded"
+    body = await assert_problem(await client.get("/readyz"), 503, "not_ready")
+    assert body["components"] == {"policies": "degraded"}
+
+
+async def test_healthz(client):
+    response = await client.get("/healthz")
+    assert response.status == 200
+    assert await response.json() == {"status": "ok"}
+
+
+async def test_readyz_ready_when_required_components_are(client):
+    response = await client.get("/readyz")
+    assert response.status == 200
+    assert (await response.json())["status"] == "ready"
+
+
+async def test_metrics_count_requests_by_route_template_and_status(client):
+    await client.get("/api/v1/system/info")
+    await client.get("/api/v1/does-not-exist")
+    response = await client.get("/metrics")
+    assert response.status == 200
+    assert response.content_type == "text/plain"
+    text = await response.text()
+    assert (
+        'controlplane_http_requests_total{method="GET",route="/api/v1/system/info",status="200"} 1.0'
+        in text
+    )
+    assert 'route="unmatched",status="404"' in text
+    assert "controlplane_http_request_duration_seconds_bucket" in text
+
+
+async def test_status_reporter_failure_is_degraded_not_500(aiohttp_client, make_config):
+    app = create_app(make_config())
+
+    async def crashing() -> dict:
+        raise RuntimeError("reporter bug")
+
+    register_component(app, "authz", crashing)
+    client = await aiohttp_client(app)
+    response = await client.get("/api/v1/authz/status")
+    assert response.status == 200
+    assert (await response.json())["status"] == "degraded"
+    assert "reporter bug" not in json.dumps(await response.json())
+    assert isinstance(app, web.Application)

@@ -1,0 +1,46 @@
+"""``cpctl serve`` as a real process: one worker, several workers on one port, graceful stop."""
+
+from __future__ import annotations
+
+import json
+import signal
+import urllib.request
+
+from service.cli.main import main
+from tests.servers import serve
+
+
+def _get(url: str) -> tuple[int, dict]:
+    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (loopback)
+        return response.status, json.loads(response.read())
+
+
+def test_serve_single_worker_and_graceful_sigterm(tmp_path):
+    with serve(tmp_path / "state") as (base, proc):
+        status, info = _get(base + "/api/v1/system/info")
+        assert status == 200
+        assert info["runtime"]["workers"] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        logs = proc.stderr.read().decode() if proc.stderr else ""
+    # Structured logs: every line is a JSON object.
+    lines = [line for line in logs.splitlines() if line.strip()]
+    assert lines and all(json.loads(line)["level"] for line in lines)
+    assert (tmp_path / "state").stat().st_mode & 0o077 == 0
+
+
+def test_serve_two_workers_share_one_port(tmp_path):
+    with serve(tmp_path / "state", workers=2) as (base, proc):
+        status, info = _get(base + "/api/v1/system/info")
+        assert status == 200 and info["runtime"]["workers"] == 2
+        for _ in range(20):
+            assert _get(base + "/healthz")[0] == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_bad_config_exits_2_with_a_message(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("server:\n  port: nope\n")
+    assert main(["serve", "--config", str(path)]) == 2
+    assert "/server/port" in capsys.readouterr().err

@@ -1,0 +1,65 @@
+"""The correlation middleware alone, on a bare application."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from aiohttp import web
+
+from service.keys import CORRELATION_ID
+from service.middleware.correlation import HEADER, correlation_id_for, setup_correlation
+
+
+async def _echo(request: web.Request) -> web.Response:
+    return web.json_response({"seen": request[CORRELATION_ID]})
+
+
+@pytest.fixture
+async def bare(aiohttp_client):
+    app = web.Application()
+    setup_correlation(app)
+    app.router.add_get("/", _echo)
+    return await aiohttp_client(app)
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        pytest.param("abc-123", id="simple"),
+        pytest.param("trace:01.ab_CD-9", id="all-allowed-punctuation"),
+        pytest.param("x" * 128, id="max-length"),
+    ],
+)
+async def test_well_formed_id_is_accepted_and_echoed(bare, given):
+    response = await bare.get("/", headers={HEADER: given})
+    assert response.headers[HEADER] == given
+    assert (await response.json())["seen"] == given
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        pytest.param("x" * 129, id="too-long"),
+        pytest.param("has space", id="space"),
+        pytest.param("semi;colon", id="semicolon"),
+        pytest.param("<script>", id="markup"),
+        pytest.param("", id="empty"),
+        pytest.param("ünïcode", id="non-ascii"),
+    ],
+)
+async def test_malformed_id_is_replaced_by_a_uuid4(bare, given):
+    response = await bare.get("/", headers={HEADER: given.encode("utf-8").decode("latin-1")})
+    echoed = response.headers[HEADER]
+    assert echoed != given
+    assert uuid.UUID(echoed).version == 4
+    assert (await response.json())["seen"] == echoed
+
+
+async def test_missing_id_is_generated(bare):
+    response = await bare.get("/")
+    assert uuid.UUID(response.headers[HEADER]).version == 4
+
+
+def test_generated_ids_are_unique():
+    assert correlation_id_for(None) != correlation_id_for(None)

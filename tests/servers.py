@@ -1,0 +1,73 @@
+"""Running ``cpctl serve`` as real processes for tests that need them (workers, kill tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 (loopback)
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not ready after {timeout}s")
+        time.sleep(0.1)
+
+
+@contextmanager
+def serve(
+    state_dir: Path,
+    *,
+    workers: int = 1,
+    args: tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Start ``cpctl serve`` on a free loopback port; yield (base URL, process); stop it after."""
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+    environ.update({"CONTROLPLANE_STATE_DIR": str(state_dir), **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "serve", "--port", str(port), "--workers", str(workers),
+         *args],
+        cwd=REPO,
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base + "/healthz")
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
