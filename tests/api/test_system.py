@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-from aiohttp import web
-
 from service.api.system import register_component
 from service.app import create_app
 from tests.problems import assert_problem
@@ -46,7 +44,8 @@ async def test_system_info_never_reveals_configured_secrets(make_client):
             },
         }
     )
-    for path in ("/api/v1/system/info", "/api/v1/databases", "/readyz", "/metrics"):
+    for path in ("/api/v1/system/info", "/api/v1/authn/status", "/api/v1/authz/status",
+                 "/readyz", "/metrics"):
         text = await (await client.get(path)).text()
         assert password not in text, path
         assert "db.internal" not in text, path
@@ -65,15 +64,32 @@ async def test_aggregate_status_follows_components(aiohttp_client, make_config):
     app = create_app(make_config())
 
     async def broken() -> dict:
-        return {"status": "degraded", "detail": "policy revision rejected"}
+        return {"status": "degraded", "detail": "exporter lagging"}
 
-    register_component(app, "policies", broken)
+    register_component(app, "exporter", broken)
     client = await aiohttp_client(app)
     info = await (await client.get("/api/v1/system/info")).json()
     assert info["status"] == "degraded"
-    assert info["components"]["policies"]["status"] == "degraded"
+    assert info["components"]["exporter"]["status"] == "degraded"
+    # Not a readiness requirement: the service still takes traffic.
+    assert (await client.get("/readyz")).status == 200
+
+
+async def test_unreachable_store_starts_degraded_and_not_ready(make_client):
+    client = await make_client(
+        {"store": {"backend": "postgres",
+                   "postgres": {"dsn": "postgresql://cp:pw@unreachable.invalid:5432/cp"}}}
+    )
+    info = await (await client.get("/api/v1/system/info")).json()
+    assert info["status"] == "degraded"
+    assert info["components"]["store"]["status"] == "degraded"
     body = await assert_problem(await client.get("/readyz"), 503, "not_ready")
-    assert body["components"] == {"policies": "degraded"}
+    assert body["components"] == {"store": "degraded"}
+    # Protected actions fail closed while the store is away; login too.
+    await assert_problem(await client.get("/api/v1/databases"), 503, "store_unavailable")
+    response = await client.post("/api/v1/authn/sessions",
+                                 json={"subject_id": "alice", "password": "x"})
+    await assert_problem(response, 503, "authentication_unavailable")
 
 
 async def test_healthz(client):
@@ -109,10 +125,10 @@ async def test_status_reporter_failure_is_degraded_not_500(aiohttp_client, make_
     async def crashing() -> dict:
         raise RuntimeError("reporter bug")
 
-    register_component(app, "authz", crashing)
+    register_component(app, "exporter", crashing)
     client = await aiohttp_client(app)
-    response = await client.get("/api/v1/authz/status")
+    response = await client.get("/api/v1/system/info")
     assert response.status == 200
-    assert (await response.json())["status"] == "degraded"
-    assert "reporter bug" not in json.dumps(await response.json())
-    assert isinstance(app, web.Application)
+    body = await response.json()
+    assert body["components"]["exporter"]["status"] == "degraded"
+    assert "reporter bug" not in json.dumps(body)

@@ -1,0 +1,300 @@
+"""The store contract: record types, HTTP-free errors and the ``Store`` / ``Tx`` protocols.
+
+Both backends (``sqlite.py``, ``postgres.py``) implement these protocols over the shared SQL in
+``sql.py``. Nothing here knows about HTTP: ``service/errors.py`` maps the errors to problem+json
+(``NotFound`` -> 404, ``Conflict`` -> 409, ``StoreUnavailable`` -> 503).
+
+Rules every method follows:
+
+* Timestamps are float unix seconds passed in by the caller (``now`` / ``at``); the store never
+  reads the clock, so tests control time and all replicas agree on what "expired" means for one
+  request.
+* Every method is atomic. ``Store.transaction()`` yields a ``Tx`` with the same operations, all of
+  which commit together or not at all (ticket consumption + step event + audit record).
+* JSON columns hold ``dict`` / ``list`` (or, for a ticket's ``resource``, also a string).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeAlias
+
+__all__ = [
+    "AUDIT_GENESIS_HASH",
+    "TICKET_STATES",
+    "TICKET_TRANSITIONS",
+    "AuditRecord",
+    "Conflict",
+    "EventRecord",
+    "Json",
+    "NotFound",
+    "ReviewRecord",
+    "Seal",
+    "SessionRecord",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "TaskRecord",
+    "TicketRecord",
+    "Tx",
+]
+
+Json: TypeAlias = Any
+"""A JSON value as produced by ``json.loads`` (dict, list, str, int, float, bool, None)."""
+
+Seal: TypeAlias = Callable[[int, str, dict[str, Any]], str]
+"""``seal(seq, prev_hash, entry) -> hash``: the audit module hashes, the store keeps the chain."""
+
+AUDIT_GENESIS_HASH = "sha256:" + "0" * 64
+"""``prev_hash`` of the first audit record."""
+
+TicketState: TypeAlias = Literal[
+    "pending", "approved", "rejected", "expired", "revoked", "consumed"
+]
+TICKET_STATES: tuple[str, ...] = (
+    "pending",
+    "approved",
+    "rejected",
+    "expired",
+    "revoked",
+    "consumed",
+)
+
+# The ticket state machine. Terminal states have no way out; 'approved' is entered only through
+# add_review (it sets the use-by time) and 'consumed' only through consume_ticket (it checks the
+# binding), so transition_ticket refuses both as targets.
+TICKET_TRANSITIONS: dict[str, frozenset[str]] = {
+    "pending": frozenset({"approved", "rejected", "expired", "revoked"}),
+    "approved": frozenset({"consumed", "expired", "revoked"}),
+    "rejected": frozenset(),
+    "expired": frozenset(),
+    "revoked": frozenset(),
+    "consumed": frozenset(),
+}
+
+TaskState: TypeAlias = Literal["pending", "running", "succeeded", "failed"]
+TASK_STATES: tuple[str, ...] = ("pending", "running", "succeeded", "failed")
+
+
+# --------------------------------------------------------------------------------------- errors
+
+
+class StoreError(Exception):
+    """Base class of every error the store raises; driver errors never escape unwrapped."""
+
+
+class NotFound(StoreError):
+    """The addressed record does not exist."""
+
+    def __init__(self, kind: str, id: str) -> None:
+        super().__init__(f"{kind} not found")
+        self.kind = kind
+        self.id = id
+
+
+class Conflict(StoreError):
+    """A conditional write did not apply; ``reason`` is a stable machine code.
+
+    Reasons: ``duplicate_id``, ``state_conflict``, ``not_pending``, ``duplicate_review``,
+    ``expired``, ``ticket_consumed``, ``ticket_expired``, ``ticket_not_approved``,
+    ``ticket_binding_mismatch`` (``fields`` names the mismatched bindings), ``session_revoked``,
+    ``session_expired``.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        current_state: str | None = None,
+        fields: tuple[str, ...] = (),
+    ) -> None:
+        detail = reason if current_state is None else f"{reason} (state {current_state})"
+        if fields:
+            detail += f" ({', '.join(fields)})"
+        super().__init__(detail)
+        self.reason = reason
+        self.current_state = current_state
+        self.fields = fields
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached or is locked past its timeout; callers fail closed (503).
+
+    The message names the backend and the error class only, never a path, DSN or password.
+    """
+
+
+# -------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    id: str
+    subject_id: str
+    kind: str
+    authn_method: str
+    auth_time: float
+    created_at: float
+    expires_at: float
+    step_up_at: float | None = None
+    step_up_method: str | None = None
+    revoked_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewRecord:
+    reviewer: str
+    decision: Literal["approve", "reject"]
+    group: str | None
+    reason: str | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TicketRecord:
+    id: str
+    subject_id: str
+    env: str
+    resource: Json
+    resource_hash: str
+    action: str
+    command_hash: str | None
+    # Only a hash of the nonce is ever stored: a database dump must not be enough to redeem.
+    nonce_hash: str
+    state: TicketState
+    requested_by: str
+    reason: str | None
+    created_at: float
+    pending_until: float
+    approved_at: float | None
+    expires_at: float | None
+    consumed_at: float | None
+    consumed_correlation_id: str | None
+    closed_by: str | None
+    approval: Json
+    reviews: tuple[ReviewRecord, ...] = ()
+    # When the ticket reached rejected / expired / revoked (consumed_at covers consumption).
+    closed_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    id: str
+    state: TaskState
+    progress: int
+    result: Json | None
+    created_by: str
+    created_at: float
+    updated_at: float
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    task_id: str
+    seq: int
+    kind: str
+    at: float
+    actor: str
+    data: Json
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    seq: int
+    prev_hash: str
+    hash: str
+    entry: dict[str, Any]
+
+
+# ------------------------------------------------------------------------------------ protocols
+
+
+class Tx(Protocol):
+    """The operations; on a ``Tx`` they share one transaction, on a ``Store`` each is its own."""
+
+    # sessions
+    async def create_session(self, rec: SessionRecord) -> None: ...
+    async def get_session(self, id: str) -> SessionRecord | None: ...
+    async def revoke_session(self, id: str, at: float) -> bool: ...
+    async def record_step_up(self, id: str, at: float, method: str) -> SessionRecord: ...
+
+    # one-time values (JWT jti replay, TOTP code reuse)
+    async def claim_once(self, namespace: str, key: str, expires_at: float, now: float) -> bool: ...
+
+    # login throttling
+    async def record_failure(self, key: str, at: float) -> None: ...
+    async def count_failures(self, key: str, since: float) -> int: ...
+    async def clear_failures(self, key: str) -> None: ...
+
+    # approval tickets
+    async def create_ticket(self, rec: TicketRecord) -> None: ...
+    async def get_ticket(self, id: str) -> TicketRecord | None: ...
+    async def list_tickets(
+        self,
+        state: str | None = None,
+        env: str | None = None,
+        subject_id: str | None = None,
+        limit: int = 50,
+        before: str | None = None,
+    ) -> tuple[list[TicketRecord], str | None]: ...
+    async def add_review(
+        self,
+        id: str,
+        review: ReviewRecord,
+        new_state: str | None,
+        approved_expires_at: float | None,
+        now: float,
+    ) -> TicketRecord: ...
+    async def transition_ticket(
+        self, id: str, from_states: tuple[str, ...], to_state: str, at: float, by: str
+    ) -> TicketRecord: ...
+    async def consume_ticket(
+        self,
+        id: str,
+        *,
+        nonce_hash: str,
+        subject_id: str,
+        env: str,
+        action: str,
+        resource_hash: str,
+        command_hash: str | None,
+        now: float,
+        correlation_id: str,
+    ) -> TicketRecord: ...
+    async def expire_tickets(self, now: float) -> list[TicketRecord]: ...
+
+    # tasks and step events
+    async def ensure_task(self, id: str, created_by: str, at: float) -> TaskRecord: ...
+    async def get_task(self, id: str) -> TaskRecord | None: ...
+    async def append_event(
+        self,
+        task_id: str,
+        kind: str,
+        actor: str,
+        data: Json,
+        at: float,
+        *,
+        state: str | None = None,
+        progress: int | None = None,
+        result: Json | None = None,
+    ) -> EventRecord: ...
+    async def list_events(
+        self, task_id: str, after_seq: int = 0, limit: int = 100
+    ) -> list[EventRecord]: ...
+
+    # audit hash chain
+    async def append_audit(self, entry: dict[str, Any], seal: Seal) -> AuditRecord: ...
+    async def audit_range(self, after_seq: int = 0, limit: int = 100) -> list[AuditRecord]: ...
+    async def audit_head(self) -> tuple[int, str]: ...
+
+
+class Store(Tx, Protocol):
+    """A durable store; each operation is a single-operation transaction."""
+
+    async def ping(self) -> None: ...
+    async def close(self) -> None: ...
+    async def describe(self) -> dict[str, Any]: ...
+    def transaction(self) -> AbstractAsyncContextManager[Tx]: ...

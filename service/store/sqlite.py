@@ -1,0 +1,275 @@
+"""SQLite backend: one database file shared by the worker processes of one machine.
+
+Only what differs from PostgreSQL lives here: connecting, the transaction discipline and error
+wrapping; the statements are in ``sql.py``.
+
+* The stdlib ``sqlite3`` module blocks, so each pooled connection is confined to its own
+  single-thread executor: the event loop never waits on the disk or on a lock, and one
+  connection's statements run strictly in submission order.
+* WAL lets readers proceed while one writer writes; ``synchronous=FULL`` makes each commit
+  durable; ``busy_timeout`` makes writers from other processes queue instead of failing.
+* Every writing transaction starts with ``BEGIN IMMEDIATE``: it takes the write lock up front, so
+  a transaction never has to upgrade a read lock (the upgrade is where SQLite gives up with
+  ``SQLITE_BUSY`` regardless of the timeout), and read-check-write sequences are serialised
+  across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .base import StoreError, StoreUnavailable
+from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
+
+__all__ = ["SqliteStore"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DIALECT = Dialect(
+    name="sqlite",
+    numbered_params=False,
+    json_in=dump_json,
+    json_out=json.loads,
+    not_distinct="IS",  # SQLite's null-safe equality
+)
+
+# Primary result codes that mean "the database cannot serve us now" rather than "bad statement":
+# BUSY, LOCKED, PERM, READONLY, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB.
+_UNAVAILABLE = {5, 6, 3, 8, 10, 11, 13, 14, 26}
+
+_MIN_VERSION = (3, 35, 0)  # RETURNING
+
+
+def _wrap(exc: sqlite3.Error) -> StoreError:
+    code = getattr(exc, "sqlite_errorcode", None)
+    name = getattr(exc, "sqlite_errorname", type(exc).__name__)
+    # Never the path or the statement: messages may reach logs and status surfaces.
+    if code is not None and code & 0xFF in _UNAVAILABLE:
+        return StoreUnavailable(f"sqlite store unavailable: {name}")
+    if isinstance(exc, sqlite3.OperationalError) and code is None:
+        return StoreUnavailable(f"sqlite store unavailable: {type(exc).__name__}")
+    return StoreError(f"sqlite error: {name}")
+
+
+def _rows(cur: sqlite3.Cursor) -> list[Row]:
+    try:
+        # fetchall steps the statement to the end, so an UPDATE ... RETURNING is complete.
+        return [dict(r) for r in cur.fetchall()]
+    finally:
+        cur.close()
+
+
+def _split(script: str) -> list[str]:
+    """Split a migration into statements (``executescript`` would commit our transaction)."""
+    statements: list[str] = []
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                statements.append(buf.strip())
+            buf = ""
+    if buf.strip() and not all(
+        ln.strip().startswith("--") or not ln.strip() for ln in buf.splitlines()
+    ):
+        raise StoreError("migration ends with an incomplete statement")
+    return statements
+
+
+class _Connection:
+    """One ``sqlite3`` connection and the one thread allowed to touch it."""
+
+    def __init__(self, db: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
+        self._db = db
+        self._executor = executor
+
+    @classmethod
+    async def open(cls, path: str, busy_timeout_s: float) -> _Connection:
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-sqlite")
+
+        def connect() -> sqlite3.Connection:
+            # isolation_level=None: no implicit transactions; BEGIN/COMMIT are issued explicitly.
+            db = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+            try:
+                db.row_factory = sqlite3.Row
+                db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute("PRAGMA synchronous = FULL")
+                db.execute("PRAGMA foreign_keys = ON")
+            except BaseException:
+                db.close()
+                raise
+            return db
+
+        try:
+            db = await asyncio.get_running_loop().run_in_executor(executor, connect)
+        except sqlite3.Error as exc:
+            executor.shutdown(wait=False)
+            raise _wrap(exc) from exc
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(db, executor)
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, self._db)
+        except sqlite3.Error as exc:
+            raise _wrap(exc) from exc
+
+    # -- sql.Conn
+    async def execute(self, sql: str, args: Sequence[Any]) -> None:
+        await self._call(lambda db: db.execute(sql, tuple(args)).close())
+
+    async def fetchone(self, sql: str, args: Sequence[Any]) -> Row | None:
+        rows = await self.fetchall(sql, args)
+        return rows[0] if rows else None
+
+    async def fetchall(self, sql: str, args: Sequence[Any]) -> list[Row]:
+        return await self._call(lambda db: _rows(db.execute(sql, tuple(args))))
+
+    # -- transaction control
+    async def begin(self, write: bool) -> None:
+        await self._call(lambda db: db.execute("BEGIN IMMEDIATE" if write else "BEGIN").close())
+
+    async def commit(self) -> None:
+        await self._call(lambda db: db.execute("COMMIT").close())
+
+    def rollback_soon(self) -> None:
+        """Queue a rollback behind whatever this connection's thread is running.
+
+        Not awaited, so it also works while the caller is being cancelled; the next user of the
+        connection queues behind it on the same thread and finds no open transaction.
+        """
+
+        def rollback(db: sqlite3.Connection) -> None:
+            try:
+                if db.in_transaction:
+                    db.execute("ROLLBACK").close()
+            except sqlite3.Error:
+                log.warning("sqlite rollback failed", exc_info=True)
+
+        self._executor.submit(rollback, self._db)
+
+    async def close(self) -> None:
+        try:
+            await self._call(lambda db: db.close())
+        finally:
+            self._executor.shutdown(wait=True)
+
+
+class SqliteStore(SqlStore):
+    """The embedded store: a WAL-mode SQLite file; safe for several processes on one machine."""
+
+    dialect = DIALECT
+
+    def __init__(self, path: str, connections: list[_Connection]) -> None:
+        self._path = path
+        self._all = connections
+        self._idle: asyncio.Queue[_Connection] = asyncio.Queue()
+        for conn in connections:
+            self._idle.put_nowait(conn)
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls, path: str, *, pool_size: int = 4, busy_timeout_s: float = 5.0
+    ) -> SqliteStore:
+        if sqlite3.sqlite_version_info < _MIN_VERSION:
+            raise StoreError(f"SQLite {sqlite3.sqlite_version} is too old (3.35+ needed)")
+        try:
+            file = await asyncio.to_thread(_prepare_file, path)
+        except OSError as exc:
+            raise StoreUnavailable(f"sqlite store unavailable: {type(exc).__name__}") from exc
+        connections: list[_Connection] = []
+        try:
+            for _ in range(max(1, pool_size)):
+                connections.append(await _Connection.open(str(file), busy_timeout_s))
+            await _migrate(connections[0])
+        except BaseException:
+            for conn in connections:
+                await conn.close()
+            raise
+        return cls(str(file), connections)
+
+    @asynccontextmanager
+    async def _transaction(self, *, write: bool) -> AsyncIterator[_Connection]:
+        if self._closed:
+            raise StoreUnavailable("sqlite store is closed")
+        conn = await self._idle.get()
+        committed = False
+        try:
+            await conn.begin(write)
+            yield conn
+            await conn.commit()
+            committed = True
+        finally:
+            if not committed:
+                conn.rollback_soon()
+            self._idle.put_nowait(conn)
+
+    async def ping(self) -> None:
+        async with self._tx(write=False) as tx:
+            await tx._one("SELECT 1 AS ok")
+
+    async def describe(self) -> dict[str, Any]:
+        # Never the path: status surfaces must not reveal where the data lives.
+        return {"backend": "sqlite", "durable": True, "multi_replica_safe": False}
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Wait for in-flight transactions to hand their connections back, then close them.
+        for _ in self._all:
+            await self._idle.get()
+        for conn in self._all:
+            await conn.close()
+
+
+def _prepare_file(path: str) -> Path:
+    file = Path(path).expanduser().resolve()
+    file.parent.mkdir(parents=True, exist_ok=True)
+    # Create the file owner-only before SQLite does (it would honour the umask): it holds
+    # session ids and ticket bindings. SQLite gives the -wal/-shm files the same mode.
+    os.close(os.open(file, os.O_CREAT | os.O_RDWR, 0o600))
+    return file
+
+
+async def _migrate(conn: _Connection) -> None:
+    """Apply pending migrations under the write lock, so concurrent starters apply them once."""
+    available = migrations("sqlite")
+
+    def apply(db: sqlite3.Connection) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL)"
+            )
+            applied = {r[0] for r in db.execute("SELECT version FROM schema_migrations")}
+            for migration in pending_migrations(available, applied):
+                for statement in _split(migration.sql):
+                    db.execute(statement)
+                db.execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
+                    (migration.version, migration.name),
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    await conn._call(apply)

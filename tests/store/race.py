@@ -1,0 +1,77 @@
+"""Worker processes for the race tests (spawned: each has its own interpreter and event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from typing import Any
+
+from service.store import Conflict, StoreError, open_store
+
+from .helpers import T0, binding, ticket
+
+
+def run(
+    job: str, url: str, schema: str | None, barrier: Any, queue: Any, args: dict[str, Any]
+) -> None:
+    """Process entry point: run ``job`` and put ``("ok", result)`` or ``("error", text)``."""
+    try:
+        result = asyncio.run(_JOBS[job](url, schema, barrier, **args))
+        queue.put(("ok", result))
+    except BaseException:
+        queue.put(("error", traceback.format_exc()))
+
+
+async def _consume(
+    url: str, schema: str | None, barrier: Any, ticket_ids: list[str], attempts: int
+) -> list[tuple[str, str]]:
+    store = await open_store(url, schema=schema)
+    try:
+        # Start together, so attempts from all processes overlap.
+        await asyncio.to_thread(barrier.wait, 30)
+
+        async def attempt(ticket_id: str, n: int) -> tuple[str, str]:
+            kw = binding(ticket(ticket_id), correlation_id=f"{ticket_id}-{n}")
+            try:
+                await store.consume_ticket(ticket_id, **kw)
+            except Conflict as exc:
+                return ticket_id, exc.reason
+            except StoreError as exc:
+                return ticket_id, type(exc).__name__
+            return ticket_id, "won"
+
+        return list(
+            await asyncio.gather(*(attempt(t, n) for n in range(attempts) for t in ticket_ids))
+        )
+    finally:
+        await store.close()
+
+
+async def _append(
+    url: str, schema: str | None, barrier: Any, task_id: str, writer: str, count: int
+) -> list[int]:
+    store = await open_store(url, schema=schema)
+    try:
+        await asyncio.to_thread(barrier.wait, 30)
+        events = await asyncio.gather(
+            *(
+                store.append_event(task_id, "step", writer, {"writer": writer, "i": i}, T0 + i)
+                for i in range(count)
+            )
+        )
+        return [e.seq for e in events]
+    finally:
+        await store.close()
+
+
+async def _open(url: str, schema: str | None, barrier: Any) -> str:
+    await asyncio.to_thread(barrier.wait, 30)
+    store = await open_store(url, schema=schema)
+    try:
+        await store.ping()
+        return "opened"
+    finally:
+        await store.close()
+
+
+_JOBS: dict[str, Any] = {"consume": _consume, "append": _append, "open": _open}

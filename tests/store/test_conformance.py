@@ -1,0 +1,495 @@
+"""One conformance suite, run on SQLite and PostgreSQL: the backends must be indistinguishable."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from service.store import (
+    AUDIT_GENESIS_HASH,
+    TICKET_STATES,
+    TICKET_TRANSITIONS,
+    Conflict,
+    NotFound,
+    Store,
+    StoreError,
+    TicketRecord,
+    open_store,
+)
+
+from .conftest import Target
+from .helpers import (
+    COMMAND_HASH,
+    T0,
+    approved_ticket,
+    binding,
+    review,
+    seal,
+    session,
+    ticket,
+)
+
+# ------------------------------------------------------------------------------------ lifecycle
+
+
+async def test_ping_and_describe(store: Store, target: Target) -> None:
+    await store.ping()
+    info = await store.describe()
+    assert info["backend"] == ("sqlite" if target.backend == "sqlite" else "postgresql")
+    assert info["durable"] is True
+    assert info["multi_replica_safe"] is (target.backend == "postgres")
+    assert set(info) == {"backend", "durable", "multi_replica_safe"}
+    # Status surfaces must never learn where the data lives.
+    assert target.url.split("://", 1)[1] not in repr(info)
+
+
+async def test_reopen_keeps_data_and_migrates_once(store: Store, target: Target) -> None:
+    await store.create_session(session())
+    again = await open_store(target.url, schema=target.schema)
+    try:
+        assert await again.get_session("s-1") == session()
+    finally:
+        await again.close()
+
+
+# ------------------------------------------------------------------------------------- sessions
+
+
+async def test_session_roundtrip_and_duplicate(store: Store) -> None:
+    await store.create_session(session())
+    assert await store.get_session("s-1") == session()
+    assert await store.get_session("nope") is None
+    with pytest.raises(Conflict) as exc:
+        await store.create_session(session())
+    assert exc.value.reason == "duplicate_id"
+
+
+async def test_session_revoke(store: Store) -> None:
+    await store.create_session(session())
+    assert await store.revoke_session("s-1", T0 + 5) is True
+    assert await store.revoke_session("s-1", T0 + 6) is False  # already revoked: first time wins
+    assert await store.revoke_session("nope", T0 + 6) is False
+    got = await store.get_session("s-1")
+    assert got is not None and got.revoked_at == T0 + 5
+
+
+async def test_session_step_up(store: Store) -> None:
+    await store.create_session(session())
+    rec = await store.record_step_up("s-1", T0 + 60, "totp")
+    assert (rec.step_up_at, rec.step_up_method) == (T0 + 60, "totp")
+    assert await store.get_session("s-1") == rec
+    with pytest.raises(NotFound):
+        await store.record_step_up("nope", T0 + 60, "totp")
+    with pytest.raises(Conflict) as exc:
+        await store.record_step_up("s-1", T0 + 3600, "totp")  # at == expires_at
+    assert exc.value.reason == "session_expired"
+    await store.revoke_session("s-1", T0 + 70)
+    with pytest.raises(Conflict) as exc:
+        await store.record_step_up("s-1", T0 + 80, "webauthn")
+    assert exc.value.reason == "session_revoked"
+    got = await store.get_session("s-1")
+    assert got is not None and got.step_up_method == "totp"
+
+
+# ---------------------------------------------------------------------------- one-time values
+
+
+async def test_claim_once(store: Store) -> None:
+    assert await store.claim_once("jti", "a", T0 + 60, T0) is True
+    assert await store.claim_once("jti", "a", T0 + 120, T0 + 30) is False  # replay
+    assert await store.claim_once("totp", "a", T0 + 60, T0) is True  # namespaces are separate
+    assert await store.claim_once("jti", "b", T0 + 60, T0) is True
+    # At expiry the old claim no longer protects anything: it can be claimed again, once.
+    assert await store.claim_once("jti", "a", T0 + 200, T0 + 60) is True
+    assert await store.claim_once("jti", "a", T0 + 300, T0 + 100) is False
+
+
+# --------------------------------------------------------------------------------- throttling
+
+
+async def test_login_failures(store: Store) -> None:
+    for at in (T0, T0 + 10, T0 + 20):
+        await store.record_failure("alice@10.0.0.1", at)
+    await store.record_failure("bob", T0)
+    assert await store.count_failures("alice@10.0.0.1", T0 + 10) == 2  # since is inclusive
+    assert await store.count_failures("alice@10.0.0.1", T0 - 1) == 3
+    assert await store.count_failures("nobody", T0) == 0
+    await store.clear_failures("alice@10.0.0.1")
+    assert await store.count_failures("alice@10.0.0.1", 0) == 0
+    assert await store.count_failures("bob", 0) == 1
+
+
+# ------------------------------------------------------------------------------------ tickets
+
+
+@pytest.mark.parametrize(
+    ("resource", "command_hash"),
+    [
+        pytest.param({"kind": "db", "tags": ["a", "ü"], "n": 1.5}, COMMAND_HASH, id="object"),
+        pytest.param("db-1", None, id="string-no-command"),
+    ],
+)
+async def test_ticket_roundtrip(store: Store, resource: object, command_hash: str | None) -> None:
+    rec = ticket(resource=resource, command_hash=command_hash)
+    await store.create_ticket(rec)
+    assert await store.get_ticket("t-1") == rec
+    assert await store.get_ticket("nope") is None
+
+
+async def test_ticket_duplicate_and_invalid_create(store: Store) -> None:
+    await store.create_ticket(ticket())
+    with pytest.raises(Conflict) as exc:
+        await store.create_ticket(ticket(reason="other"))
+    assert exc.value.reason == "duplicate_id"
+    with pytest.raises(ValueError):
+        await store.create_ticket(ticket("t-2", state="approved"))
+    assert await store.get_ticket("t-2") is None
+
+
+async def test_list_tickets_filters_and_pages_newest_first(store: Store) -> None:
+    for i in range(7):
+        await store.create_ticket(
+            ticket(f"t-{i}", created_at=T0 + i // 2, env="prod" if i % 2 else "dev")
+        )
+    # Same created_at for pairs: the id breaks the tie, so pages never skip or repeat.
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        page, cursor = await store.list_tickets(limit=3, before=cursor)
+        seen += [t.id for t in page]
+        if cursor is None:
+            break
+    assert seen == ["t-6", "t-5", "t-4", "t-3", "t-2", "t-1", "t-0"]
+    prod, cursor = await store.list_tickets(env="prod")
+    assert [t.id for t in prod] == ["t-5", "t-3", "t-1"] and cursor is None
+    await store.transition_ticket("t-3", ("pending",), "revoked", T0 + 9, "carol")
+    revoked, _ = await store.list_tickets(state="revoked", subject_id="alice")
+    assert [t.id for t in revoked] == ["t-3"]
+    assert (await store.list_tickets(subject_id="mallory"))[0] == []
+    with pytest.raises(ValueError):
+        await store.list_tickets(before="not-a-cursor")
+
+
+async def _ticket_in(store: Store, state: str) -> TicketRecord:
+    """A ticket brought into ``state`` through the store's own operations."""
+    if state == "approved":
+        return await approved_ticket(store)
+    await store.create_ticket(ticket())
+    if state == "pending":
+        got = await store.get_ticket("t-1")
+        assert got is not None
+        return got
+    if state == "rejected":
+        return await store.add_review("t-1", review(decision="reject"), "rejected", None, T0 + 10)
+    if state in ("expired", "revoked"):
+        return await store.transition_ticket("t-1", ("pending",), state, T0 + 10, "carol")
+    assert state == "consumed"
+    await store.add_review("t-1", review(), "approved", T0 + 900, T0 + 10)
+    return await store.consume_ticket("t-1", **binding(ticket()))
+
+
+@pytest.mark.parametrize("from_state", TICKET_STATES)
+@pytest.mark.parametrize("to_state", TICKET_STATES)
+async def test_every_transition(store: Store, from_state: str, to_state: str) -> None:
+    before = await _ticket_in(store, from_state)
+    assert before.state == from_state
+    legal = to_state in TICKET_TRANSITIONS[from_state] and to_state not in ("approved", "consumed")
+    if legal:
+        after = await store.transition_ticket("t-1", (from_state,), to_state, T0 + 50, "carol")
+        assert (after.state, after.closed_by, after.closed_at) == (to_state, "carol", T0 + 50)
+        assert await store.get_ticket("t-1") == after
+    else:
+        # Illegal by the state machine, or reserved for add_review / consume_ticket.
+        with pytest.raises(ValueError):
+            await store.transition_ticket("t-1", (from_state,), to_state, T0 + 50, "carol")
+        assert await store.get_ticket("t-1") == before
+
+
+@pytest.mark.parametrize("actual", TICKET_STATES)
+async def test_transition_conflicts_with_current_state(store: Store, actual: str) -> None:
+    before = await _ticket_in(store, actual)
+    if actual in ("pending", "approved"):
+        after = await store.transition_ticket("t-1", ("pending", "approved"), "revoked", T0, "x")
+        assert after.state == "revoked"
+        return
+    with pytest.raises(Conflict) as exc:
+        await store.transition_ticket("t-1", ("pending", "approved"), "revoked", T0, "x")
+    assert (exc.value.reason, exc.value.current_state) == ("state_conflict", actual)
+    assert await store.get_ticket("t-1") == before
+    with pytest.raises(NotFound):
+        await store.transition_ticket("nope", ("pending",), "revoked", T0, "x")
+
+
+async def test_review_quorum_and_duplicate(store: Store) -> None:
+    await store.create_ticket(ticket(approval={"quorum": 2}))
+    first = await store.add_review("t-1", review("bob"), None, None, T0 + 10)
+    assert first.state == "pending" and [r.reviewer for r in first.reviews] == ["bob"]
+    with pytest.raises(Conflict) as exc:
+        # The same reviewer again, even claiming quorum: refused, and the approval rolled back.
+        await store.add_review("t-1", review("bob", at=T0 + 11), "approved", T0 + 900, T0 + 11)
+    assert exc.value.reason == "duplicate_review"
+    assert await store.get_ticket("t-1") == first
+    second = await store.add_review(
+        "t-1", review("carol", at=T0 + 12), "approved", T0 + 900, T0 + 12
+    )
+    assert (second.state, second.approved_at, second.expires_at) == ("approved", T0 + 12, T0 + 900)
+    assert [r.reviewer for r in second.reviews] == ["bob", "carol"]
+    assert second.reviews[1] == review("carol", at=T0 + 12)
+
+
+async def test_review_reject_closes(store: Store) -> None:
+    await store.create_ticket(ticket())
+    rec = await store.add_review("t-1", review("bob", "reject"), "rejected", None, T0 + 10)
+    assert (rec.state, rec.closed_by, rec.closed_at) == ("rejected", "bob", T0 + 10)
+
+
+async def test_review_conflicts(store: Store) -> None:
+    with pytest.raises(NotFound):
+        await store.add_review("nope", review(), None, None, T0)
+    await approved_ticket(store)
+    with pytest.raises(Conflict) as exc:
+        await store.add_review("t-1", review("carol"), None, None, T0 + 20)
+    assert (exc.value.reason, exc.value.current_state) == ("not_pending", "approved")
+    await store.create_ticket(ticket("t-2"))
+    with pytest.raises(Conflict) as exc:
+        await store.add_review("t-2", review("carol"), "approved", T0 + 900, T0 + 600)
+    assert exc.value.reason == "expired"
+    got = await store.get_ticket("t-2")
+    assert got is not None and got.state == "pending" and got.reviews == ()
+    with pytest.raises(ValueError):
+        await store.add_review("t-2", review(), "consumed", None, T0)
+    with pytest.raises(ValueError):
+        await store.add_review("t-2", review(), "approved", None, T0)
+
+
+# -------------------------------------------------------------------------------- consumption
+
+
+async def test_consume_then_replay(store: Store) -> None:
+    await approved_ticket(store)
+    rec = await store.consume_ticket("t-1", **binding(ticket()))
+    assert (rec.state, rec.consumed_at, rec.consumed_correlation_id) == (
+        "consumed",
+        T0 + 30,
+        "corr-1",
+    )
+    with pytest.raises(Conflict) as exc:
+        await store.consume_ticket("t-1", **binding(ticket(), now=T0 + 31, correlation_id="c2"))
+    assert exc.value.reason == "ticket_consumed"
+    assert await store.get_ticket("t-1") == rec
+
+
+async def test_consume_without_command_hash(store: Store) -> None:
+    await approved_ticket(store, command_hash=None)
+    rec = await store.consume_ticket("t-1", **binding(ticket(command_hash=None)))
+    assert rec.state == "consumed"
+
+
+async def test_consume_expired(store: Store) -> None:
+    await approved_ticket(store)
+    with pytest.raises(Conflict) as exc:
+        await store.consume_ticket("t-1", **binding(ticket(), now=T0 + 900))  # at expires_at
+    assert exc.value.reason == "ticket_expired"
+    got = await store.get_ticket("t-1")
+    assert got is not None and got.state == "approved"
+    await store.expire_tickets(T0 + 901)
+    with pytest.raises(Conflict) as exc:
+        await store.consume_ticket("t-1", **binding(ticket(), now=T0 + 30))
+    assert (exc.value.reason, exc.value.current_state) == ("ticket_expired", "expired")
+
+
+@pytest.mark.parametrize("state", ["pending", "rejected", "revoked"])
+async def test_consume_not_approved(store: Store, state: str) -> None:
+    before = await _ticket_in(store, state)
+    with pytest.raises(Conflict) as exc:
+        await store.consume_ticket("t-1", **binding(ticket()))
+    assert (exc.value.reason, exc.value.current_state) == ("ticket_not_approved", state)
+    assert await store.get_ticket("t-1") == before
+
+
+async def test_consume_unknown(store: Store) -> None:
+    with pytest.raises(NotFound):
+        await store.consume_ticket("nope", **binding(ticket()))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "stored_command_hash"),
+    [
+        pytest.param("nonce_hash", "sha256:" + "00" * 32, COMMAND_HASH, id="nonce"),
+        pytest.param("subject_id", "mallory", COMMAND_HASH, id="subject"),
+        pytest.param("env", "dev", COMMAND_HASH, id="env"),
+        pytest.param("action", "databases.drop", COMMAND_HASH, id="action"),
+        pytest.param("resource_hash", "sha256:" + "11" * 32, COMMAND_HASH, id="resource"),
+        pytest.param("command_hash", "sha256:" + "22" * 32, COMMAND_HASH, id="command-other"),
+        pytest.param("command_hash", None, COMMAND_HASH, id="command-missing"),
+        pytest.param("command_hash", COMMAND_HASH, None, id="command-unbound"),
+    ],
+)
+async def test_consume_binding_mismatch(
+    store: Store, field: str, value: str | None, stored_command_hash: str | None
+) -> None:
+    rec = await approved_ticket(store, command_hash=stored_command_hash)
+    with pytest.raises(Conflict) as exc:
+        await store.consume_ticket("t-1", **binding(rec, **{field: value}))
+    assert (exc.value.reason, exc.value.fields) == ("ticket_binding_mismatch", (field,))
+    assert await store.get_ticket("t-1") == rec  # nothing consumed
+    assert (await store.consume_ticket("t-1", **binding(rec))).state == "consumed"
+
+
+async def test_binding_mismatch_names_every_field(store: Store) -> None:
+    rec = await approved_ticket(store)
+    with pytest.raises(Conflict) as exc:
+        await store.consume_ticket("t-1", **binding(rec, env="dev", action="other"))
+    assert exc.value.fields == ("env", "action")
+
+
+async def test_expire_tickets(store: Store) -> None:
+    await store.create_ticket(ticket("pending-old", pending_until=T0 + 100))
+    await store.create_ticket(ticket("pending-new", pending_until=T0 + 10_000))
+    await approved_ticket(store, "approved-old")  # expires_at T0 + 900
+    await store.create_ticket(ticket("approved-new"))
+    await store.add_review("approved-new", review(), "approved", T0 + 5000, T0 + 10)
+    expired = await store.expire_tickets(T0 + 1000)
+    assert sorted(t.id for t in expired) == ["approved-old", "pending-old"]
+    assert all(t.state == "expired" and t.closed_at == T0 + 1000 for t in expired)
+    assert await store.expire_tickets(T0 + 1000) == []
+    states = {t.id: t.state for t in (await store.list_tickets())[0]}
+    assert states == {
+        "pending-old": "expired",
+        "pending-new": "pending",
+        "approved-old": "expired",
+        "approved-new": "approved",
+    }
+
+
+# -------------------------------------------------------------------------------------- tasks
+
+
+async def test_tasks_and_events(store: Store) -> None:
+    task = await store.ensure_task("task-1", "alice", T0)
+    assert (task.state, task.progress, task.result, task.last_seq) == ("pending", 0, None, 0)
+    assert await store.ensure_task("task-1", "bob", T0 + 5) == task  # create on first use only
+    assert await store.get_task("nope") is None
+    e1 = await store.append_event(
+        "task-1", "started", "alice", {"step": 1}, T0 + 1, state="running"
+    )
+    e2 = await store.append_event("task-1", "progress", "alice", [1, 2], T0 + 2, progress=50)
+    e3 = await store.append_event(
+        "task-1", "finished", "alice", {}, T0 + 3, state="succeeded", progress=100,
+        result={"ok": True, "rows": 3},
+    )  # fmt: skip
+    assert [e.seq for e in (e1, e2, e3)] == [1, 2, 3]
+    got = await store.get_task("task-1")
+    assert got is not None
+    assert (got.state, got.progress, got.result, got.last_seq, got.updated_at) == (
+        "succeeded", 100, {"ok": True, "rows": 3}, 3, T0 + 3,
+    )  # fmt: skip
+    assert got.created_by == "alice"
+    assert await store.list_events("task-1") == [e1, e2, e3]
+    assert await store.list_events("task-1", after_seq=1, limit=1) == [e2]
+    with pytest.raises(NotFound):
+        await store.append_event("nope", "x", "alice", {}, T0)
+    with pytest.raises(ValueError):
+        await store.append_event("task-1", "x", "alice", {}, T0, state="exploded")
+
+
+# -------------------------------------------------------------------------------------- audit
+
+
+async def test_audit_chain_links(store: Store) -> None:
+    assert await store.audit_head() == (0, AUDIT_GENESIS_HASH)
+    calls: list[tuple[int, str]] = []
+
+    def recording_seal(seq: int, prev: str, entry: dict[str, object]) -> str:
+        calls.append((seq, prev))
+        return seal(seq, prev, entry)
+
+    entries = [{"n": i, "who": "alice", "ratio": 0.1 + 0.2, "text": "ü"} for i in range(3)]
+    recs = [await store.append_audit(e, recording_seal) for e in entries]
+    assert [r.seq for r in recs] == [1, 2, 3]
+    assert recs[0].prev_hash == AUDIT_GENESIS_HASH
+    for prev, cur in itertools.pairwise(recs):
+        assert cur.prev_hash == prev.hash
+    for r in recs:
+        assert r.hash == seal(r.seq, r.prev_hash, r.entry)
+    assert calls == [(r.seq, r.prev_hash) for r in recs]
+    stored = await store.audit_range()
+    assert stored == recs and [r.entry for r in stored] == entries
+    assert await store.audit_range(after_seq=1, limit=1) == [recs[1]]
+    assert await store.audit_head() == (3, recs[-1].hash)
+
+
+async def test_audit_seal_failure_appends_nothing(store: Store) -> None:
+    first = await store.append_audit({"n": 1}, seal)
+
+    def broken(seq: int, prev: str, entry: dict[str, object]) -> str:
+        raise RuntimeError("hsm down")
+
+    with pytest.raises(RuntimeError):
+        await store.append_audit({"n": 2}, broken)
+    assert await store.audit_head() == (1, first.hash)
+    second = await store.append_audit({"n": 2}, seal)
+    assert (second.seq, second.prev_hash) == (2, first.hash)
+
+
+# ------------------------------------------------------------------------------- transactions
+
+
+async def test_transaction_commits_together(store: Store) -> None:
+    rec = await approved_ticket(store)
+    await store.ensure_task("task-1", "alice", T0)
+    async with store.transaction() as tx:
+        consumed = await tx.consume_ticket("t-1", **binding(rec))
+        await tx.append_event("task-1", "executed", "alice", {"ticket": "t-1"}, T0 + 30)
+        await tx.append_audit({"ticket": consumed.id, "outcome": "executed"}, seal)
+        assert (await tx.get_ticket("t-1")) == consumed  # the Tx sees its own writes
+    got = await store.get_ticket("t-1")
+    assert got is not None and got.state == "consumed"
+    assert [e.seq for e in await store.list_events("task-1")] == [1]
+    assert (await store.audit_head())[0] == 1
+
+
+async def test_transaction_rolls_back_on_error(store: Store) -> None:
+    rec = await approved_ticket(store)
+    await store.ensure_task("task-1", "alice", T0)
+    with pytest.raises(RuntimeError, match="execution failed"):
+        async with store.transaction() as tx:
+            await tx.consume_ticket("t-1", **binding(rec))
+            await tx.append_event("task-1", "executed", "alice", {}, T0 + 30)
+            await tx.append_audit({"ticket": "t-1"}, seal)
+            raise RuntimeError("execution failed")
+    assert await store.get_ticket("t-1") == rec  # still approved, still redeemable
+    assert await store.list_events("task-1") == []
+    task = await store.get_task("task-1")
+    assert task is not None and task.last_seq == 0
+    assert await store.audit_head() == (0, AUDIT_GENESIS_HASH)
+    assert await store.audit_range() == []
+    # The next attempt starts from a clean slate: seq 1 again, gap-free.
+    async with store.transaction() as tx:
+        await tx.consume_ticket("t-1", **binding(rec))
+        assert (await tx.append_event("task-1", "executed", "alice", {}, T0 + 31)).seq == 1
+
+
+async def test_transaction_object_is_dead_after_exit(store: Store) -> None:
+    async with store.transaction() as tx:
+        await tx.claim_once("jti", "x", T0 + 1, T0)
+    with pytest.raises(StoreError):
+        await tx.claim_once("jti", "y", T0 + 1, T0)
+
+
+async def test_conflict_inside_transaction_rolls_back_earlier_writes(store: Store) -> None:
+    await approved_ticket(store)
+    with pytest.raises(Conflict):
+        async with store.transaction() as tx:
+            await tx.create_session(session())
+            await tx.consume_ticket("t-1", **binding(ticket(), env="dev"))
+    assert await store.get_session("s-1") is None
+
+
+async def test_records_are_frozen(store: Store) -> None:
+    rec = await approved_ticket(store)
+    with pytest.raises(AttributeError):
+        rec.state = "consumed"  # type: ignore[misc]
+    assert replace(rec, state="consumed").state == "consumed"
