@@ -1,0 +1,332 @@
+"""The authenticator: logins, bearer-token authentication, step-up and revocation over the store.
+
+Every failed login is one ``InvalidCredentials`` whatever the cause (unknown subject, wrong
+password, disabled identity, bad or replayed assertion), throttled per subject and per client
+address through the store's failure counters. A request costs one signature check (or a cache hit)
+and one indexed session read; the session is never cached, so revocation is seen at once by every
+worker and replica that shares the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from ..store.base import Conflict, NotFound, SessionRecord, Store
+from . import assertions, passwords, totp
+from .errors import (
+    InvalidCredentials,
+    InvalidToken,
+    OtpInvalid,
+    SessionInactive,
+    SessionRevoked,
+    StepUpUnavailable,
+    SubjectDisabled,
+    Throttled,
+)
+from .identities import IdentityDirectory
+from .identities import load as load_identities
+from .keys import ALG, KeyRing
+from .principal import Principal
+from .stepup import ACR_STEP_UP, AMR_STEP_UP
+from .tokens import MAX_ACCESS_TTL_S, AccessTokens
+
+__all__ = ["Authenticator", "AuthnSettings", "IssuedToken", "create_authenticator"]
+
+METHOD_PASSWORD = "password"  # noqa: S105 - a method name, not a secret
+METHOD_ASSERTION = "private_key_jwt"
+STEP_UP_METHOD = "totp"
+_MAX_SUBJECT = 256
+
+
+@dataclass(frozen=True, slots=True)
+class AuthnSettings:
+    """AuthN settings (the ``authn`` config section, read once at the edge)."""
+
+    issuer: str
+    audience: str
+    token_ttl_s: int = 600
+    step_up_window_s: int = 300
+    clock_skew_s: int = 30
+    session_ttl_s: int = 8 * 3600
+    max_failures: int = 5
+    failure_window_s: int = 900
+    max_failures_per_addr: int = 50
+    token_cache_size: int = 4096
+
+    def __post_init__(self) -> None:
+        if not 0 < self.token_ttl_s <= MAX_ACCESS_TTL_S:
+            raise ValueError(f"token_ttl_s must be 1..{MAX_ACCESS_TTL_S}")
+        if self.max_failures < 1 or self.max_failures_per_addr < 1 or self.failure_window_s < 1:
+            raise ValueError("throttle limits must be positive")
+
+    @classmethod
+    def from_config(cls, section: Any) -> AuthnSettings:
+        """Settings from the ``authn`` config section (any object with these attributes)."""
+        names = [f for f in cls.__dataclass_fields__ if hasattr(section, f)]
+        return cls(**{name: getattr(section, name) for name in names})
+
+    @property
+    def key_retain_s(self) -> int:
+        """How long a retired signing key keeps verifying: the longest token life plus skew."""
+        return MAX_ACCESS_TTL_S + self.clock_skew_s
+
+
+class IssuedToken(NamedTuple):
+    access_token: str
+    expires_in: int
+    session_id: str
+
+
+class Authenticator:
+    """Framework-free AuthN over a ``Store``; the HTTP layer maps its ``AuthnError``s to 401/429."""
+
+    def __init__(
+        self,
+        store: Store,
+        identities: IdentityDirectory,
+        keys: KeyRing,
+        settings: AuthnSettings,
+    ) -> None:
+        self.store = store
+        self.identities = identities
+        self.keys = keys
+        self.settings = settings
+        self.tokens = AccessTokens(
+            keys,
+            issuer=settings.issuer,
+            audience=settings.audience,
+            ttl_s=settings.token_ttl_s,
+            clock_skew_s=settings.clock_skew_s,
+            cache_size=settings.token_cache_size,
+        )
+
+    # -- logins --------------------------------------------------------------------------------
+
+    async def login_password(
+        self, subject_id: str, password: str, client_addr: str | None, now: float
+    ) -> IssuedToken:
+        """Password login of a human; raises ``InvalidCredentials`` or ``Throttled``."""
+        subject = subject_id[:_MAX_SUBJECT] if isinstance(subject_id, str) else ""
+        counters = [(f"login:subject:{subject}", self.settings.max_failures)]
+        if client_addr:
+            counters.append((f"login:addr:{client_addr}", self.settings.max_failures_per_addr))
+        await self._check_throttle(counters, now)
+        identity = self.identities.get(subject)
+        reason = "bad_password"
+        if identity is None:
+            reason = "unknown_subject"
+        elif identity.disabled:
+            identity, reason = None, "subject_disabled"
+        elif identity.kind != "human":
+            identity, reason = None, "not_a_human"
+        encoded = identity.password_hash if identity is not None else None
+        # Unknown or disabled subjects verify a dummy hash of equal cost: same time, same answer.
+        # scrypt blocks for tens of milliseconds, so it runs off the event loop.
+        ok = await asyncio.to_thread(
+            passwords.verify_password,
+            password if isinstance(password, str) else "",
+            encoded or self.identities.dummy_password_hash,
+        )
+        if identity is None or encoded is None or not ok:
+            await self._record_failure(counters, now)
+            raise InvalidCredentials(reason)
+        # Only the subject counter resets: a valid login must not launder an address's failures.
+        await self.store.clear_failures(counters[0][0])
+        return await self._open_session(identity.subject_id, "human", METHOD_PASSWORD, now)
+
+    async def login_assertion(
+        self, assertion: str, client_addr: str | None, now: float
+    ) -> IssuedToken:
+        """Assertion login of a service or agent; raises ``InvalidCredentials`` or ``Throttled``.
+
+        Throttled per client address only: a forged assertion cannot guess a key, and counting
+        per claimed subject would let anyone lock a service out.
+        """
+        counters = []
+        if client_addr:
+            counters.append((f"login:addr:{client_addr}", self.settings.max_failures_per_addr))
+        await self._check_throttle(counters, now)
+        try:
+            verified = assertions.verify(
+                assertion,
+                audience=self.settings.issuer,
+                public_key_for=self.identities.public_key_for,
+                now=now,
+                clock_skew_s=self.settings.clock_skew_s,
+            )
+        except InvalidToken as exc:
+            await self._record_failure(counters, now)
+            raise InvalidCredentials(exc.code) from exc
+        # The jti is remembered until the assertion could no longer pass the exp check.
+        fresh = await self.store.claim_once(
+            "assertion_jti",
+            f"{verified.subject_id}:{verified.jti}",
+            verified.expires_at + self.settings.clock_skew_s,
+            now,
+        )
+        identity = self.identities.active(verified.subject_id)
+        if not fresh or identity is None:
+            await self._record_failure(counters, now)
+            raise InvalidCredentials("token_replayed" if not fresh else "unknown_subject")
+        return await self._open_session(identity.subject_id, identity.kind, METHOD_ASSERTION, now)
+
+    # -- per request ---------------------------------------------------------------------------
+
+    async def authenticate_bearer(self, token: str, now: float) -> Principal:
+        """The principal of a bearer access token; raises an ``InvalidToken`` subclass."""
+        claims = self.tokens.verify(token, now)
+        subject, kind = claims["sub"], claims["kind"]
+        identity = self.identities.active(subject)
+        if identity is None or identity.kind != kind:
+            raise SubjectDisabled()
+        session = await self._active_session(claims["sid"], now)
+        if session.subject_id != subject or session.kind != kind:
+            raise SessionInactive()
+        # Step-up counts only on a token issued after it: an older token of the same session
+        # (perhaps copied before the step-up) stays un-stepped.
+        stepped = "acr" in claims and claims["acr"] == ACR_STEP_UP
+        return Principal(
+            subject_id=subject,
+            kind=identity.kind,
+            session_id=session.id,
+            auth_time=session.auth_time,
+            authn_method=session.authn_method,
+            step_up_at=session.step_up_at if stepped else None,
+        )
+
+    async def step_up(self, principal: Principal, otp: str, now: float) -> IssuedToken:
+        """Verify a TOTP code once, record the step-up on the session, return a stepped-up token."""
+        identity = (
+            self.identities.active(principal.subject_id) if principal.is_authenticated else None
+        )
+        if principal.kind != "human" or identity is None or identity.totp_secret is None:
+            raise StepUpUnavailable()
+        counter = f"otp:subject:{principal.subject_id}"
+        # Six digits are guessable without a limit: the same failure budget as passwords.
+        await self._check_throttle([(counter, self.settings.max_failures)], now)
+        step = totp.verify(identity.totp_secret, otp, now)
+        fresh = False
+        if step is not None:
+            # RFC 6238 §5.2: a code is accepted once; the claim outlives its acceptance window.
+            valid_until = (step + totp.TOLERANCE_STEPS + 1) * totp.STEP_S
+            fresh = await self.store.claim_once(
+                "totp",
+                f"{principal.subject_id}:{step}",
+                valid_until + self.settings.clock_skew_s,
+                now,
+            )
+        if step is None or not fresh:
+            await self.store.record_failure(counter, now)
+            raise OtpInvalid()
+        try:
+            session = await self.store.record_step_up(principal.session_id, now, STEP_UP_METHOD)
+        except NotFound:
+            raise SessionInactive() from None
+        except Conflict as exc:
+            raise (
+                SessionRevoked() if exc.reason == "session_revoked" else SessionInactive()
+            ) from None
+        await self.store.clear_failures(counter)
+        return self._issue(session, now, stepped_up=True)
+
+    async def refresh(self, principal: Principal, now: float) -> IssuedToken:
+        """A new access token for the principal's still-active session (keeps its step-up)."""
+        session = await self._active_session(principal.session_id, now)
+        return self._issue(session, now, stepped_up=principal.step_up_at is not None)
+
+    async def revoke(self, principal: Principal, now: float) -> bool:
+        """End the principal's session: its tokens fail from now on. False if already ended."""
+        if not principal.is_authenticated:
+            return False
+        return await self.store.revoke_session(principal.session_id, now)
+
+    # -- status --------------------------------------------------------------------------------
+
+    def status(self, now: float) -> dict[str, Any]:
+        """Configuration-level status: never tokens, sessions or secrets."""
+        kids = self.keys.kids(now)
+        return {
+            "issuer": self.settings.issuer,
+            "audience": self.settings.audience,
+            "signing_keys": [
+                {"kid": kid, "alg": ALG, "active": i == 0} for i, kid in enumerate(kids)
+            ],
+            "token_ttl_s": self.settings.token_ttl_s,
+            "session_ttl_s": self.settings.session_ttl_s,
+            "step_up_window_s": self.settings.step_up_window_s,
+            "clock_skew_s": self.settings.clock_skew_s,
+            "identities": self.identities.counts(),
+        }
+
+    def jwks(self, now: float) -> dict[str, Any]:
+        return self.keys.jwks(now)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    async def _check_throttle(self, counters: list[tuple[str, int]], now: float) -> None:
+        since = now - self.settings.failure_window_s
+        for key, limit in counters:
+            if await self.store.count_failures(key, since) >= limit:
+                raise Throttled(retry_after_s=self.settings.failure_window_s)
+
+    async def _record_failure(self, counters: list[tuple[str, int]], now: float) -> None:
+        for key, _ in counters:
+            await self.store.record_failure(key, now)
+
+    async def _active_session(self, session_id: str, now: float) -> SessionRecord:
+        session = await self.store.get_session(session_id)
+        if session is None:
+            raise SessionInactive()
+        if session.revoked_at is not None:
+            raise SessionRevoked()
+        if session.expires_at <= now:
+            raise SessionInactive()
+        return session
+
+    async def _open_session(
+        self, subject_id: str, kind: str, method: str, now: float
+    ) -> IssuedToken:
+        # Keyholders can sign a new assertion at any time: their session lives as long as one token.
+        ttl = self.settings.session_ttl_s if kind == "human" else self.settings.token_ttl_s
+        session = SessionRecord(
+            id=secrets.token_urlsafe(24),
+            subject_id=subject_id,
+            kind=kind,
+            authn_method=method,
+            auth_time=now,
+            created_at=now,
+            expires_at=now + ttl,
+        )
+        await self.store.create_session(session)
+        return self._issue(session, now, stepped_up=False)
+
+    def _issue(self, session: SessionRecord, now: float, *, stepped_up: bool) -> IssuedToken:
+        token, expires_in = self.tokens.issue(
+            subject_id=session.subject_id,
+            kind=session.kind,
+            session_id=session.id,
+            auth_time=session.auth_time,
+            now=now,
+            not_after=session.expires_at,
+            acr=ACR_STEP_UP if stepped_up else None,
+            amr=list(AMR_STEP_UP) if stepped_up else None,
+        )
+        return IssuedToken(token, expires_in, session.id)
+
+
+def create_authenticator(
+    store: Store,
+    *,
+    identities_path: Path,
+    keys_dir: Path,
+    settings: AuthnSettings,
+    now: float,
+) -> Authenticator:
+    """Load the identities file and open (or create) the key ring; blocking, call at startup."""
+    directory = load_identities(identities_path)
+    keys = KeyRing.open(keys_dir, retain_s=settings.key_retain_s, now=now)
+    return Authenticator(store, directory, keys, settings)
