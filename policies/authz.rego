@@ -1,0 +1,141 @@
+# Platform RBAC for the control plane.
+#
+# Entry point: data.controlplane.authz.decision (and `explain` for `cpctl policy eval --explain`).
+#
+# Every rule is a function of the input document `inp` and `decision := decide(input)` is the
+# only place that reads `input`. Tests call `decide({...})` directly: regopy 1.5 crashes on
+# `with input as ...` when the target rule depends on other rules, so tests never use `with`.
+#
+# The engine projects facts into the input before evaluation (see policies/README.md):
+#   input.principal.roles   role names bound to the subject (policies/data bindings)
+#   input.principal.groups  reviewer/team groups the subject belongs to
+#   input.principal.grants  [{role, envs, kinds?, scope?}]: the grants of those roles (inheritance
+#                           resolved) whose `actions` cover input.action
+# and the action catalogue (code-owned) into data.controlplane.catalogue.actions.
+# The Rego data document holds only small tables: environments and approval requirements.
+package controlplane.authz
+
+import rego.v1
+
+decision := decide(input)
+
+explain := explanation(input)
+
+# ---- decision ----------------------------------------------------------------------------
+
+# The grants are matched once and passed down: regopy does not memoise function calls.
+decide(inp) := verdict(inp, matching_grants(inp))
+
+verdict(inp, grants) := {"decision": "deny", "reasons": reasons, "approval": {}} if {
+	reasons := denials(inp, grants)
+	count(reasons) > 0
+} else := {"decision": "require_approval", "reasons": approval_reasons(inp), "approval": requirements(inp.env)} if {
+	needs_approval(inp)
+} else := {"decision": "allow", "reasons": allow_reasons(grants), "approval": {}}
+
+# Every deny check is evaluated, so a denied caller sees all the reasons at once. (One
+# single-definition function per check: measured several times cheaper in regopy than one
+# function with a definition per reason code.)
+denials(inp, grants) := array.concat(
+	array.concat(
+		array.concat(["unknown_env" | unknown_env(inp)], ["unknown_action" | unknown_action(inp)]),
+		array.concat(["reviewer_not_human" | reviewer_not_human(inp)], ["self_review" | self_review(inp)]),
+	),
+	array.concat(["create_for_other" | create_for_other(inp, grants)], ["no_grant" | count(grants) == 0]),
+)
+
+# ---- deny checks -------------------------------------------------------------------------
+
+unknown_env(inp) if not data.environments[inp.env]
+
+unknown_action(inp) if not data.controlplane.catalogue.actions[inp.action]
+
+# Only humans review tickets: agents and services never approve (DESIGN hard rule 5).
+reviewer_not_human(inp) if {
+	inp.action == "approvals.review"
+	inp.principal.kind != "human"
+}
+
+# Nobody approves their own ticket; the ticket's owner is the subject it was requested for.
+self_review(inp) if {
+	inp.action == "approvals.review"
+	inp.resource.owner == inp.principal.subject_id
+}
+
+# Requesting a ticket for someone else needs a grant with scope "any" (admins);
+# other grants let a subject request tickets for itself only.
+create_for_other(inp, grants) if {
+	inp.action == "approvals.create"
+	object.get(inp.resource, "owner", inp.principal.subject_id) != inp.principal.subject_id
+	not any_scope(grants)
+}
+
+any_scope(grants) if {
+	some g in grants
+	g.scope == "any"
+}
+
+# ---- grants ------------------------------------------------------------------------------
+
+# input.principal.grants already cover input.action (the engine matched `actions`);
+# the policy decides which of them apply in this env and to this kind of principal.
+matching_grants(inp) := [g |
+	some g in object.get(inp.principal, "grants", [])
+	env_matches(g.envs, inp.env)
+	kind_matches(g, inp.principal.kind)
+]
+
+env_matches(envs, env) if env in envs
+
+env_matches(envs, _) if "*" in envs
+
+kind_matches(g, _) if not g.kinds
+
+kind_matches(g, kind) if kind in g.kinds
+
+# (sorted via an array: in regopy 1.5 sort(set) does not compare equal to the same array)
+allow_reasons(grants) := sort([r | some r in {concat(":", ["role", g.role]) | some g in grants}])
+
+# ---- approval ----------------------------------------------------------------------------
+
+production(env) if data.environments[env].production == true
+
+ticketed(action) if data.controlplane.catalogue.actions[action].ticketed == true
+
+# Production mutations always go through a ticket reviewed by humans, with a fresh step-up.
+# The service enforces tickets and step-up in code whatever this returns; the policy says
+# what the ticket must satisfy.
+needs_approval(inp) if {
+	production(inp.env)
+	ticketed(inp.action)
+}
+
+# Agents need a human-approved ticket wherever the environment says so (prod, by data).
+needs_approval(inp) if {
+	inp.principal.kind == "agent"
+	ticketed(inp.action)
+	data.environments[inp.env].agent_requires_approval == true
+}
+
+approval_reasons(inp) := array.concat(
+	["production_mutation" | production(inp.env)],
+	["agent_requires_human_approval" | inp.principal.kind == "agent"],
+)
+
+requirements(env) := object.union(data.approval.defaults, object.get(data.approval.environments, env, {}))
+
+# ---- explain (offline tooling only; never on the request path) -----------------------------
+
+explanation(inp) := {
+	"matching_grants": matching_grants(inp),
+	"denials": denials(inp, matching_grants(inp)),
+	"production": production_flag(inp.env),
+	"ticketed_action": ticketed_flag(inp.action),
+	"needs_approval": approval_flag(inp),
+}
+
+production_flag(env) := true if production(env) else := false
+
+ticketed_flag(action) := true if ticketed(action) else := false
+
+approval_flag(inp) := true if needs_approval(inp) else := false

@@ -1,0 +1,422 @@
+"""The policy engine: compiled revisions of policies/, hot reload, atomic swap, cache.
+
+A revision is the content of ``policies/*.rego`` + ``policies/data/*`` (not ``policies/compose/``).
+It is read once, vetted (compile + probe decision + its own ``*_test.rego``) in a child process,
+compiled once into a regopy bundle, and then swapped in with one attribute assignment; a revision
+that fails any step is rejected and the previous one keeps serving. ``decide`` is synchronous and
+cheap (tens of microseconds): call it on the event loop. ``reload`` blocks (child process,
+compilation): run it off the loop, e.g. ``await asyncio.to_thread(engine.reload)``.
+
+Invariants enforced here whatever the policy says:
+- an error, an undefined result or a malformed decision -> deny ``policy_error``;
+- an ``allow`` of a ticketed (mutating) action in a production env -> ``require_approval``;
+- unknown actions are denied before evaluation; unknown envs count as production.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from service import rego
+from service.authz import actions
+from service.authz.decision import (
+    POLICY_ERROR,
+    PRODUCTION_UPGRADE,
+    Decision,
+    MalformedDecision,
+    deny,
+    parse_decision,
+)
+from service.authz.input import strip
+from service.authz.projection import Projection, build_projection
+from service.authz.regotest import (
+    DECISION_ENTRYPOINT,
+    EXPLAIN_ENTRYPOINT,
+    run_tests_isolated,
+    vet,
+)
+from service.authz.source import Snapshot, SourceError, fingerprint, read_snapshot
+
+__all__ = [
+    "DEFAULT_APPROVAL",
+    "DEFAULT_ENVIRONMENTS",
+    "LOG_FIELDS",
+    "LoadResult",
+    "PolicyEngine",
+    "default_policies_dir",
+]
+
+decision_log = logging.getLogger("controlplane.decisions")
+log = logging.getLogger(__name__)
+
+#: env -> is production. Envs missing from the mapping are treated as production (fail safe).
+DEFAULT_ENVIRONMENTS: Mapping[str, bool] = MappingProxyType(
+    {"dev": False, "staging": False, "prod": True}
+)
+
+#: What a ticket must satisfy when the engine (not the policy) upgrades a production allow.
+DEFAULT_APPROVAL: Mapping[str, Any] = MappingProxyType(
+    {
+        "quorum": 1,
+        "reviewer_roles": ["approver", "admin"],
+        "require_groups": [],
+        "ttl_s": 900,
+        "pending_ttl_s": 3600,
+        "step_up": True,
+        "humans_only": True,
+        "self_review": False,
+    }
+)
+
+#: Structured fields of every decision log record (``extra={"decision": {...}}``); maskable.
+LOG_FIELDS = (
+    "decision_id",
+    "revision",
+    "action",
+    "env",
+    "resource_hash",
+    "subject",
+    "kind",
+    "result",
+    "reasons",
+    "duration_us",
+    "cached",
+    "correlation_id",
+)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Outcome of ``load``/``reload``: ``changed`` is False when the content was already serving."""
+
+    ok: bool
+    revision: str | None
+    changed: bool = False
+    error: str | None = None
+
+
+@dataclass
+class _Revision:
+    id: str
+    bundle: rego.Bundle
+    projection: Projection
+    snapshot: Snapshot
+    loaded_at: float
+    cache: OrderedDict[str, Decision] = field(default_factory=OrderedDict)
+    cache_lock: threading.Lock = field(default_factory=threading.Lock)
+    explain_bundle: rego.Bundle | None = None
+
+
+class PolicyEngine:
+    """Decides ``allow | deny | require_approval`` for input documents; one per worker process."""
+
+    def __init__(
+        self,
+        policies_dir: Path,
+        environments: Mapping[str, bool] = DEFAULT_ENVIRONMENTS,
+        mask_fields: Iterable[str] = (),
+        *,
+        data_dir: Path | None = None,
+        cache_size: int = 10_000,
+        vet_in_subprocess: bool = True,
+    ) -> None:
+        self.policies_dir = Path(policies_dir)
+        self.data_dir = Path(data_dir) if data_dir is not None else self.policies_dir / "data"
+        self.environments = dict(environments)
+        self.mask_fields = frozenset(mask_fields)
+        unknown = self.mask_fields - set(LOG_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown decision log field(s) to mask: {sorted(unknown)}")
+        self.cache_size = cache_size
+        self.vet_in_subprocess = vet_in_subprocess
+        self._current: _Revision | None = None
+        self._reload_lock = threading.Lock()
+        self._seen: tuple[tuple[str, int, int], ...] | None = None
+        self._last_reload: dict[str, Any] | None = None
+        self._counts: Counter[str] = Counter()
+        # decision ids: random per-process prefix + counter (unique, and cheaper than uuid4).
+        self._id_prefix = secrets.token_hex(4)
+        self._ids = itertools.count(1)
+
+    # ---- loading -------------------------------------------------------------------------
+
+    @property
+    def revision(self) -> str | None:
+        current = self._current
+        return current.id if current else None
+
+    def load(self) -> LoadResult:
+        """Load the policies directory (startup); same as ``reload``."""
+        return self.reload()
+
+    def reload(self) -> LoadResult:
+        """Read, vet and compile the directory's content; swap it in if it passes. Blocking."""
+        with self._reload_lock:
+            self._seen = fingerprint(self.policies_dir, self.data_dir)
+            try:
+                snapshot = read_snapshot(self.policies_dir, self.data_dir)
+            except SourceError as exc:
+                return self._failed("source", str(exc))
+            current = self._current
+            if current is not None and current.id == snapshot.revision:
+                return self._succeeded(current.id, changed=False)
+            try:
+                projection = build_projection(snapshot.data)
+            except SourceError as exc:
+                return self._failed("data", str(exc))
+            report = (
+                run_tests_isolated(snapshot, mode="vet")
+                if self.vet_in_subprocess
+                else vet(snapshot)
+            )
+            if not report.ok:
+                return self._failed("tests" if not report.error else "compile", report.summary())
+            try:
+                bundle = rego.compile_bundle(
+                    snapshot.modules, projection.rego_data, [DECISION_ENTRYPOINT]
+                )
+            except rego.RegoCompileError as exc:
+                return self._failed("compile", str(exc))
+            # One attribute assignment: a concurrent decide() sees the old or the new revision,
+            # never a mix. The old revision's cache goes with it (invalidation on reload).
+            self._current = _Revision(snapshot.revision, bundle, projection, snapshot, time.time())
+            return self._succeeded(snapshot.revision, changed=True)
+
+    def poll_changes(self) -> bool:
+        """True when policy or data files changed (mtime, size, set) since the last load attempt."""
+        return fingerprint(self.policies_dir, self.data_dir) != self._seen
+
+    def _succeeded(self, revision: str, *, changed: bool) -> LoadResult:
+        self._last_reload = {"ok": True, "at": time.time(), "error": None}
+        if changed:
+            log.info("policy revision %s loaded", revision)
+        return LoadResult(True, revision, changed)
+
+    def _failed(self, kind: str, detail: str) -> LoadResult:
+        # Full detail goes to the log; the status surface gets a summary without data values.
+        log.error(
+            "policy revision rejected (%s): %s; still serving %s", kind, detail, self.revision
+        )
+        summary = (
+            f"{kind}: {detail}"[:300]
+            if kind in ("compile", "tests", "source")
+            else (f"{kind}: invalid policy data (see server log)")
+        )
+        self._last_reload = {"ok": False, "at": time.time(), "error": summary}
+        return LoadResult(False, self.revision, False, summary)
+
+    # ---- deciding ------------------------------------------------------------------------
+
+    def project(self, input_doc: Mapping[str, Any]) -> dict[str, Any]:
+        """The document the policy evaluates: stripped, plus the subject's policy-data facts."""
+        current = self._current
+        if current is None:
+            raise RuntimeError("no policy revision loaded")
+        return _project(current.projection, strip(input_doc))
+
+    def decide(self, input_doc: Mapping[str, Any]) -> Decision:
+        """One decision; never raises for a bad policy or input (fails closed to deny)."""
+        started = time.perf_counter_ns()
+        decision_id = f"{self._id_prefix}-{next(self._ids):x}"
+        current = self._current
+        revision = current.id if current else ""
+        error: str | None = None
+        try:
+            decision, error = self._evaluate(current, input_doc)
+        except Exception as exc:  # fail closed on anything unexpected, never propagate
+            decision, error = deny(POLICY_ERROR, revision), f"{exc.__class__.__name__}"
+        decision = decision.with_meta(decision_id=decision_id, cached=decision.cached)
+        duration_us = (time.perf_counter_ns() - started) // 1000
+        self._counts[decision.decision] += 1
+        if error is not None:
+            self._counts["policy_error"] += 1
+            log.warning(
+                "policy_error decision_id=%s correlation_id=%s revision=%s: %s",
+                decision_id,
+                _context(input_doc).get("correlation_id"),
+                revision,
+                error,
+            )
+        if decision_log.isEnabledFor(logging.INFO):
+            self._log(input_doc, decision, duration_us)
+        return decision
+
+    def _evaluate(
+        self, current: _Revision | None, input_doc: Mapping[str, Any]
+    ) -> tuple[Decision, str | None]:
+        if current is None:
+            return deny(POLICY_ERROR), "no policy revision loaded"
+        if not isinstance(input_doc, Mapping):
+            return deny(POLICY_ERROR, current.id), "input is not an object"
+        action = actions.ACTIONS.get(input_doc.get("action"))  # type: ignore[arg-type]
+        if action is None:
+            # The catalogue is code-owned: an action it does not know is never allowed.
+            return deny("unknown_action", current.id), None
+        stripped = strip(input_doc)
+        try:
+            key: str | None = json.dumps(stripped, sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError):
+            key = None  # not JSON: regopy will refuse it below, and errors are never cached
+        if key is not None and self.cache_size:
+            with current.cache_lock:
+                hit = current.cache.get(key)
+                if hit is not None:
+                    current.cache.move_to_end(key)
+            if hit is not None:
+                self._counts["cache_hit"] += 1
+                return Decision(
+                    hit.decision, hit.reasons, hit.approval, hit.revision, "", True
+                ), None
+            self._counts["cache_miss"] += 1
+        projected = _project(current.projection, stripped)
+        try:
+            raw = current.bundle.query(DECISION_ENTRYPOINT, projected)
+        except rego.RegoEvalError as exc:
+            return deny(POLICY_ERROR, current.id), f"evaluation: {exc}"
+        if raw is rego.Undefined:
+            return deny(POLICY_ERROR, current.id), "decision is undefined"
+        try:
+            decision = parse_decision(raw, current.id)
+        except MalformedDecision as exc:
+            return deny(POLICY_ERROR, current.id), f"malformed decision: {exc}"
+        decision = self._enforce(decision, action, str(input_doc.get("env")))
+        if key is not None and self.cache_size:
+            with current.cache_lock:
+                current.cache[key] = decision
+                if len(current.cache) > self.cache_size:
+                    current.cache.popitem(last=False)
+        return decision, None
+
+    def _enforce(self, decision: Decision, action: actions.Action, env: str) -> Decision:
+        # Code-owned invariant (DESIGN hard rule 1): a production allow of a ticketed action is
+        # upgraded to require_approval whatever the policy says.
+        production = self.environments.get(env, True)
+        if decision.decision == "allow" and production and action.needs_ticket_in_production:
+            self._counts["upgraded"] += 1
+            return Decision(
+                "require_approval",
+                (*decision.reasons, PRODUCTION_UPGRADE),
+                DEFAULT_APPROVAL,
+                decision.revision,
+            )
+        return decision
+
+    def explain(self, input_doc: Mapping[str, Any]) -> dict[str, Any]:
+        """Offline aid: the projected input and the policy's ``explain`` value (if it has one)."""
+        current = self._current
+        if current is None:
+            raise RuntimeError("no policy revision loaded")
+        projected = _project(current.projection, strip(input_doc))
+        if current.explain_bundle is None:
+            current.explain_bundle = rego.compile_bundle(
+                current.snapshot.modules, current.projection.rego_data, [EXPLAIN_ENTRYPOINT]
+            )
+        try:
+            trace = current.explain_bundle.query(EXPLAIN_ENTRYPOINT, projected)
+        except rego.RegoEvalError as exc:
+            trace = {"error": str(exc)}
+        return {"input": projected, "explain": None if trace is rego.Undefined else trace}
+
+    def _log(self, input_doc: Mapping[str, Any], decision: Decision, duration_us: int) -> None:
+        doc = input_doc if isinstance(input_doc, Mapping) else {}
+        principal = doc.get("principal") if isinstance(doc.get("principal"), Mapping) else {}
+        resource = doc.get("resource") if isinstance(doc.get("resource"), Mapping) else {}
+        fields = {
+            "decision_id": decision.decision_id,
+            "revision": decision.revision,
+            "action": doc.get("action"),
+            "env": doc.get("env"),
+            "resource_hash": resource.get("hash"),
+            "subject": principal.get("subject_id"),
+            "kind": principal.get("kind"),
+            "result": decision.decision,
+            "reasons": list(decision.reasons),
+            "duration_us": duration_us,
+            "cached": decision.cached,
+            "correlation_id": _context(doc).get("correlation_id"),
+        }
+        for name in self.mask_fields:
+            fields[name] = _mask(fields[name])
+        decision_log.info(
+            "decision %s %s", fields["result"], fields["decision_id"], extra={"decision": fields}
+        )
+
+    # ---- status --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """``GET /api/v1/authz/status``: no policy text, data tables or per-subject decisions."""
+        current = self._current
+        last = self._last_reload
+        if last is None:
+            state = "placeholder"
+        elif current is None or not last["ok"]:
+            state = "degraded"
+        else:
+            state = "ready"
+        counts = self._counts
+        hits, misses = counts["cache_hit"], counts["cache_miss"]
+        return {
+            "status": state,
+            "revision": current.id if current else None,
+            "module_count": len(current.snapshot.modules) if current else 0,
+            "test_module_count": len(current.snapshot.test_modules) if current else 0,
+            "loaded_at": _iso(current.loaded_at) if current else None,
+            "last_reload": None if last is None else {**last, "at": _iso(last["at"])},
+            "decisions": {
+                k: counts[k]
+                for k in ("allow", "deny", "require_approval", "policy_error", "upgraded")
+            },
+            "cache": {
+                "hits": hits,
+                "misses": misses,
+                "hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0,
+                "size": len(current.cache) if current else 0,
+                "capacity": self.cache_size,
+            },
+        }
+
+
+def _project(projection: Projection, stripped: dict[str, Any]) -> dict[str, Any]:
+    principal = stripped.get("principal")
+    if not isinstance(principal, Mapping) or not isinstance(principal.get("subject_id"), str):
+        return stripped  # the policy sees no facts; a malformed principal is the policy's to deny
+    out = dict(stripped)
+    out["principal"] = {
+        **principal,
+        **projection.facts(principal["subject_id"], str(stripped.get("action"))),
+    }
+    return out
+
+
+def _context(doc: Any) -> Mapping[str, Any]:
+    context = doc.get("context") if isinstance(doc, Mapping) else None
+    return context if isinstance(context, Mapping) else {}
+
+
+def _mask(value: Any) -> Any:
+    # A short digest keeps records correlatable without revealing the value.
+    if value is None:
+        return None
+    return "masked:" + hashlib.sha256(str(value).encode()).hexdigest()[:12]
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def default_policies_dir() -> Path:
+    """The repository's ``policies/`` (what ``cpctl serve`` uses when nothing is configured)."""
+    return Path(__file__).resolve().parents[2] / "policies"

@@ -1,0 +1,204 @@
+"""Policy data split in two: bulk tables indexed in Python and projected, small ones for Rego.
+
+regopy's object lookups scan keys (~1 us per key), so a data document with thousands of subjects
+makes every decision slow. The bulk tables (``roles``, ``bindings``, ``groups``) are therefore
+resolved here once per revision; a decision copies only the deciding subject's facts into
+``input.principal`` (``roles``, ``groups``, ``grants``). Everything else in the data files, plus
+the code-owned action catalogue, forms the (small) Rego data document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from service.authz import actions
+from service.authz.source import SourceError
+
+__all__ = ["PROJECTED_KEYS", "Projection", "build_projection"]
+
+#: Top-level data keys resolved in Python and projected into input.principal, never in Rego data.
+PROJECTED_KEYS = ("roles", "bindings", "groups")
+_GRANT_KEYS = {"actions", "envs", "kinds", "scope"}
+_KINDS = {"human", "service", "agent"}
+_EMPTY: tuple[tuple[str, ...], tuple[str, ...], Mapping[str, tuple[dict[str, Any], ...]]] = (
+    (),
+    (),
+    {},
+)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Per-revision indexes: subject -> (roles, groups, grants), and the Rego data document."""
+
+    subjects: Mapping[
+        str, tuple[tuple[str, ...], tuple[str, ...], Mapping[str, tuple[dict[str, Any], ...]]]
+    ]
+    rego_data: Mapping[str, Any]
+    role_count: int
+
+    def facts(self, subject_id: str, action: str) -> dict[str, Any]:
+        """The projected fields for ``subject_id`` deciding ``action`` (empty for unknown subjects).
+
+        ``grants`` holds only the grants whose ``actions`` cover ``action`` (without the
+        ``actions`` list): input conversion costs one native call per node, so the projection
+        carries just what this decision can use.
+        """
+        roles, groups, by_action = self.subjects.get(subject_id, _EMPTY)
+        return {
+            "roles": list(roles),
+            "groups": list(groups),
+            "grants": list(by_action.get(action, ())),
+        }
+
+
+def build_projection(data: Mapping[str, Any]) -> Projection:
+    """Index the bulk tables of ``data``; raise ``SourceError`` for anything malformed."""
+    roles = _mapping(data.get("roles", {}), "roles")
+    bindings = _mapping(data.get("bindings", {}), "bindings")
+    groups = _mapping(data.get("groups", {}), "groups")
+    flat = _flatten_roles(roles)
+
+    member_of: dict[str, list[str]] = {}
+    for group, members in groups.items():
+        for subject in _strings(members, f"groups.{group}"):
+            member_of.setdefault(subject, []).append(str(group))
+
+    subjects: dict[
+        str, tuple[tuple[str, ...], tuple[str, ...], Mapping[str, tuple[dict[str, Any], ...]]]
+    ] = {}
+    by_role = {name: _by_action(grants) for name, grants in flat.items()}
+    for subject in set(bindings) | set(member_of):
+        entry = bindings.get(subject, {})
+        bound = (
+            entry
+            if isinstance(entry, list)
+            else _mapping(entry, f"bindings.{subject}").get("roles", [])
+        )
+        names = sorted(set(_strings(bound, f"bindings.{subject}.roles")))
+        for name in names:
+            if name not in flat:
+                raise SourceError(f"bindings.{subject}: unknown role {name!r}")
+        by_action: dict[str, list[dict[str, Any]]] = {}
+        seen: set[tuple[str, int]] = set()
+        for name in names:
+            for action, grants in by_role[name].items():
+                for grant in grants:
+                    # a role inherited twice contributes each grant once
+                    if (action, id(grant)) not in seen:
+                        seen.add((action, id(grant)))
+                        by_action.setdefault(action, []).append(grant)
+        subjects[str(subject)] = (
+            tuple(names),
+            tuple(sorted(member_of.get(subject, []))),
+            {a: tuple(g) for a, g in by_action.items()},
+        )
+
+    if "controlplane" in data:
+        raise SourceError("data key 'controlplane' is reserved for the engine (action catalogue)")
+    rego_data = {k: v for k, v in data.items() if k not in PROJECTED_KEYS}
+    rego_data["controlplane"] = {
+        "catalogue": {
+            "actions": {
+                a.name: {"mutating": a.mutating, "ticketed": a.needs_ticket_in_production}
+                for a in actions.all_actions()
+            }
+        }
+    }
+    return Projection(subjects, rego_data, len(flat))
+
+
+def _by_action(grants: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """catalogue action -> the grants (without their ``actions`` list) that cover it."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for grant in grants:
+        slim = grant["slim"]
+        for action in actions.ACTIONS:
+            if any(_covers(p, action) for p in grant["actions"]):
+                out.setdefault(action, []).append(slim)
+    return out
+
+
+def _covers(pattern: str, action: str) -> bool:
+    """``*`` covers everything, ``area.*`` every action under ``area.``, else exact names."""
+    if pattern == "*":
+        return True
+    if pattern.endswith(".*"):
+        return action.startswith(pattern[:-1])
+    return pattern == action
+
+
+def _flatten_roles(roles: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """role -> its grants plus every inherited role's grants (tagged with their role)."""
+    own: dict[str, list[dict[str, Any]]] = {}
+    parents: dict[str, list[str]] = {}
+    for name, spec in roles.items():
+        spec = _mapping(spec, f"roles.{name}")
+        own[name] = [
+            _grant(g, f"roles.{name}.grants[{i}]", name)
+            for i, g in enumerate(spec.get("grants", []) or [])
+        ]
+        parents[name] = _strings(spec.get("inherits", []) or [], f"roles.{name}.inherits")
+    flat: dict[str, list[dict[str, Any]]] = {}
+
+    def resolve(name: str, stack: tuple[str, ...]) -> list[dict[str, Any]]:
+        if name in flat:
+            return flat[name]
+        if name in stack:
+            raise SourceError(f"roles: inheritance cycle {' -> '.join((*stack, name))}")
+        if name not in own:
+            raise SourceError(f"roles.{stack[-1]}.inherits: unknown role {name!r}")
+        out = list(own[name])
+        for parent in parents[name]:
+            out.extend(resolve(parent, (*stack, name)))
+        flat[name] = out
+        return out
+
+    for name in own:
+        resolve(name, ())
+    return flat
+
+
+def _grant(raw: Any, where: str, role: str) -> dict[str, Any]:
+    grant = _mapping(raw, where)
+    unknown = set(grant) - _GRANT_KEYS
+    if unknown:
+        raise SourceError(f"{where}: unknown field(s) {sorted(unknown)}")
+    acts = _strings(grant.get("actions"), f"{where}.actions")
+    for pattern in acts:
+        # Typos in action names would silently grant nothing; refuse the revision instead.
+        if pattern != "*" and not pattern.endswith(".*") and pattern not in actions.ACTIONS:
+            raise SourceError(f"{where}.actions: unknown action {pattern!r}")
+    out: dict[str, Any] = {
+        "role": role,
+        "actions": acts,
+        "envs": _strings(grant.get("envs"), f"{where}.envs"),
+    }
+    if "kinds" in grant:
+        kinds = _strings(grant["kinds"], f"{where}.kinds")
+        if set(kinds) - _KINDS:
+            raise SourceError(f"{where}.kinds: must be among {sorted(_KINDS)}")
+        out["kinds"] = kinds
+    if "scope" in grant:
+        if grant["scope"] not in ("self", "any"):
+            raise SourceError(f"{where}.scope: must be 'self' or 'any'")
+        out["scope"] = grant["scope"]
+    # What the policy sees: one shared object per grant (projection copies no dicts per decision).
+    out["slim"] = {k: v for k, v in out.items() if k != "actions"}
+    return out
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SourceError(f"{where}: must be a mapping")
+    return value
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SourceError(f"{where}: must be a list of strings")
+    return list(value)
