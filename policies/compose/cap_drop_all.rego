@@ -1,0 +1,18 @@
+package controlplane.compose.rules.cap_drop_all
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "cap-drop-all",
+	"title": "Default capabilities not dropped",
+	"severity": "warn",
+	"rationale": "Docker grants 14 capabilities by default (CHOWN, DAC_OVERRIDE, NET_RAW, SETUID, ...); most services need none of them. Dropping ALL and adding back only what is needed shrinks what an exploited process can do.",
+	"remediation": "Add cap_drop: [ALL] and list the few capabilities the service needs under cap_add.",
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["cap_drop"]), "message": "cap_drop does not include ALL"} if {
+	some name, svc in lib.services
+	not "ALL" in lib.caps(svc, "cap_drop")
+}

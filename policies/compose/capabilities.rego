@@ -1,0 +1,30 @@
+package controlplane.compose.rules.capabilities
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "capabilities",
+	"title": "Dangerous capabilities added",
+	"severity": "fail",
+	"rationale": "Capabilities such as SYS_ADMIN, NET_ADMIN, SYS_PTRACE or SYS_MODULE (and ALL) break container isolation: mounting filesystems, reconfiguring host networking, tracing other processes, loading kernel modules.",
+	"remediation": "Remove the capability from cap_add, or isolate the workload that truly needs it on dedicated hosts with an exception on record.",
+}
+
+dangerous := {"ALL", "SYS_ADMIN", "NET_ADMIN", "SYS_MODULE", "SYS_PTRACE", "SYS_RAWIO", "SYS_BOOT", "SYS_TIME", "DAC_READ_SEARCH", "BPF", "PERFMON", "MAC_ADMIN", "MAC_OVERRIDE", "SYSLOG", "LINUX_IMMUTABLE", "SYS_RESOURCE", "BLOCK_SUSPEND", "WAKE_ALARM", "AUDIT_CONTROL", "CHECKPOINT_RESTORE"}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap])} if {
+	some name, svc in lib.services
+	some i, raw in object.get(svc, "cap_add", [])
+	cap := trim_prefix(upper(raw), "CAP_")
+	cap in dangerous
+}
+
+# Other added capabilities are reported, not failed.
+findings contains {"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap, " (not in the dangerous set)"]), "severity": "info"} if {
+	some name, svc in lib.services
+	some i, raw in object.get(svc, "cap_add", [])
+	cap := trim_prefix(upper(raw), "CAP_")
+	not cap in dangerous
+}

@@ -1,0 +1,30 @@
+package controlplane.compose.rules.devices
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "devices",
+	"title": "Host devices mapped",
+	"severity": "warn",
+	"rationale": "A mapped device is direct access to host hardware and kernel drivers. Raw memory and block devices (/dev/mem, /dev/sda, /dev/nvme0n1, ...) give full control of the host and its disks.",
+	"remediation": "Remove the device mapping; if hardware access is required (GPU, USB, TUN), map the single device node needed, with the narrowest permissions, and never raw memory or disks.",
+}
+
+critical_patterns := [`^/dev/(mem|kmem|port)$`, `^/dev/(sd|hd|vd|xvd)[a-z]+[0-9]*$`, `^/dev/nvme[0-9]+`, `^/dev/(disk|mapper)/`, `^/dev/(loop|dm-|md)[0-9]+`, `^/dev/?$`]
+
+critical(source) if {
+	some pattern in critical_patterns
+	regex.match(pattern, source)
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["devices", i]), "message": concat("", ["device ", d.source, " mapped to ", d.target]), "severity": severity} if {
+	some name, svc in lib.services
+	some i, d in object.get(svc, "devices", [])
+	severity := device_severity(d.source)
+}
+
+device_severity(source) := "fail" if {
+	critical(source)
+} else := "warn"

@@ -1,0 +1,27 @@
+package controlplane.compose.rules.healthcheck
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "healthcheck",
+	"title": "No healthcheck",
+	"severity": "warn",
+	"rationale": "Without a healthcheck a hung process looks healthy: restarts, depends_on: service_healthy and rolling updates cannot tell a dead service from a live one.",
+	"remediation": "Add a healthcheck with a cheap test of the service's own endpoint (test, interval, timeout, retries, start_period).",
+}
+
+disabled(check) if check.disable == true
+
+disabled(check) if check.test[0] == "NONE"
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["healthcheck"]), "message": "no healthcheck defined (the image's HEALTHCHECK, if any, is not visible here)"} if {
+	some name, svc in lib.services
+	not svc.healthcheck
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["healthcheck"]), "message": "healthcheck is disabled"} if {
+	some name, svc in lib.services
+	disabled(svc.healthcheck)
+}

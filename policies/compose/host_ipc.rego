@@ -1,0 +1,18 @@
+package controlplane.compose.rules.host_ipc
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "host-ipc",
+	"title": "Host ipc namespace",
+	"severity": "fail",
+	"rationale": "ipc: host shares the host's ipc namespace with the container: it can read and write the shared memory and semaphores of host processes.",
+	"remediation": "Remove ipc: host; use ipc: shareable / service:<name> between the containers that need it.",
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["ipc"]), "message": "ipc: host"} if {
+	some name, svc in lib.services
+	lower(object.get(svc, "ipc", "")) == "host"
+}

@@ -1,0 +1,18 @@
+package controlplane.compose.rules.host_network
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "host-network",
+	"title": "Host network namespace",
+	"severity": "fail",
+	"rationale": "network_mode: host shares the host's network namespace with the container: it can bind any host port, reach services listening on localhost and sniff host traffic, and published ports are bypassed.",
+	"remediation": "Remove network_mode: host; use a user-defined network and publish only the ports needed.",
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["network_mode"]), "message": "network_mode: host"} if {
+	some name, svc in lib.services
+	lower(object.get(svc, "network_mode", "")) == "host"
+}

@@ -1,0 +1,18 @@
+package controlplane.compose.rules.host_pid
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "host-pid",
+	"title": "Host pid namespace",
+	"severity": "fail",
+	"rationale": "pid: host shares the host's pid namespace with the container: it sees and can signal or ptrace every process on the host, and read their environments.",
+	"remediation": "Remove pid: host; use a sidecar sharing pid: service:<name> if process visibility is needed.",
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["pid"]), "message": "pid: host"} if {
+	some name, svc in lib.services
+	lower(object.get(svc, "pid", "")) == "host"
+}

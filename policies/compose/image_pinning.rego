@@ -1,0 +1,59 @@
+package controlplane.compose.rules.image_pinning
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "image-pinning",
+	"title": "Image not pinned",
+	"severity": "fail",
+	"rationale": "An image without a tag, or tagged :latest, changes under you on every pull; a tag can be moved to a different image at any time. Production deploys must be reproducible and reviewable, which only a digest guarantees.",
+	"remediation": "Use an explicit version tag everywhere, and pin by digest in production: image: name:1.2.3@sha256:<digest>.",
+}
+
+has_digest(image) if contains(image, "@sha256:")
+
+# The tag is after the last ":" of the last path segment (a registry host may carry a port).
+tag(image) := t if {
+	name := split(image, "@")[0]
+	segments := split(name, "/")
+	last := segments[count(segments) - 1]
+	contains(last, ":")
+	parts := split(last, ":")
+	t := parts[count(parts) - 1]
+}
+
+problem(image) := "has no tag (implies :latest)" if {
+	not has_digest(image)
+	not tag(image)
+} else := "uses the mutable :latest tag" if {
+	not has_digest(image)
+	tag(image) == "latest"
+}
+
+# An untagged or :latest image fails in production and warns elsewhere.
+unpinned_severity := "fail" if {
+	lib.is_prod
+} else := "warn"
+
+# Services built locally (build: without image:) have nothing to pin.
+not_applicable contains name if {
+	some name, svc in lib.services
+	object.get(svc, "image", "") == ""
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat(" ", ["image", svc.image, reason]), "severity": severity} if {
+	some name, svc in lib.services
+	svc.image != ""
+	reason := problem(svc.image)
+	severity := unpinned_severity
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat("", ["image ", svc.image, " is not pinned by digest (required in ", input.env, ")"])} if {
+	some name, svc in lib.services
+	svc.image != ""
+	lib.is_prod
+	not problem(svc.image)
+	not has_digest(svc.image)
+}

@@ -1,0 +1,36 @@
+# Shared helpers of the compose preflight rules (not a rule: its package is not under .rules).
+package controlplane.compose.lib
+
+import rego.v1
+
+services := object.get(object.get(input, "fields", {}), "services", {})
+
+top(kind) := object.get(object.get(input, "fields", {}), kind, {})
+
+# Environments where the stricter variants of rules apply.
+prod_envs := {"prod", "production", "prd", "live"}
+
+is_prod if lower(object.get(input, "env", "")) in prod_envs
+
+# RFC 6901 escaping of one reference token.
+esc(s) := replace(replace(s, "~", "~0"), "/", "~1")
+
+# A pointer token: object keys as they are, array indexes in decimal. (No sprintf: regopy's
+# sprintf quotes strings that come from other builtins.)
+token(p) := p if {
+	is_string(p)
+} else := format_int(p, 10)
+
+# JSON pointer into input.fields: ptr("web", ["ports", 0]) == "/services/web/ports/0".
+ptr(name, path) := concat("/", array.concat(["", "services", esc(name)], [esc(token(p)) | some p in path]))
+
+top_ptr(kind, name, path) := concat("/", array.concat(["", kind, esc(name)], [esc(token(p)) | some p in path]))
+
+get(obj, key, fallback) := object.get(obj, key, fallback)
+
+caps(svc, key) := {c |
+	some raw in object.get(svc, key, [])
+	c := trim_prefix(upper(raw), "CAP_")
+}
+
+limits(svc) := object.get(object.get(object.get(svc, "deploy", {}), "resources", {}), "limits", {})

@@ -1,0 +1,32 @@
+package controlplane.compose.rules.published_ports
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "published-ports",
+	"title": "Ports published on all interfaces",
+	"severity": "warn",
+	"rationale": "A port without host_ip is published on 0.0.0.0 and [::], reachable from every network the host is on; Docker's iptables rules bypass host firewalls such as ufw. In production that exposure must be deliberate.",
+	"remediation": "Bind to a specific address (host_ip: 127.0.0.1 behind a reverse proxy, or the internal interface), or do not publish the port and use a network instead.",
+}
+
+all_interfaces := {"", "0.0.0.0", "::", "[::]"}
+
+not_applicable contains name if {
+	some name, svc in lib.services
+	count(object.get(svc, "ports", [])) == 0
+}
+
+# Published on every interface: fail in production, warn elsewhere.
+port_severity := "fail" if {
+	lib.is_prod
+} else := "warn"
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["ports", i]), "message": concat("", ["port ", format_int(p.target, 10), "/", object.get(p, "protocol", "tcp"), " published on all interfaces as ", published]), "severity": port_severity} if {
+	some name, svc in lib.services
+	some i, p in object.get(svc, "ports", [])
+	object.get(p, "host_ip", "") in all_interfaces
+	published := object.get(p, "published", "an ephemeral port")
+}

@@ -1,0 +1,23 @@
+package controlplane.compose.rules.resource_limits
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "resource-limits",
+	"title": "No memory or CPU limits",
+	"severity": "fail",
+	"rationale": "Without a memory limit one leaking container can push the host into the OOM killer and take its neighbours down; without a CPU limit it can starve them.",
+	"remediation": "Set deploy.resources.limits.memory (fail without it) and deploy.resources.limits.cpus (warn without it); mem_limit and cpus are accepted and folded into deploy.resources.",
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["deploy", "resources", "limits", "memory"]), "message": "no memory limit"} if {
+	some name, svc in lib.services
+	not lib.limits(svc).memory
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["deploy", "resources", "limits", "cpus"]), "message": "no CPU limit", "severity": "warn"} if {
+	some name, svc in lib.services
+	not lib.limits(svc).cpus
+}

@@ -1,0 +1,27 @@
+package controlplane.compose.rules.restart_without_limits
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "restart-without-limits",
+	"title": "restart: always without resource limits",
+	"severity": "info",
+	"rationale": "restart: always brings a crashing or leaking container back forever, even after a manual stop once the daemon restarts; with no memory or CPU limit nothing bounds what each round costs the host.",
+	"remediation": "Set deploy.resources.limits, and prefer restart: unless-stopped or on-failure:<n>.",
+}
+
+# The rule speaks only about services that restart always.
+not_applicable contains name if {
+	some name, svc in lib.services
+	object.get(svc, "restart", "") != "always"
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["restart"]), "message": "restart: always with no memory or CPU limit"} if {
+	some name, svc in lib.services
+	svc.restart == "always"
+	limits := lib.limits(svc)
+	not limits.memory
+	not limits.cpus
+}

@@ -1,0 +1,26 @@
+package controlplane.compose.rules.run_as_root
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "run-as-root",
+	"title": "Running as root",
+	"severity": "fail",
+	"rationale": "A process running as uid 0 inside the container is root on the host if it escapes (without user namespaces), and can modify everything in its image and mounted volumes.",
+	"remediation": "Set user: to a non-root uid:gid (e.g. user: \"10001:10001\") and make the image work without root.",
+}
+
+root_users := {"root", "0"}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["user"]), "message": concat("", ["user: ", svc.user, " runs as root"])} if {
+	some name, svc in lib.services
+	split(object.get(svc, "user", ""), ":")[0] in root_users
+}
+
+# Without user: the image decides, and most images run as root.
+findings contains {"service": name, "pointer": lib.ptr(name, ["user"]), "message": "no user set: the image default applies (often root)", "severity": "warn"} if {
+	some name, svc in lib.services
+	object.get(svc, "user", "") == ""
+}

@@ -1,0 +1,76 @@
+package controlplane.compose.rules.secret_env
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "secret-env",
+	"title": "Secret in plain environment",
+	"severity": "fail",
+	"rationale": "Environment values are visible in docker inspect, in /proc/<pid>/environ, in crash dumps and in every child process, and end up in the compose file or CI logs. Passwords, tokens and keys belong in secrets:, mounted as files.",
+	"remediation": "Move the value to a Compose secret (top-level secrets: with file: or environment:, then secrets: [name] on the service) and point the application at /run/secrets/<name>, e.g. with a *_FILE variable.",
+}
+
+# Variable names that announce a secret (compared upper-case).
+secret_name_patterns := [
+	`PASSWORD`, `PASSWD`, `PASSPHRASE`, `SECRET`, `TOKEN`, `API_?KEY`, `PRIVATE_?KEY`,
+	`ACCESS_?KEY`, `CREDENTIAL`, `AUTH_?KEY`, `ENCRYPTION_?KEY`, `SIGNING_?KEY`, `_PASS$`, `^PASS$`,
+	`_PWD$`, `^PWD_`, `DSN$`, `CONNECTION_?STRING`,
+]
+
+# Names that only describe a secret (where it is, how long it lives), not hold it.
+reference_suffixes := [`_FILE$`, `_PATH$`, `_DIR$`, `_LENGTH$`, `_TTL$`, `_EXPIRY$`, `_EXPIRES?(_IN)?$`, `_ENABLED$`, `_METHOD$`, `_TYPE$`, `_HEADER$`, `_NAME$`]
+
+# Values that look like credentials whatever the name (provider key formats, PEM keys, JWTs, URLs with a password).
+secret_value_patterns := [
+	`AKIA[0-9A-Z]{16}`,
+	`-----BEGIN [A-Z ]*PRIVATE KEY-----`,
+	`gh[pousr]_[A-Za-z0-9]{36}`,
+	`github_pat_[A-Za-z0-9_]{22,}`,
+	`glpat-[A-Za-z0-9_-]{20}`,
+	`xox[abposr]-[A-Za-z0-9-]{10,}`,
+	`sk_live_[0-9A-Za-z]{16,}`,
+	`sk-[A-Za-z0-9_-]{32,}`,
+	`AIza[0-9A-Za-z_-]{35}`,
+	`eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.`,
+	`[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@`,
+]
+
+# Values that are clearly not a secret even under a secret-looking name.
+harmless_values := {"", "true", "false", "yes", "no", "on", "off", "0", "1", "none", "null", "changeme_not_used"}
+
+# One alternation per list: a regex.match per variable instead of one per pattern.
+secret_name_regex := concat("|", secret_name_patterns)
+
+reference_regex := concat("|", reference_suffixes)
+
+secret_value_regex := concat("|", secret_value_patterns)
+
+secret_name(key) if {
+	upper_key := upper(key)
+	regex.match(secret_name_regex, upper_key)
+	not regex.match(reference_regex, upper_key)
+}
+
+secret_value(value) if regex.match(secret_value_regex, value)
+
+# A value pointing at a mounted secret file is the recommended pattern, not a leak.
+file_reference(value) if startswith(value, "/run/secrets/")
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["environment", key]), "message": concat("", ["environment ", key, " holds a literal secret value"])} if {
+	some name, svc in lib.services
+	some key, value in object.get(svc, "environment", {})
+	is_string(value)
+	not lower(value) in harmless_values
+	not file_reference(value)
+	secret_name(key)
+}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["environment", key]), "message": concat("", ["environment ", key, " holds a value that looks like a credential"])} if {
+	some name, svc in lib.services
+	some key, value in object.get(svc, "environment", {})
+	is_string(value)
+	not secret_name(key)
+	secret_value(value)
+}

@@ -1,0 +1,26 @@
+package controlplane.compose.rules.security_opt
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "security-opt",
+	"title": "Seccomp, AppArmor or SELinux confinement disabled",
+	"severity": "fail",
+	"rationale": "seccomp:unconfined exposes every system call to the container (including those behind most container escapes); apparmor:unconfined and label:disable switch off the mandatory access control that confines it; systempaths=unconfined unmasks /proc and /sys.",
+	"remediation": "Remove the security_opt entry; if a syscall is missing, ship a custom seccomp profile that adds only it.",
+}
+
+# security_opt entries accept both "key:value" and "key=value".
+option(raw) := [lower(trim_space(parts[0])), lower(trim_space(concat(":", array.slice(parts, 1, count(parts)))))] if {
+	parts := split(replace(raw, "=", ":"), ":")
+}
+
+disabling := {["seccomp", "unconfined"], ["apparmor", "unconfined"], ["label", "disable"], ["systempaths", "unconfined"], ["no-new-privileges", "false"]}
+
+findings contains {"service": name, "pointer": lib.ptr(name, ["security_opt", i]), "message": concat("", ["security_opt ", raw, " disables confinement"])} if {
+	some name, svc in lib.services
+	some i, raw in object.get(svc, "security_opt", [])
+	option(raw) in disabling
+}

@@ -1,0 +1,155 @@
+"""``cpctl compose``: normalize compose files and check them against the compose preflight rules.
+
+``check`` evaluates offline with the repository's ``policies/compose`` (the same ``evaluate()``
+the endpoint runs) or, with ``--server``, POSTs the normalized fields to
+``/api/v1/compose/import``. Exit codes: 0 passed, 1 not passed, 2 unusable input or server error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from service.compose.normalize import NormalizeError, normalize_files
+from service.compose.preflight import POLICY_DIR, RuleSet, evaluate
+from service.compose.render import render
+from service.schemas import ValidationFailed, validate
+
+__all__ = ["register", "run"]
+
+SCHEMA = "compose-import.schema.json"
+FORMATS = ("table", "json", "junit", "sarif")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``compose`` command group (``check``, ``normalize``) to ``subparsers``."""
+    parser = subparsers.add_parser("compose", help="Docker Compose preflight",
+                                   description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="compose_command", metavar="COMMAND", required=True)
+
+    check = commands.add_parser("check", help="check compose files against the preflight rules")
+    _add_file_args(check)
+    check.add_argument("--strict", action="store_true", help="warnings also fail")
+    check.add_argument("--env", help="target environment (rules may differ, e.g. prod)")
+    check.add_argument("--format", choices=FORMATS, default="table")
+    check.add_argument("--server", metavar="URL", help="evaluate on a control plane server")
+    check.add_argument("--token", help="bearer token for --server (default: $CONTROLPLANE_TOKEN)")
+    check.add_argument("--policies", type=Path, default=POLICY_DIR, help=argparse.SUPPRESS)
+    check.set_defaults(func=_check)
+
+    normalize = commands.add_parser("normalize", help="print the normalized fields as JSON")
+    _add_file_args(normalize)
+    normalize.set_defaults(func=_normalize)
+    return parser
+
+
+def _add_file_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                        help="compose files, merged in order like docker compose -f")
+    parser.add_argument("--env-file", type=Path,
+                        help="variables for interpolation (default: .env beside the first file)")
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """Run ``cpctl compose ...`` arguments (without the leading ``compose``); for tests."""
+    parser = argparse.ArgumentParser(prog="cpctl")
+    register(parser.add_subparsers(dest="command", required=True))
+    try:
+        args = parser.parse_args(["compose", *argv])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    args.stdout = stdout or sys.stdout
+    args.stderr = stderr or sys.stderr
+    args.environ = dict(os.environ if environ is None else environ)
+    return int(args.func(args))
+
+
+def _fields(args: argparse.Namespace) -> dict[str, Any] | None:
+    environ = getattr(args, "environ", None)
+    if environ is None:  # called through cli/main.py: this is the process edge
+        environ = dict(os.environ)
+    try:
+        return normalize_files(args.files, environ=environ, env_file=args.env_file)
+    except NormalizeError as exc:
+        print(f"cpctl compose: {exc}", file=_err(args))
+        return None
+
+
+def _out(args: argparse.Namespace) -> TextIO:
+    return getattr(args, "stdout", None) or sys.stdout
+
+
+def _err(args: argparse.Namespace) -> TextIO:
+    return getattr(args, "stderr", None) or sys.stderr
+
+
+def _normalize(args: argparse.Namespace) -> int:
+    fields = _fields(args)
+    if fields is None:
+        return 2
+    _out(args).write(json.dumps(fields, indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    fields = _fields(args)
+    if fields is None:
+        return 2
+    body: dict[str, Any] = {"fields": fields, "strict": bool(args.strict)}
+    if args.env:
+        body["env"] = args.env
+    try:
+        validate(SCHEMA, body)  # the same check the endpoint makes, before anything is sent
+    except ValidationFailed as exc:
+        for violation in exc.violations:
+            print(f"cpctl compose: {violation.pointer or '/'}: {violation.message}",
+                  file=_err(args))
+        return 2
+    if args.server:
+        report = _remote(args, body)
+        if report is None:
+            return 2
+    else:
+        report = evaluate(fields, strict=body["strict"], env=body.get("env"),
+                          rules=RuleSet.load(args.policies))
+    _out(args).write(render(report, args.format, files=[str(f) for f in args.files]))
+    return 0 if report["passed"] else 1
+
+
+def _remote(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any] | None:
+    environ = getattr(args, "environ", None) or os.environ
+    token = args.token or environ.get("CONTROLPLANE_TOKEN")
+    url = args.server.rstrip("/") + "/api/v1/compose/import"
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    if not url.startswith(("http://", "https://")):
+        print(f"cpctl compose: --server must be an http(s) URL, got {args.server!r}",
+              file=_err(args))
+        return None
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")  # noqa: S310
+    try:
+        # The scheme is checked above: only http(s), never file: or custom handlers.
+        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+            report: dict[str, Any] = json.load(response)
+            return report
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace")[:2000]
+        print(f"cpctl compose: server answered {exc.code}: {detail}", file=_err(args))
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"cpctl compose: cannot reach {url}: {exc}", file=_err(args))
+    return None

@@ -1,0 +1,338 @@
+"""The compose preflight: evaluate normalized Compose fields against the rule matrix; the report.
+
+Framework-free: the HTTP handler and ``cpctl compose check`` both call ``evaluate()``, so their
+reports are identical for the same input.
+
+Rules are Rego modules in ``policies/compose/``, one per file, each in its own package
+``controlplane.compose.rules.<file stem>`` defining ``meta`` (id, title, severity, rationale,
+remediation), a set ``findings`` of ``{service, message, pointer[, severity]}`` and optionally a
+set ``not_applicable`` of service names. Modules in other packages (``lib.rego``) are helpers.
+
+All rules are compiled into one bundle with one generated entrypoint,
+``controlplane/compose/report``, so a whole file costs one query. A broken rule must not take the
+others down: a module that fails to compile is left out of the bundle (found by compiling each
+rule alone, only when the whole bundle fails) and a rule that fails at evaluation time is found
+by querying each rule's own entrypoint (only when the one query fails). Either way that rule's
+cells say ``error`` and the report does not pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from service.rego import (
+    Bundle,
+    Module,
+    RegoCompileError,
+    RegoEvalError,
+    Undefined,
+    compile_bundle,
+)
+
+__all__ = ["POLICY_DIR", "RESULTS", "Rule", "RuleSet", "evaluate"]
+
+#: The repository's compose policies (``policies/compose``).
+POLICY_DIR = Path(__file__).resolve().parents[2] / "policies" / "compose"
+
+#: Cell results, most severe first (a cell with several findings shows the most severe).
+RESULTS = ("error", "fail", "warn", "info", "n/a", "pass")
+SEVERITIES = ("fail", "warn", "info")
+_RANK = {name: index for index, name in enumerate(RESULTS)}
+
+REPORT_ENTRYPOINT = "controlplane/compose/report"
+_RULE_PACKAGE = re.compile(r"^\s*package\s+controlplane\.compose\.rules\.([A-Za-z0-9_]+)\s*$", re.M)
+_ANY_PACKAGE = re.compile(r"^\s*package\s+(\S+)", re.M)
+_STEM = re.compile(r"^[a-z][a-z0-9_]*$")
+_META_KEYS = ("id", "title", "severity", "rationale", "remediation")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the matrix; ``error`` is set when the rule cannot be evaluated at all."""
+
+    id: str
+    package: str
+    title: str = ""
+    severity: str = "fail"
+    rationale: str = ""
+    remediation: str = ""
+    error: str | None = None
+
+    def describe(self) -> dict[str, str]:
+        return {"id": self.id, "title": self.title, "severity": self.severity,
+                "rationale": self.rationale, "remediation": self.remediation}
+
+
+@dataclass
+class RuleSet:
+    """The compiled compose rules of one content revision of ``policies/compose``."""
+
+    revision: str
+    rules: tuple[Rule, ...]
+    bundle: Bundle | None
+    #: Why modules could not be compiled (module name -> message); for status surfaces and tests.
+    load_errors: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, directory: Path = POLICY_DIR) -> RuleSet:
+        """Read ``directory/*.rego`` (not ``*_test.rego``); compile once per content revision."""
+        directory = Path(directory).resolve()
+        sources = {
+            path.name: path.read_text(encoding="utf-8")
+            for path in sorted(directory.glob("*.rego"))
+            if not path.name.endswith("_test.rego")
+        }
+        return cls.from_sources(sources, cache_key=directory)
+
+    @classmethod
+    def from_sources(cls, sources: Mapping[str, str], *, cache_key: Path | None = None) -> RuleSet:
+        """Build a rule set from ``{module name: Rego text}`` (cached by revision)."""
+        revision = _revision(sources)
+        key = (cache_key or Path("<memory>"), revision)
+        with _CACHE_LOCK:
+            cached = _CACHE.get(key)
+            if cached is not None:
+                return cached
+        ruleset = _compile(sources, revision)
+        with _CACHE_LOCK:
+            _CACHE[key] = ruleset
+        return ruleset
+
+
+_CACHE: dict[tuple[Path, str], RuleSet] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _revision(sources: Mapping[str, str]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(sources):
+        digest.update(name.encode() + b"\0" + sources[name].encode() + b"\0")
+    return "sha256:" + digest.hexdigest()
+
+
+# --- compiling -------------------------------------------------------------------------------
+
+def _rule_stem(name: str) -> str:
+    return name.rsplit("/", 1)[-1].removesuffix(".rego")
+
+
+def _compile(sources: Mapping[str, str], revision: str) -> RuleSet:
+    helpers: list[Module] = []
+    rule_modules: dict[str, Module] = {}  # package suffix -> module
+    errors: dict[str, str] = {}
+    broken: dict[str, str] = {}  # package suffix -> error
+    for name, text in sources.items():
+        match = _RULE_PACKAGE.search(text)
+        stem = _rule_stem(name)
+        if match is None:
+            other = _ANY_PACKAGE.search(text)
+            if other is not None and not other.group(1).startswith("controlplane.compose.rules"):
+                helpers.append(Module(name, text))
+                continue
+            broken[stem] = "no 'package controlplane.compose.rules.<name>' declaration"
+            continue
+        package = match.group(1)
+        if package != stem or not _STEM.match(stem):
+            broken[stem] = f"package must be controlplane.compose.rules.{stem} (file {name})"
+            continue
+        rule_modules[package] = Module(name, text)
+    errors.update({f"{k}.rego": v for k, v in broken.items()})
+
+    bundle, good = None, dict(rule_modules)
+    try:
+        bundle = _build(helpers, good)
+    except RegoCompileError:
+        # Find the culprits by compiling each rule alone with the helpers.
+        for package, module in rule_modules.items():
+            try:
+                _build(helpers, {package: module})
+            except RegoCompileError as exc:
+                broken[package] = f"compile error: {exc}"
+                errors[module.name] = str(exc)
+                del good[package]
+        try:
+            bundle = _build(helpers, good) if good else None
+        except RegoCompileError as exc:  # the helpers themselves are broken
+            for package in good:
+                broken[package] = f"compile error: {exc}"
+            errors["<helpers>"] = str(exc)
+            bundle, good = None, {}
+
+    rules = []
+    for package in sorted({*good, *broken}):
+        if package in broken:
+            rules.append(Rule(id=package.replace("_", "-"), package=package, error=broken[package]))
+            continue
+        rules.append(_rule_from_meta(bundle, package))
+    return RuleSet(revision=revision, rules=tuple(rules), bundle=bundle, load_errors=errors)
+
+
+def _build(helpers: list[Module], rules: Mapping[str, Module]) -> Bundle:
+    generated = _generated_modules(sorted(rules))
+    entrypoints = [REPORT_ENTRYPOINT]
+    for package in sorted(rules):
+        entrypoints += [f"controlplane/compose/cells/{package}",
+                        f"controlplane/compose/rules/{package}/meta"]
+    return compile_bundle([*helpers, *rules.values(), *generated], {}, entrypoints)
+
+
+def _generated_modules(packages: list[str]) -> list[Module]:
+    """One entrypoint per rule (``cells/<pkg>``) and the report entrypoint gathering them all."""
+    lines = ["package controlplane.compose.cells", "", "import rego.v1", ""]
+    for package in packages:
+        ref = f"data.controlplane.compose.rules.{package}"
+        lines.append(f'{package} := {{"findings": object.get({ref}, "findings", set()), '
+                     f'"not_applicable": object.get({ref}, "not_applicable", set())}}')
+    report = "package controlplane.compose\n\nreport := data.controlplane.compose.cells\n"
+    return [Module("<generated>/cells.rego", "\n".join(lines) + "\n"),
+            Module("<generated>/report.rego", report)]
+
+
+def _rule_from_meta(bundle: Bundle | None, package: str) -> Rule:
+    rule_id = package.replace("_", "-")
+    if bundle is None:
+        return Rule(id=rule_id, package=package, error="bundle not compiled")
+    try:
+        meta = bundle.query(f"controlplane/compose/rules/{package}/meta", {})
+    except RegoEvalError as exc:
+        return Rule(id=rule_id, package=package, error=f"meta: {exc}")
+    if not isinstance(meta, dict) or any(not isinstance(meta.get(k), str) for k in _META_KEYS):
+        return Rule(id=rule_id, package=package,
+                    error=f"meta must be an object with string {', '.join(_META_KEYS)}")
+    if meta["id"] != rule_id:
+        return Rule(id=rule_id, package=package, error=f"meta.id must be {rule_id!r}")
+    if meta["severity"] not in SEVERITIES:
+        return Rule(id=rule_id, package=package, error="meta.severity must be fail, warn or info")
+    return Rule(id=rule_id, package=package, title=meta["title"], severity=meta["severity"],
+                rationale=meta["rationale"], remediation=meta["remediation"])
+
+
+# --- evaluating ------------------------------------------------------------------------------
+
+def evaluate(
+    fields: Mapping[str, Any], *, strict: bool = False, env: str | None = None, rules: RuleSet
+) -> dict[str, Any]:
+    """Evaluate every rule for every service of ``fields`` (one bundle query) into the report.
+
+    ``fields`` must already satisfy ``schemas/compose-import.schema.json``. Rule failures never
+    raise: the rule's cells say ``error`` and ``passed`` is false.
+    """
+    services = list((fields.get("services") or {}).keys())
+    input_doc: dict[str, Any] = {"fields": dict(fields), "strict": strict}
+    if env is not None:
+        input_doc["env"] = env
+    outputs = _rule_outputs(rules, input_doc)
+
+    matrix: list[dict[str, Any]] = []
+    findings: list[dict[str, Any]] = []
+    counts = dict.fromkeys(RESULTS, 0)
+    for rule in rules.rules:
+        output = outputs.get(rule.package)
+        error = rule.error or (output if isinstance(output, str) else None)
+        per_service: dict[str, list[dict[str, Any]]] = {}
+        not_applicable: set[str] = set()
+        if error is None and isinstance(output, dict):
+            per_service, not_applicable, error = _read_output(rule, output, services)
+        for service in services:
+            cell, cell_findings = _cell(rule, service, error, per_service.get(service, []),
+                                        service in not_applicable)
+            counts[cell["result"]] += 1
+            matrix.append(cell)
+            findings.extend(cell_findings)
+
+    # Cells are listed service by service, rules in id order, as the table reads them.
+    order = {name: index for index, name in enumerate(services)}
+    matrix.sort(key=lambda c: order[c["service"]])
+    findings.sort(key=lambda f: (order[f["service"]], f["rule"]))
+    passed = counts["fail"] == 0 and counts["error"] == 0 and not (strict and counts["warn"])
+    return {
+        "passed": passed,
+        "strict": strict,
+        "env": env,
+        "summary": {"services": len(services), "rules": len(rules.rules), "cells": len(matrix),
+                    "fail": counts["fail"], "warn": counts["warn"], "info": counts["info"],
+                    "pass": counts["pass"], "n/a": counts["n/a"], "error": counts["error"]},
+        "rules": [rule.describe() for rule in rules.rules],
+        "matrix": matrix,
+        "findings": findings,
+        "policy_revision": rules.revision,
+    }
+
+
+def _rule_outputs(rules: RuleSet, input_doc: dict[str, Any]) -> dict[str, Any]:
+    """``{package: {"findings", "not_applicable"} | error text}`` for every compiled rule."""
+    if rules.bundle is None:
+        return {}
+    try:
+        report = rules.bundle.query(REPORT_ENTRYPOINT, input_doc)
+        if isinstance(report, dict):
+            return report
+    except RegoEvalError:
+        pass
+    # One rule broke the combined query: evaluate rule by rule so the others still report.
+    outputs: dict[str, Any] = {}
+    for rule in rules.rules:
+        if rule.error is not None:
+            continue
+        try:
+            value = rules.bundle.query(f"controlplane/compose/cells/{rule.package}", input_doc)
+        except RegoEvalError as exc:
+            value = f"evaluation error: {exc}"
+        outputs[rule.package] = value if value is not Undefined else "rule output is undefined"
+    return outputs
+
+
+def _read_output(
+    rule: Rule, output: dict[str, Any], services: list[str]
+) -> tuple[dict[str, list[dict[str, Any]]], set[str], str | None]:
+    """Check a rule's output shape; a malformed output makes the whole rule an error."""
+    per_service: dict[str, list[dict[str, Any]]] = {}
+    raw_findings = output.get("findings")
+    raw_na = output.get("not_applicable")
+    if not isinstance(raw_findings, list) or not isinstance(raw_na, list):
+        return {}, set(), "findings and not_applicable must be sets"
+    known = set(services)
+    for item in raw_findings:
+        if (not isinstance(item, dict) or item.get("service") not in known
+                or not isinstance(item.get("message"), str)
+                or not isinstance(item.get("pointer", ""), str)
+                or item.get("severity", rule.severity) not in SEVERITIES):
+            return {}, set(), "malformed finding (needs service, message, pointer, severity)"
+        per_service.setdefault(item["service"], []).append(item)
+    for items in per_service.values():  # sets come back in engine order; make it stable
+        items.sort(key=lambda f: (f.get("pointer", ""), f["message"]))
+    return per_service, {s for s in raw_na if isinstance(s, str)}, None
+
+
+def _cell(
+    rule: Rule, service: str, error: str | None, items: list[dict[str, Any]], not_applicable: bool
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    base_pointer = "/services/" + service.replace("~", "~0").replace("/", "~1")
+    if error is not None:
+        cell = {"service": service, "rule": rule.id, "result": "error", "message": error}
+        return cell, [_finding(rule, service, "error", error, base_pointer)]
+    if not items:
+        result = "n/a" if not_applicable else "pass"
+        return {"service": service, "rule": rule.id, "result": result,
+                "message": "not applicable" if not_applicable else ""}, []
+    severities = [item.get("severity", rule.severity) for item in items]
+    result = min(severities, key=_RANK.__getitem__)
+    cell = {"service": service, "rule": rule.id, "result": result,
+            "message": "; ".join(item["message"] for item in items)}
+    cell_findings = [
+        _finding(rule, service, severity, item["message"], item.get("pointer") or base_pointer)
+        for item, severity in zip(items, severities, strict=True)
+    ]
+    return cell, cell_findings
+
+
+def _finding(rule: Rule, service: str, severity: str, message: str, pointer: str) -> dict[str, Any]:
+    return {"service": service, "rule": rule.id, "severity": severity, "title": rule.title,
+            "message": message, "pointer": pointer, "rationale": rule.rationale,
+            "remediation": rule.remediation}

@@ -1,0 +1,1 @@
+"""Tests of the compose preflight: normalizer, rules, report, schema, CLI, examples, corpus."""

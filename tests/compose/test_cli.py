@@ -1,0 +1,149 @@
+"""``cpctl compose``: check (table/json/junit/sarif, offline, --server), normalize, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from service.cli.compose import run
+from service.compose.normalize import normalize_files
+from service.compose.preflight import RuleSet, evaluate
+from tests.compose.support import EXAMPLES
+
+RISKY = str(EXAMPLES / "risky.compose.yaml")
+GOOD = str(EXAMPLES / "good.compose.yaml")
+
+
+def cli(*argv: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = run(list(argv), stdout=out, stderr=err, environ=environ or {})
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_json_output_is_exactly_the_evaluate_report(rules: RuleSet) -> None:
+    code, out, _ = cli("check", RISKY, "--env", "prod", "--format", "json")
+    fields = normalize_files([Path(RISKY)], environ={})
+    assert json.loads(out) == evaluate(fields, strict=False, env="prod", rules=rules)
+    assert code == 1
+
+
+def test_exit_codes_and_strict() -> None:
+    assert cli("check", GOOD, "--env", "prod", "--strict")[0] == 0
+    multi = [str(EXAMPLES / "multi.compose.yaml"), str(EXAMPLES / "multi.override.yaml")]
+    assert cli("check", *multi)[0] == 0
+    assert cli("check", *multi, "--strict")[0] == 1
+    code, _, err = cli("check", str(EXAMPLES / "nope.yaml"))
+    assert code == 2 and "cannot read" in err
+    assert cli("check")[0] == 2  # argparse usage error
+
+
+def test_table_output_is_a_readable_matrix() -> None:
+    code, out, _ = cli("check", RISKY)
+    assert code == 1
+    assert "1=cap-drop-all" in out
+    assert any(line.startswith("agent ") and "FAIL" in line for line in out.splitlines())
+    assert "NOT PASSED" in out and "[privileged] privileged: true" in out
+
+
+def test_junit_is_valid_xml_with_failures() -> None:
+    _, out, _ = cli("check", RISKY, "--format", "junit")
+    root = ET.fromstring(out.split("\n", 1)[1])  # noqa: S314 - our own output
+    assert root.tag == "testsuites"
+    assert {s.get("name") for s in root.iter("testsuite")} == {"agent", "web"}
+    failures = [case.get("name") for case in root.iter("testcase")
+                if case.find("failure") is not None]
+    assert "privileged" in failures
+    assert int(root.get("tests", "0")) == len(list(root.iter("testcase")))
+    assert int(root.get("failures", "0")) == len(failures)
+
+
+def test_sarif_2_1_0() -> None:
+    _, out, _ = cli("check", RISKY, "--format", "sarif", "--env", "prod")
+    sarif = json.loads(out)
+    assert sarif["version"] == "2.1.0"
+    run_ = sarif["runs"][0]
+    rule_ids = [r["id"] for r in run_["tool"]["driver"]["rules"]]
+    assert len(rule_ids) >= 15
+    for result in run_["results"]:
+        assert result["level"] in ("error", "warning", "note")
+        assert rule_ids[result["ruleIndex"]] == result["ruleId"]
+        location = result["locations"][0]
+        assert location["physicalLocation"]["artifactLocation"]["uri"] == RISKY
+        assert location["logicalLocations"][0]["fullyQualifiedName"].startswith("/services/")
+
+
+def test_normalize_prints_the_fields() -> None:
+    code, out, _ = cli("normalize", str(EXAMPLES / "interpolation.compose.yaml"),
+                       "--env-file", str(EXAMPLES / "interpolation.env"))
+    assert code == 0
+    db = json.loads(out)["services"]["db"]
+    assert db["image"] == "postgres:16.3"
+    assert db["ports"][0] == {"target": 5432, "published": "5433", "host_ip": "127.0.0.1",
+                              "protocol": "tcp", "mode": "ingress"}
+
+
+def test_missing_required_variable_is_exit_2() -> None:
+    code, _, err = cli("check", str(EXAMPLES / "interpolation.compose.yaml"),
+                       "--env-file", "/dev/null")
+    assert code == 2 and "DB_PASSWORD must be set" in err
+
+
+# --- --server --------------------------------------------------------------------------------
+
+@pytest.fixture
+def server(rules: RuleSet) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A stand-in endpoint that answers with evaluate(), recording what it received."""
+    seen: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append({"path": self.path, "auth": self.headers.get("Authorization"),
+                         "body": body})
+            if self.headers.get("Authorization") != "Bearer t0k":
+                self.send_response(401)
+                self.end_headers()
+                self.wfile.write(b'{"code": "unauthenticated"}')
+                return
+            report = evaluate(body["fields"], strict=body.get("strict", False),
+                              env=body.get("env"), rules=rules)
+            data = json.dumps(report).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_port}", seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_server_mode_posts_the_body_with_the_token(
+    server: tuple[str, list[dict[str, Any]]]
+) -> None:
+    url, seen = server
+    offline = cli("check", RISKY, "--env", "prod", "--format", "json")
+    remote = cli("check", RISKY, "--env", "prod", "--format", "json", "--server", url,
+                 environ={"CONTROLPLANE_TOKEN": "t0k"})
+    assert remote == offline
+    assert seen[0]["path"] == "/api/v1/compose/import"
+    assert seen[0]["auth"] == "Bearer t0k"
+    assert set(seen[0]["body"]) == {"fields", "strict", "env"}
+    code, _, err = cli("check", RISKY, "--server", url, "--token", "wrong")
+    assert code == 2 and "401" in err

@@ -1,0 +1,178 @@
+"""The report: shape, strict vs non-strict, policy revision, and rule errors that never crash it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.compose.preflight import POLICY_DIR, RuleSet, evaluate
+from tests.compose.support import Check, cell
+
+WARN_ONLY = {"image": "a:1", "user": "1000", "cap_drop": ["ALL"],
+             "healthcheck": {"test": ["CMD", "true"]},
+             "deploy": {"resources": {"limits": {"memory": 1024, "cpus": 1}}}}  # read_only unset
+
+
+def resolve(fields: dict[str, Any], pointer: str) -> Any:
+    node: Any = fields
+    for token in pointer.split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        node = node[int(token)] if isinstance(node, list) else node[token]
+    return node
+
+
+def test_report_shape(check: Check, rules: RuleSet) -> None:
+    report = check({"a": WARN_ONLY, "b": {"image": "b", "privileged": True}})
+    assert set(report) == {"passed", "strict", "env", "summary", "rules", "matrix", "findings",
+                           "policy_revision"}
+    summary = report["summary"]
+    assert summary["services"] == 2 and summary["rules"] == len(rules.rules)
+    assert summary["cells"] == len(report["matrix"]) == 2 * len(rules.rules)
+    assert sum(summary[k] for k in ("fail", "warn", "info", "pass", "n/a", "error")) == \
+        summary["cells"]
+    assert [c["service"] for c in report["matrix"]][:1] == ["a"]  # services in file order
+    for c in report["matrix"]:
+        assert set(c) == {"service", "rule", "result", "message"}
+        assert c["result"] in ("pass", "fail", "warn", "info", "n/a", "error")
+    for f in report["findings"]:
+        assert set(f) >= {"service", "rule", "severity", "message", "rationale", "remediation",
+                          "pointer"}
+        assert f["severity"] != "pass"
+    assert report["policy_revision"] == rules.revision
+    assert report["policy_revision"].startswith("sha256:")
+
+
+def test_finding_pointers_point_into_fields(check: Check) -> None:
+    fields = {"services": {"w/eb": {"image": "x:latest", "privileged": True,
+                                    "environment": {"API_TOKEN": "abc"},
+                                    "ports": [{"target": 80}],
+                                    "volumes": [{"type": "bind", "source": "/etc",
+                                                 "target": "/e"}]}}}
+    report = check(fields["services"])
+    existing = [f for f in report["findings"]
+                if f["rule"] in ("privileged", "secret-env", "published-ports", "sensitive-mounts",
+                                 "image-pinning")]
+    assert len(existing) == 5
+    for finding in existing:
+        resolve(fields, finding["pointer"])  # must not raise
+        assert finding["pointer"].startswith("/services/w~1eb/")
+
+
+def test_strict_turns_warnings_into_failure(check: Check) -> None:
+    relaxed = check({"a": WARN_ONLY})
+    strict = check({"a": WARN_ONLY}, strict=True)
+    assert relaxed["summary"]["warn"] >= 1 and relaxed["summary"]["fail"] == 0
+    assert relaxed["passed"] is True and relaxed["strict"] is False
+    assert strict["passed"] is False and strict["strict"] is True
+    assert strict["matrix"] == relaxed["matrix"]
+
+
+def test_fail_means_not_passed_and_info_does_not(check: Check) -> None:
+    assert check({"a": {**WARN_ONLY, "privileged": True}})["passed"] is False
+    info_only = {**WARN_ONLY, "read_only": True, "cap_add": ["CHOWN"]}
+    report = check({"a": info_only}, strict=True)
+    assert report["summary"]["info"] == 1 and report["passed"] is True
+
+
+def test_env_changes_results(check: Check) -> None:
+    assert cell(check({"a": WARN_ONLY}), "a", "image-pinning")["result"] == "pass"
+    assert cell(check({"a": WARN_ONLY}, env="prod"), "a", "image-pinning")["result"] == "fail"
+
+
+def test_no_services(check: Check) -> None:
+    report = check({})
+    assert report["passed"] is True and report["matrix"] == [] and report["summary"]["cells"] == 0
+
+
+# --- rule errors --------------------------------------------------------------------------
+
+def policy_copy(tmp_path: Path, extra: dict[str, str]) -> Path:
+    target = tmp_path / "compose"
+    shutil.copytree(POLICY_DIR, target)
+    for name, text in extra.items():
+        (target / name).write_text(text)
+    return target
+
+
+BROKEN_SYNTAX = "package controlplane.compose.rules.broken\n\nmeta := {\n"
+RUNTIME_CONFLICT = """package controlplane.compose.rules.conflict
+
+import rego.v1
+
+meta := {"id": "conflict", "title": "t", "severity": "fail", "rationale": "r", "remediation": "m"}
+
+# Two different values for one complete rule: an evaluation error whenever there is a service.
+pick := 1 if count(input.fields.services) > 0
+pick := 2 if count(input.fields.services) > 0
+
+findings contains {"service": name, "message": "x", "pointer": ""} if {
+	some name, _ in input.fields.services
+	pick == 1
+}
+"""
+BAD_META = """package controlplane.compose.rules.bad_meta
+
+import rego.v1
+
+meta := {"id": "bad-meta", "severity": "critical"}
+
+findings := set()
+"""
+MALFORMED = """package controlplane.compose.rules.malformed
+
+import rego.v1
+
+meta := {"id": "malformed", "title": "t", "severity": "warn", "rationale": "r", "remediation": "m"}
+
+findings contains {"service": "no-such-service", "message": 1}
+"""
+
+
+@pytest.mark.parametrize(("files", "rule_id", "when"), [
+    pytest.param({"broken.rego": BROKEN_SYNTAX}, "broken", "load", id="compile-error"),
+    pytest.param({"conflict.rego": RUNTIME_CONFLICT}, "conflict", "eval", id="eval-error"),
+    pytest.param({"bad_meta.rego": BAD_META}, "bad-meta", "load", id="bad-meta"),
+    pytest.param({"malformed.rego": MALFORMED}, "malformed", "eval", id="malformed-output"),
+    pytest.param({"misnamed.rego": BROKEN_SYNTAX.replace("broken", "other")}, "misnamed", "load",
+                 id="package-not-file-name"),
+])
+def test_one_broken_rule_does_not_take_the_others_down(
+    tmp_path: Path, files: dict[str, str], rule_id: str, when: str
+) -> None:
+    rules = RuleSet.load(policy_copy(tmp_path, files))
+    broken = {r.id: r for r in rules.rules}[rule_id]
+    assert (broken.error is not None) == (when == "load")
+    report = evaluate({"services": {"a": {"image": "a", "privileged": True}}}, rules=rules)
+    assert cell(report, "a", rule_id)["result"] == "error"
+    assert report["passed"] is False and report["summary"]["error"] == 1
+    # Every other rule still produced its normal cell.
+    assert cell(report, "a", "privileged")["result"] == "fail"
+    assert sum(1 for c in report["matrix"] if c["result"] == "error") == 1
+    [finding] = [f for f in report["findings"] if f["rule"] == rule_id]
+    assert finding["severity"] == "error"
+
+
+def test_broken_helper_module_marks_every_rule_error(tmp_path: Path) -> None:
+    rules = RuleSet.load(policy_copy(tmp_path, {"lib.rego": "package controlplane.compose.lib\n"
+                                                            "x := {\n"}))
+    report = evaluate({"services": {"a": {"image": "a"}}}, rules=rules)
+    assert {c["result"] for c in report["matrix"]} == {"error"}
+    assert report["passed"] is False
+
+
+def test_revision_is_the_content_hash_and_bundles_are_cached(tmp_path: Path) -> None:
+    first = RuleSet.load(policy_copy(tmp_path, {}))
+    assert RuleSet.load(tmp_path / "compose") is first  # same content: compiled once
+    assert first.revision == RuleSet.load(POLICY_DIR).revision  # content, not location, names it
+    (tmp_path / "compose" / "privileged.rego").write_text(
+        (POLICY_DIR / "privileged.rego").read_text() + "\n# edited\n")
+    second = RuleSet.load(tmp_path / "compose")
+    assert second.revision != first.revision and second is not first
+
+
+def test_test_modules_are_not_rules(tmp_path: Path) -> None:
+    rules = RuleSet.load(policy_copy(tmp_path, {"privileged_test.rego": "not rego at all"}))
+    assert all(r.error is None for r in rules.rules)

@@ -1,0 +1,193 @@
+"""Every compose rule, positive and negative, evaluated through the one-query matrix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.compose.support import Check, cell
+
+HARDENED: dict[str, Any] = {
+    "image": "registry.example/app:1.2.3@sha256:" + "a" * 64,
+    "user": "10001:10001",
+    "read_only": True,
+    "cap_drop": ["ALL"],
+    "healthcheck": {"test": ["CMD", "/healthz"]},
+    "deploy": {"resources": {"limits": {"cpus": 0.5, "memory": 268435456}}},
+}
+
+
+def svc(**changes: Any) -> dict[str, Any]:
+    """A hardened service (passes every rule in prod) with ``changes``; None removes a key."""
+    out = {**HARDENED, **changes}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+CASES = [
+    # privileged
+    pytest.param("privileged", svc(privileged=True), None, "fail", id="privileged-true"),
+    pytest.param("privileged", svc(privileged=False), None, "pass", id="privileged-false"),
+    # host namespaces
+    pytest.param("host-network", svc(network_mode="host"), None, "fail", id="network-host"),
+    pytest.param("host-network", svc(network_mode="bridge"), None, "pass", id="network-bridge"),
+    pytest.param("host-network", svc(network_mode="service:vpn"), None, "pass", id="network-svc"),
+    pytest.param("host-pid", svc(pid="host"), None, "fail", id="pid-host"),
+    pytest.param("host-pid", svc(pid="service:app"), None, "pass", id="pid-service"),
+    pytest.param("host-ipc", svc(ipc="host"), None, "fail", id="ipc-host"),
+    pytest.param("host-ipc", svc(ipc="shareable"), None, "pass", id="ipc-shareable"),
+    # sensitive mounts
+    *[pytest.param("sensitive-mounts",
+                   svc(volumes=[{"type": "bind", "source": src, "target": "/mnt"}]), None, want,
+                   id=f"mount-{src}")
+      for src, want in [("/var/run/docker.sock", "fail"),
+                        ("/run/containerd/containerd.sock", "fail"),
+                        ("/", "fail"), ("/etc", "fail"), ("/proc", "fail"), ("/sys", "fail"),
+                        ("/sys/fs/cgroup", "fail"), ("/var/lib/docker/volumes", "fail"),
+                        ("/etc/localtime", "pass"), ("/srv/app/data", "pass"), ("./data", "pass"),
+                        ("/etcetera", "pass")]],
+    pytest.param("sensitive-mounts", svc(volumes=[{"type": "volume", "source": "docker.sock",
+                                                   "target": "/x"}]), None, "pass",
+                 id="named-volume-called-like-a-socket-without-driver-opts"),
+    # capabilities
+    pytest.param("capabilities", svc(cap_add=["SYS_ADMIN"]), None, "fail", id="cap-sys-admin"),
+    pytest.param("capabilities", svc(cap_add=["cap_net_admin"]), None, "fail", id="cap-lowercase"),
+    pytest.param("capabilities", svc(cap_add=["ALL"]), None, "fail", id="cap-all"),
+    pytest.param("capabilities", svc(cap_add=["NET_BIND_SERVICE"]), None, "info", id="cap-benign"),
+    pytest.param("capabilities", svc(), None, "pass", id="cap-none"),
+    # cap_drop ALL
+    pytest.param("cap-drop-all", svc(cap_drop=None), None, "warn", id="no-cap-drop"),
+    pytest.param("cap-drop-all", svc(cap_drop=["NET_RAW"]), None, "warn", id="cap-drop-some"),
+    pytest.param("cap-drop-all", svc(cap_drop=["all"]), None, "pass", id="cap-drop-all-lower"),
+    # image pinning
+    pytest.param("image-pinning", svc(image="nginx"), None, "warn", id="image-untagged-dev"),
+    pytest.param("image-pinning", svc(image="nginx"), "prod", "fail", id="image-untagged-prod"),
+    pytest.param("image-pinning", svc(image="nginx:latest"), None, "warn", id="image-latest-dev"),
+    pytest.param("image-pinning", svc(image="localhost:5000/app"), None, "warn",
+                 id="image-registry-port-untagged"),
+    pytest.param("image-pinning", svc(image="nginx:1.27"), None, "pass", id="image-tag-dev"),
+    pytest.param("image-pinning", svc(image="nginx:1.27"), "prod", "fail", id="image-tag-prod"),
+    pytest.param("image-pinning", svc(image="nginx:1.27"), "production", "fail",
+                 id="image-tag-production"),
+    pytest.param("image-pinning", svc(), "prod", "pass", id="image-digest-prod"),
+    pytest.param("image-pinning", svc(image=None, build={"context": "."}), None, "n/a",
+                 id="image-build-only"),
+    # published ports
+    pytest.param("published-ports", svc(ports=[{"target": 80, "published": "8080",
+                                                "protocol": "tcp", "mode": "ingress"}]),
+                 None, "warn", id="port-all-interfaces"),
+    pytest.param("published-ports", svc(ports=[{"target": 80, "published": "8080",
+                                                "host_ip": "0.0.0.0"}]),
+                 "prod", "fail",
+                 id="port-all-interfaces-prod"),
+    pytest.param("published-ports", svc(ports=[{"target": 80}]), None, "warn",
+                 id="port-ephemeral"),
+    pytest.param("published-ports", svc(ports=[{"target": 80, "published": "8080",
+                                                "host_ip": "127.0.0.1"}]), "prod", "pass",
+                 id="port-loopback"),
+    pytest.param("published-ports", svc(), None, "n/a", id="port-none"),
+    # resource limits
+    pytest.param("resource-limits", svc(deploy=None), None, "fail", id="no-limits"),
+    pytest.param("resource-limits", svc(deploy={"resources": {"limits": {"memory": 1024}}}),
+                 None, "warn", id="memory-only"),
+    pytest.param("resource-limits", svc(deploy={"resources": {"limits": {"cpus": 1}}}),
+                 None, "fail", id="cpu-only"),
+    pytest.param("resource-limits", svc(), None, "pass", id="both-limits"),
+    # run as root
+    *[pytest.param("run-as-root", svc(user=user), None, "fail", id=f"user-{user}")
+      for user in ("root", "0", "0:0", "root:root")],
+    pytest.param("run-as-root", svc(user=None), None, "warn", id="user-unset"),
+    pytest.param("run-as-root", svc(user="1000:0"), None, "pass", id="user-nonroot"),
+    # read-only root fs
+    pytest.param("read-only-rootfs", svc(read_only=None), None, "warn", id="ro-unset"),
+    pytest.param("read-only-rootfs", svc(read_only=False), None, "warn", id="ro-false"),
+    pytest.param("read-only-rootfs", svc(), None, "pass", id="ro-true"),
+    # secrets in environment
+    *[pytest.param("secret-env", svc(environment={name: value}), None, want, id=f"env-{name}")
+      for name, value, want in [
+          ("DB_PASSWORD", "hunter2", "fail"), ("api_token", "abc", "fail"),
+          ("SECRET_KEY_BASE", "x" * 40, "fail"), ("PRIVATE_KEY", "k", "fail"),
+          ("DATABASE_URL", "postgres://app:hunter2@db/app", "fail"),
+          ("SOME_ID", "AKIAIOSFODNN7EXAMPLE", "fail"),
+          ("GH", "ghp_" + "a" * 36, "fail"),
+          ("DB_PASSWORD_FILE", "/run/secrets/db", "pass"), ("DB_PASSWORD", None, "pass"),
+          ("DB_PASSWORD", "", "pass"), ("TOKEN_TTL", "3600", "pass"),
+          ("AUTH_TOKEN", "/run/secrets/token", "pass"), ("LOG_LEVEL", "debug", "pass"),
+          ("DATABASE_URL", "postgres://db/app", "pass")]],
+    # healthcheck
+    pytest.param("healthcheck", svc(healthcheck=None), None, "warn", id="hc-missing"),
+    pytest.param("healthcheck", svc(healthcheck={"disable": True}), None, "warn", id="hc-disabled"),
+    pytest.param("healthcheck", svc(healthcheck={"test": ["NONE"]}), None, "warn", id="hc-none"),
+    pytest.param("healthcheck", svc(), None, "pass", id="hc-present"),
+    # restart: always without limits
+    pytest.param("restart-without-limits", svc(restart="always", deploy=None), None, "info",
+                 id="restart-always-no-limits"),
+    pytest.param("restart-without-limits", svc(restart="always"), None, "pass",
+                 id="restart-always-limits"),
+    pytest.param("restart-without-limits", svc(restart="unless-stopped", deploy=None), None,
+                 "n/a", id="restart-unless-stopped"),
+    # devices
+    pytest.param("devices", svc(devices=[{"source": "/dev/net/tun", "target": "/dev/net/tun",
+                                          "permissions": "rwm"}]), None, "warn", id="dev-tun"),
+    pytest.param("devices", svc(devices=[{"source": "/dev/mem", "target": "/dev/mem"}]), None,
+                 "fail", id="dev-mem"),
+    pytest.param("devices", svc(devices=[{"source": "/dev/sda", "target": "/dev/sda"}]), None,
+                 "fail", id="dev-disk"),
+    pytest.param("devices", svc(), None, "pass", id="dev-none"),
+    # security_opt
+    *[pytest.param("security-opt", svc(security_opt=[opt]), None, want, id=f"secopt-{opt}")
+      for opt, want in [("seccomp:unconfined", "fail"), ("seccomp=unconfined", "fail"),
+                        ("apparmor:unconfined", "fail"), ("label:disable", "fail"),
+                        ("label=disable", "fail"), ("systempaths=unconfined", "fail"),
+                        ("no-new-privileges:false", "fail"), ("no-new-privileges:true", "pass"),
+                        ("seccomp=/etc/profile.json", "pass"), ("label=type:svirt_t", "pass")]],
+]
+
+
+@pytest.mark.parametrize(("rule", "service", "env", "want"), CASES)
+def test_rule(check: Check, rule: str, service: dict[str, Any], env: str | None,
+              want: str) -> None:
+    report = check({"svc": service}, env=env)
+    got = cell(report, "svc", rule)
+    assert got["result"] == want, got
+    # A non-pass cell has findings carrying rationale, remediation and a pointer into fields.
+    findings = [f for f in report["findings"] if f["rule"] == rule]
+    assert bool(findings) == (want not in ("pass", "n/a"))
+    for finding in findings:
+        assert finding["pointer"].startswith("/services/svc")
+        assert finding["rationale"] and finding["remediation"]
+
+
+def test_hardened_service_passes_every_rule_in_prod(check: Check) -> None:
+    report = check({"svc": svc()}, env="prod", strict=True)
+    assert report["passed"] is True
+    assert {c["result"] for c in report["matrix"]} <= {"pass", "n/a"}
+
+
+def test_named_volume_binding_a_sensitive_host_path(check: Check) -> None:
+    report = check(
+        {"svc": svc(volumes=[{"type": "volume", "source": "hostetc", "target": "/mnt"}])},
+        volumes={"hostetc": {"driver": "local",
+                             "driver_opts": {"type": "none", "o": "bind", "device": "/etc"}}},
+    )
+    assert cell(report, "svc", "sensitive-mounts")["result"] == "fail"
+    [finding] = [f for f in report["findings"] if f["rule"] == "sensitive-mounts"]
+    assert finding["pointer"] == "/volumes/hostetc/driver_opts/device"
+
+
+def test_secret_values_never_appear_in_the_report(check: Check) -> None:
+    report = check({"svc": svc(environment={"DB_PASSWORD": "hunter2-very-secret"})})
+    assert "hunter2-very-secret" not in repr(report)
+
+
+def test_rule_catalogue_is_complete(rules: object) -> None:
+    from service.compose.preflight import RuleSet
+
+    assert isinstance(rules, RuleSet)
+    ids = {rule.id for rule in rules.rules}
+    assert len(ids) >= 15
+    assert {case.values[0] for case in CASES} == ids  # every rule is tested above
+    for rule in rules.rules:
+        assert rule.error is None, rule
+        assert rule.severity in ("fail", "warn", "info")
+        assert rule.title and rule.rationale and rule.remediation
