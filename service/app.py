@@ -10,10 +10,12 @@ from aiohttp import web
 from .api import routes as api_routes
 from .config import Config
 from .keys import COMPONENTS, CONFIG, STARTED_AT
+from .middleware.authn import setup_authn
 from .middleware.correlation import setup_correlation
 from .middleware.headers import setup_headers
 from .middleware.metrics import setup_metrics
 from .middleware.problems import setup_problems
+from .services import setup_services
 
 __all__ = ["create_app"]
 
@@ -33,11 +35,15 @@ def create_app(config: Config) -> web.Application:
     # Middleware order, outermost first. correlation first: everything inside logs with the id
     # and every response echoes it. metrics and headers sit outside problems, so they see the
     # final status of error responses (500s included) and decorate them too. problems is the
-    # only catch-all.
+    # only catch-all. authn is innermost: it only attaches who is calling, and a store error
+    # it meets is rendered by problems.
     setup_correlation(app)
     setup_metrics(app)
     setup_headers(app)
     setup_problems(app)
+    setup_authn(app)
+
+    setup_services(app)
 
     api_routes.add_routes(app)
     return app

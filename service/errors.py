@@ -234,22 +234,51 @@ def to_problem(exc: BaseException) -> Problem:
         if cls is TooManyRequests:
             return TooManyRequests(int(exc.headers.get("Retry-After", "1")))
         return cls()
-    for mapper in _MAPPERS:
-        problem = mapper(exc)
-        if problem is not None:
-            return problem
+    mapped = _domain_problem(exc)
+    if mapped is not None:
+        return mapped
     return InternalError("an unexpected error occurred; quote the correlation id when reporting it")
 
 
-# Subsystems whose errors are HTTP-free register how they map here (e.g. the store's
-# StoreUnavailable -> 503); each mapper returns None for exceptions that are not its own.
-_MAPPERS: list[Any] = []
+# Store conflicts whose meaning is "the ticket does not fit this request" rather than a state race.
+_FORBIDDEN_CONFLICTS = {"ticket_binding_mismatch"}
 
 
-def register_mapper(mapper: Any) -> None:
-    """Add a function ``exc -> Problem | None`` to the table consulted by ``to_problem``."""
-    if mapper not in _MAPPERS:
-        _MAPPERS.append(mapper)
+def _domain_problem(exc: BaseException) -> Problem | None:
+    """The table from HTTP-free domain errors (store, AuthN, approvals, tasks) to problems."""
+    # Imported here: these modules are HTTP-free and must not depend on this one.
+    from .approvals.tickets import NotEligibleReviewer
+    from .authn import errors as authn
+    from .store import base as store
+    from .tasks.tasks import IllegalTransition
+
+    if isinstance(exc, store.StoreUnavailable):
+        return ServiceUnavailable("the store is unavailable; nothing was changed",
+                                  code="store_unavailable")
+    if isinstance(exc, store.NotFound):
+        return NotFound(f"no such {exc.kind}")
+    if isinstance(exc, store.Conflict):
+        if exc.reason in _FORBIDDEN_CONFLICTS:
+            return TicketBindingMismatch("the ticket is bound to another request",
+                                         fields=list(exc.fields))
+        extra = {"state": exc.current_state} if exc.current_state else {}
+        return Conflict(str(exc), code=exc.reason, **extra)
+    if isinstance(exc, authn.Throttled):
+        return TooManyRequests(exc.retry_after_s, code="login_throttled")
+    if isinstance(exc, authn.StepUpRequired):
+        return StepUpRequired(exc.message, headers={"WWW-Authenticate": exc.challenge})
+    if isinstance(exc, authn.StepUpUnavailable):
+        return Forbidden(exc.message, code=exc.code)
+    if isinstance(exc, authn.OtpInvalid):
+        return Unauthorized(exc.message, code=exc.code)
+    if isinstance(exc, authn.AuthnError):
+        # One generic answer: the internal reason (unknown user, wrong password, ...) stays in logs.
+        return Unauthorized(exc.message, code=exc.code)
+    if isinstance(exc, NotEligibleReviewer):
+        return Forbidden(exc.detail, code=exc.code)
+    if isinstance(exc, IllegalTransition):
+        return Conflict(str(exc), code="task_state_conflict", state=exc.state)
+    return None
 
 
 def problem_response(problem: Problem, correlation_id: str | None) -> web.Response:

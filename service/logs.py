@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["correlation_id_var", "configure", "mask"]
+__all__ = ["configure", "correlation_id_var", "mask"]
 
 correlation_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "correlation_id", default=None

@@ -1,7 +1,10 @@
 """Read-only visibility of databases and object storage, from the configured inventory.
 
 No query, no connection, no upload or delete, no provider control: these handlers only echo
-what operators declared in ``inventory.*``, minus credential references.
+what operators declared in ``inventory.*``, minus credential references. Both run the chain
+(``databases.list`` / ``storage.list``); an ``env`` query parameter narrows the listing and is
+what the policy decides on, otherwise the listing spans every environment and is decided as
+the strictest one.
 """
 
 from __future__ import annotations
@@ -10,24 +13,42 @@ from typing import Any
 
 from aiohttp import web
 
-from ..keys import CONFIG
+from ..chain import Outcome, Run, Target, protected
+from ..keys import CONFIG, SERVICES
+from .queries import query_str, strictest_env
 
 routes = web.RouteTableDef()
 
+_ENV = r"[a-z][a-z0-9-]{0,31}"
 
-def _listing(items: Any) -> dict[str, Any]:
+
+def _target(collection: str) -> Any:
+    async def target(request: web.Request, body: Any) -> Target:
+        env = query_str(request, "env", pattern=_ENV)
+        return Target(resource={"collection": collection},
+                      env=env or strictest_env(request.app[SERVICES].config), kind=collection)
+
+    return target
+
+
+def _listing(items: Any, env: str | None) -> dict[str, Any]:
     if items is None:
         return {"status": "placeholder", "items": []}
-    return {"status": "ready", "items": [item.public() for item in items]}
+    return {"status": "ready",
+            "items": [item.public() for item in items if env is None or item.env == env]}
 
 
 @routes.get("/api/v1/databases")
-async def list_databases(request: web.Request) -> web.Response:
+@protected("databases.list", target=_target("databases"))
+async def list_databases(run: Run) -> Outcome:
     """The database inventory (``placeholder`` + ``[]`` when none is configured)."""
-    return web.json_response(_listing(request.app[CONFIG].inventory.databases))
+    env = query_str(run.request, "env", pattern=_ENV)
+    return Outcome(200, _listing(run.request.app[CONFIG].inventory.databases, env))
 
 
 @routes.get("/api/v1/storage/objects")
-async def list_storage(request: web.Request) -> web.Response:
+@protected("storage.list", target=_target("storage"))
+async def list_storage(run: Run) -> Outcome:
     """The object-storage inventory (``placeholder`` + ``[]`` when none is configured)."""
-    return web.json_response(_listing(request.app[CONFIG].inventory.storage))
+    env = query_str(run.request, "env", pattern=_ENV)
+    return Outcome(200, _listing(run.request.app[CONFIG].inventory.storage, env))

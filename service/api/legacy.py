@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ..chain import public
 from ..errors import LegacyOnly
 
 routes = web.RouteTableDef()
@@ -29,6 +30,7 @@ MIGRATION = {
 
 
 @routes.post("/api/v1/aidb/query")
+@public
 async def aidb_query(request: web.Request) -> web.Response:
     """Always 410 ``legacy_only`` with a ``migration`` object and deprecation headers."""
     raise LegacyOnly(

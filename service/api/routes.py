@@ -1,12 +1,17 @@
-"""Collects every module's routes into the application (the route table lives here, in one list)."""
+"""Collects every module's routes into the application (the route table lives here, in one list).
+
+Every route is either ``@protected`` (it runs the chain with a catalogue action) or ``@public``
+(status, health, AuthN self-service, JWKS, the legacy shell); a test walks the table and fails
+on a route that is neither.
+"""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from . import inventory, legacy, system
+from . import approvals, audit, authn, compose, installer, inventory, legacy, system, tasks
 
-_MODULES = (system, inventory, legacy)
+_MODULES = (system, authn, approvals, installer, tasks, audit, compose, inventory, legacy)
 
 
 def add_routes(app: web.Application) -> None:

@@ -10,6 +10,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import __version__
+from ..chain import public
+from ..clock import iso
 from ..errors import ServiceUnavailable
 from ..keys import COMPONENTS, CONFIG, METRICS, STARTED_AT
 
@@ -64,6 +66,7 @@ async def _component(request: web.Request, name: str) -> dict[str, Any]:
 
 
 @routes.get("/api/v1/system/info")
+@public
 async def system_info(request: web.Request) -> web.Response:
     """Aggregate status, per-component states, version and runtime — never a secret."""
     app = request.app
@@ -78,7 +81,7 @@ async def system_info(request: web.Request) -> web.Response:
             "status": aggregate(statuses),
             "service": "controlplane",
             "version": __version__,
-            "started_at": _iso(started),
+            "started_at": iso(started),
             "uptime_s": round(time.time() - started, 3),
             "components": statuses,
             "runtime": {
@@ -112,24 +115,28 @@ def _persistence(backend: str, describe: dict[str, Any]) -> dict[str, Any]:
 
 
 @routes.get("/api/v1/authn/status")
+@public
 async def authn_status(request: web.Request) -> web.Response:
     """AuthN status object: issuer, key ids, lifetimes — never tokens or sessions."""
     return web.json_response(await _component(request, "authn"))
 
 
 @routes.get("/api/v1/authz/status")
+@public
 async def authz_status(request: web.Request) -> web.Response:
     """AuthZ status object: revision, module count, reloads — never policy text or decisions."""
     return web.json_response(await _component(request, "authz"))
 
 
 @routes.get("/healthz")
+@public
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process serves requests. Checks nothing else on purpose."""
     return web.json_response({"status": "ok"})
 
 
 @routes.get("/readyz")
+@public
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: 200 only when configuration, policies and store are loaded."""
     statuses = await component_statuses(request.app)
@@ -150,13 +157,10 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 @routes.get("/metrics")
+@public
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text exposition of this process's registry."""
     body = generate_latest(request.app[METRICS].registry)
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

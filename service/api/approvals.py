@@ -1,0 +1,233 @@
+"""Approval tickets: create (frozen), read, list, review, revoke — every route through the chain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from ..approvals.binding import resource_hash
+from ..approvals.tickets import decide_review, new_ticket, requirements, ticket_view
+from ..authn import stepup
+from ..authz import actions
+from ..authz.input import build_input
+from ..chain import Outcome, Run, Target, fresh_strong_auth, protected
+from ..errors import (
+    ApprovalRepositoryUnavailable,
+    Forbidden,
+    NotFound,
+    PolicyDenied,
+    SchemaValidationFailed,
+    StepUpRequired,
+)
+from ..keys import SERVICES
+from ..store.base import TicketRecord, Tx
+from .queries import query_int, query_str, strictest_env
+
+routes = web.RouteTableDef()
+
+
+def _require_repository(request: web.Request) -> None:
+    if not request.app[SERVICES].approvals_enabled:
+        raise ApprovalRepositoryUnavailable(
+            "no approval repository is configured (approvals.store: none)"
+        )
+
+
+async def _create_target(request: web.Request, body: Any) -> Target:
+    _require_repository(request)
+    return Target(
+        resource=body["resource"],
+        env=body["env"],
+        kind="approval_ticket",
+        owner=body["subject_id"],
+        attributes={"target_action": body["action"]},
+    )
+
+
+async def _ticket_target(request: web.Request, body: Any) -> Target:
+    _require_repository(request)
+    ticket = await _load(request, request.app[SERVICES].store)
+    return Target(
+        resource=ticket.resource,
+        env=ticket.env,
+        kind="approval_ticket",
+        id=ticket.id,
+        owner=ticket.subject_id,
+        attributes={"target_action": ticket.action, "requested_by": ticket.requested_by},
+    )
+
+
+async def _load(request: web.Request, source: Any) -> TicketRecord:
+    ticket_id = request.match_info["id"]
+    ticket = await source.get_ticket(ticket_id) if len(ticket_id) <= 64 else None
+    if ticket is None:
+        raise NotFound("no such approval ticket", code="ticket_not_found")
+    return ticket
+
+
+@routes.post("/api/v1/approvals")
+@protected("approvals.create", target=_create_target, body="approval-request.schema.json")
+async def create_approval(run: Run) -> Outcome:
+    """Create a pending ticket bound to subject, env, resource hash, action (+ command hash)."""
+    services = run.request.app[SERVICES]
+    body = run.body
+    if body["action"] not in actions.ACTIONS:
+        raise SchemaValidationFailed(
+            "unknown action", errors=[{"pointer": "/action", "message": "not in the action catalogue"}]
+        )
+    if "resource_hash" in body and body["resource_hash"] != resource_hash(body["resource"]):
+        raise SchemaValidationFailed(
+            "resource_hash does not match the resource",
+            code="resource_hash_mismatch",
+            errors=[{"pointer": "/resource_hash", "message": "must equal sha256 of the RFC 8785 "
+                     "canonical JSON of resource"}],
+        )
+    command_hash = body.get("command_hash")
+    if run.principal.kind != "human" and not command_hash:
+        raise SchemaValidationFailed(
+            "agents and services must bind a command hash",
+            code="command_hash_required",
+            errors=[{"pointer": "/command_hash", "message": "required for agent and service callers"}],
+        )
+    # What the ticket must satisfy comes from the policy's answer for the action it will
+    # authorize, asked for the subject who will run it.
+    subject_kind = (
+        run.principal.kind if body["subject_id"] == run.principal.subject_id
+        else services.subject_kind(body["subject_id"])
+    )
+    if subject_kind is None:
+        raise SchemaValidationFailed(
+            "unknown subject", errors=[{"pointer": "/subject_id", "message": "no such identity"}]
+        )
+    subject_input = {
+        "subject_id": body["subject_id"], "kind": subject_kind, "session_id": None,
+        "auth_time": None, "authn_method": None,
+        "step_up": {"verified": True, "at": None, "age_s": None},
+    }
+    target = Target(body["resource"], body["env"], "installer_run" if body["action"].startswith(
+        "installer.") else body["action"].split(".")[0])
+    decision = services.decide(
+        build_input(subject_input, body["action"], target.policy_resource(), body["env"],
+                    {"correlation_id": run.correlation_id, "command_hash": command_hash})
+    )
+    if decision.decision == "deny":
+        raise PolicyDenied(
+            "the subject may not perform the action this ticket is for",
+            code="subject_denied", reasons=list(decision.reasons),
+        )
+    config = services.config
+    req = requirements(
+        decision.approval,
+        default_ttl_s=config.approvals.default_ttl_s,
+        default_pending_ttl_s=config.approvals.pending_ttl_s,
+    )
+    if "ttl_s" in body and body["ttl_s"] < req.ttl_s:
+        req = type(req)(req.quorum, req.require_groups, req.reviewer_roles, body["ttl_s"],
+                        req.pending_ttl_s)
+    ticket, nonce = new_ticket(
+        subject_id=body["subject_id"], env=body["env"], resource=body["resource"],
+        action=body["action"], command_hash=command_hash, reason=body.get("reason"),
+        requested_by=run.principal.subject_id, req=req, now=run.now,
+    )
+    assert run.tx is not None
+    await run.tx.create_ticket(ticket)
+    return Outcome(
+        201,
+        ticket_view(ticket, nonce=nonce),
+        headers={"Location": f"/api/v1/approvals/{ticket.id}"},
+        audit={"ticket_id": ticket.id, "ticket_event": "created",
+               "ticket_action": ticket.action, "ticket_subject": ticket.subject_id},
+    )
+
+
+@routes.get("/api/v1/approvals/{id}")
+@protected("approvals.read", target=_ticket_target)
+async def read_approval(run: Run) -> Outcome:
+    """One ticket with its reviews and both clocks (never the nonce)."""
+    ticket = await _load(run.request, run.request.app[SERVICES].store)
+    return Outcome(200, ticket_view(ticket), audit={"ticket_id": ticket.id})
+
+
+async def _list_target(request: web.Request, body: Any) -> Target:
+    _require_repository(request)
+    config = request.app[SERVICES].config
+    env = query_str(request, "env", pattern=r"[a-z][a-z0-9-]{0,31}")
+    # Without an env filter the list spans every environment, so it is authorized as the
+    # strictest one (a production environment).
+    return Target(resource={"collection": "approvals"}, env=env or strictest_env(config),
+                  kind="approval_list")
+
+
+@routes.get("/api/v1/approvals")
+@protected("approvals.list", target=_list_target)
+async def list_approvals(run: Run) -> Outcome:
+    """The reviewer queue: filter by state, env, subject; newest first; cursor paging."""
+    request = run.request
+    state = query_str(request, "state", choices=("pending", "approved", "rejected", "expired",
+                                                  "revoked", "consumed"))
+    env = query_str(request, "env", pattern=r"[a-z][a-z0-9-]{0,31}")
+    subject = query_str(request, "subject_id", pattern=r"[A-Za-z0-9._@:-]{1,200}")
+    limit = query_int(request, "limit", default=50, low=1, high=200)
+    cursor = query_str(request, "cursor", pattern=r"[A-Za-z0-9_:.-]{1,200}")
+    tickets, next_cursor = await request.app[SERVICES].store.list_tickets(
+        state=state, env=env, subject_id=subject, limit=limit, before=cursor
+    )
+    return Outcome(200, {"items": [ticket_view(t) for t in tickets], "next_cursor": next_cursor})
+
+
+@routes.post("/api/v1/approvals/{id}/reviews")
+@protected("approvals.review", target=_ticket_target, body="approval-review.schema.json")
+async def review_approval(run: Run) -> Outcome:
+    """Approve or reject; separation of duties and group quorum are enforced in code."""
+    services = run.request.app[SERVICES]
+    tx: Tx = run.tx  # type: ignore[assignment]
+    ticket = await _load(run.request, tx)
+    window = services.config.authn.step_up_window_s
+    if services.config.is_production(ticket.env) and not fresh_strong_auth(run.principal, run.now, window):
+        raise _step_up(window)
+    facts = services.facts(run.principal.subject_id)
+    outcome = decide_review(
+        ticket,
+        reviewer=run.principal.subject_id,
+        reviewer_kind=run.principal.kind,
+        reviewer_roles=facts["roles"],
+        reviewer_groups=facts["groups"],
+        decision=run.body["decision"],
+        reason=run.body.get("reason"),
+        now=run.now,
+    )
+    updated = await tx.add_review(ticket.id, outcome.review, outcome.new_state,
+                                  outcome.approved_expires_at, run.now)
+    return Outcome(200, ticket_view(updated), audit={
+        "ticket_id": ticket.id,
+        "ticket_event": f"review_{run.body['decision']}",
+        "ticket_state": updated.state,
+        "review_group": outcome.review.group,
+    })
+
+
+@routes.post("/api/v1/approvals/{id}/revoke")
+@protected("approvals.revoke", target=_ticket_target)
+async def revoke_approval(run: Run) -> Outcome:
+    """Revoke a pending or approved ticket: its requester, or an admin."""
+    services = run.request.app[SERVICES]
+    tx: Tx = run.tx  # type: ignore[assignment]
+    ticket = await _load(run.request, tx)
+    if run.principal.subject_id != ticket.requested_by and "admin" not in services.facts(
+        run.principal.subject_id
+    )["roles"]:
+        raise Forbidden("only the ticket's requester or an admin can revoke it", code="not_requester")
+    updated = await tx.transition_ticket(ticket.id, ("pending", "approved"), "revoked", run.now,
+                                         run.principal.subject_id)
+    return Outcome(200, ticket_view(updated),
+                   audit={"ticket_id": ticket.id, "ticket_event": "revoked"})
+
+
+def _step_up(window: int) -> StepUpRequired:
+    return StepUpRequired(
+        "reviewing a production ticket needs a recent step-up authentication",
+        headers={"WWW-Authenticate": stepup.challenge(
+            "reviewing a production ticket needs a recent step-up authentication", max_age=window)},
+    )
+

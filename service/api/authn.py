@@ -1,0 +1,104 @@
+"""AuthN self-service: log in, step up, who am I, log out, JWKS.
+
+These routes are outside the policy chain on purpose: logging in is how a principal comes to
+exist, and the others act only on the caller's own session. They are still fail-closed: a route
+that needs a caller answers 401 without one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from .. import clock
+from ..authn.principal import Principal
+from ..authn.sessions import Authenticator, IssuedToken
+from ..chain import public
+from ..errors import ServiceUnavailable, Unauthorized
+from ..keys import AUTHN_ERROR, PRINCIPAL, SERVICES
+from .body import read_json
+
+routes = web.RouteTableDef()
+
+
+def _authenticator(request: web.Request) -> Authenticator:
+    authenticator = request.app[SERVICES].authenticator
+    if authenticator is None:
+        raise ServiceUnavailable("authentication needs a store (store.backend is none)",
+                                 code="authentication_unavailable")
+    return authenticator
+
+
+def _caller(request: web.Request) -> Principal:
+    principal = request[PRINCIPAL]
+    if not principal.is_authenticated:
+        raise Unauthorized(code=request.get(AUTHN_ERROR) or "unauthenticated")
+    return principal
+
+
+def _token_body(issued: IssuedToken) -> dict[str, Any]:
+    return {
+        "access_token": issued.access_token,
+        "token_type": "Bearer",
+        "expires_in": issued.expires_in,
+        "session_id": issued.session_id,
+    }
+
+
+def _client_addr(request: web.Request) -> str | None:
+    # The peer address; forwarded headers are not trusted (no proxy configuration exists).
+    return request.remote
+
+
+@routes.post("/api/v1/authn/sessions")
+@public
+async def create_session(request: web.Request) -> web.Response:
+    """Log in with ``{subject_id, password}`` (people) or ``{assertion}`` (services, agents)."""
+    authenticator = _authenticator(request)
+    body = await read_json(request, "authn-session.schema.json")
+    now = clock.now()
+    if "assertion" in body:
+        issued = await authenticator.login_assertion(body["assertion"], _client_addr(request), now)
+    else:
+        issued = await authenticator.login_password(
+            body["subject_id"], body["password"], _client_addr(request), now
+        )
+    return web.json_response(_token_body(issued), status=201)
+
+
+@routes.get("/api/v1/authn/sessions/current")
+@public
+async def current_session(request: web.Request) -> web.Response:
+    """The caller's principal (the same document the policy sees)."""
+    principal = _caller(request)
+    config = request.app[SERVICES].config
+    return web.json_response(principal.to_input(clock.now(), config.authn.step_up_window_s))
+
+
+@routes.delete("/api/v1/authn/sessions/current")
+@public
+async def delete_session(request: web.Request) -> web.Response:
+    """Revoke the caller's session: every token of it stops working on every worker at once."""
+    principal = _caller(request)
+    await _authenticator(request).revoke(principal, clock.now())
+    return web.Response(status=204)
+
+
+@routes.post("/api/v1/authn/step-up")
+@public
+async def step_up(request: web.Request) -> web.Response:
+    """Verify a TOTP code (once) and return a fresh token carrying ``acr``/``amr``."""
+    principal = _caller(request)
+    body = await read_json(request, "authn-step-up.schema.json")
+    issued = await _authenticator(request).step_up(principal, body["otp"], clock.now())
+    return web.json_response(_token_body(issued), status=201)
+
+
+@routes.get("/api/v1/authn/jwks.json")
+@public
+async def jwks(request: web.Request) -> web.Response:
+    """The public keys that verify our access tokens (RFC 7517)."""
+    response = web.json_response(_authenticator(request).jwks(clock.now()))
+    response.content_type = "application/jwk-set+json"
+    return response

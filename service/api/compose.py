@@ -1,0 +1,39 @@
+"""Compose import preflight (frozen): matrix evaluation and a report. Deploys and stores nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from ..chain import Outcome, Run, Target, protected
+from ..compose.preflight import evaluate
+from ..keys import SERVICES
+from .queries import strictest_env
+
+routes = web.RouteTableDef()
+
+
+async def _target(request: web.Request, body: Any) -> Target:
+    env = body.get("env") or strictest_env(request.app[SERVICES].config)
+    # The fields are the resource: the audit record's resource hash names exactly what was checked.
+    return Target(resource=body["fields"], env=env, kind="compose_file")
+
+
+@routes.post("/api/v1/compose/import")
+@protected("compose.import", target=_target, body="compose-import.schema.json")
+async def compose_import(run: Run) -> Outcome:
+    """200 with the report, also when ``passed`` is false."""
+    body = run.body
+    # A large file takes tens of milliseconds to evaluate: off the event loop (the bundle
+    # serialises its own queries).
+    report = await asyncio.to_thread(
+        evaluate,
+        body["fields"],
+        strict=bool(body.get("strict", False)),
+        env=body.get("env"),
+        rules=run.request.app[SERVICES].compose_rules,
+    )
+    return Outcome(200, report, audit={"compose_passed": report["passed"],
+                                       "compose_revision": report.get("policy_revision")})

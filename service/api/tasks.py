@@ -1,0 +1,118 @@
+"""Tasks: read state, read step events (JSON pages or a live server-sent-events stream),
+and executors' progress reports. A task is not an approval: nothing here touches tickets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+from ..chain import Outcome, Run, Target, protected
+from ..errors import NotFound
+from ..keys import SERVICES
+from ..middleware.headers import apply_security_headers
+from ..store.base import Store, TaskRecord
+from ..tasks.tasks import EventView, next_state, task_view
+from .queries import query_int, strictest_env
+
+routes = web.RouteTableDef()
+
+#: How often a live stream looks for new events, and how long it may stay open.
+SSE_POLL_S = 0.25
+SSE_MAX_S = 300.0
+SSE_KEEPALIVE_S = 15.0
+
+
+async def _task(store: Any, request: web.Request) -> TaskRecord:
+    task_id = request.match_info["id"]
+    task = await store.get_task(task_id) if len(task_id) <= 128 else None
+    if task is None:
+        raise NotFound("no such task", code="task_not_found")
+    return task
+
+
+async def _target(request: web.Request, body: Any) -> Target:
+    task = await _task(request.app[SERVICES].store, request)
+    # Tasks span environments (each event names its own), so reading one is authorized as the
+    # strictest environment.
+    return Target(resource={"task_id": task.id}, env=strictest_env(request.app[SERVICES].config),
+                  kind="task", id=task.id, owner=task.created_by)
+
+
+@routes.get("/api/v1/tasks/{id}")
+@protected("tasks.read", target=_target)
+async def read_task(run: Run) -> Outcome:
+    """State, progress, result and timestamps."""
+    task = await _task(run.request.app[SERVICES].store, run.request)
+    return Outcome(200, task_view(task), audit={"task_id": task.id})
+
+
+@routes.get("/api/v1/tasks/{id}/events")
+@protected("tasks.read", target=_target)
+async def task_events(run: Run) -> Outcome:
+    """Events after ``after_seq`` as JSON, or a live SSE stream with ``Accept: text/event-stream``
+    (resumable with ``Last-Event-ID``)."""
+    request = run.request
+    store = request.app[SERVICES].store
+    task_id = request.match_info["id"]
+    if "text/event-stream" in request.headers.get("Accept", ""):
+        last = request.headers.get("Last-Event-ID", "")
+        after = int(last) if last.isdigit() and len(last) < 12 else query_int(
+            request, "after_seq", default=0, low=0, high=10**11)
+        return Outcome(200, None, audit={"task_id": task_id, "stream": True},
+                       stream=lambda: _stream(request, store, task_id, after))
+    after = query_int(request, "after_seq", default=0, low=0, high=10**11)
+    limit = query_int(request, "limit", default=100, low=1, high=1000)
+    events = await store.list_events(task_id, after_seq=after, limit=limit)
+    items = [EventView(e).as_dict() for e in events]
+    return Outcome(200, {
+        "task_id": task_id,
+        "items": items,
+        "next_after_seq": events[-1].seq if len(events) == limit else None,
+    }, audit={"task_id": task_id})
+
+
+async def _stream(request: web.Request, store: Store, task_id: str, after: int) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "X-Accel-Buffering": "no"})
+    apply_security_headers(request, response)
+    await response.prepare(request)
+    loop = asyncio.get_running_loop()
+    started = last_write = loop.time()
+    while loop.time() - started < SSE_MAX_S:
+        events = await store.list_events(task_id, after_seq=after, limit=100)
+        for event in events:
+            payload = json.dumps(EventView(event).as_dict(), separators=(",", ":"))
+            await response.write(f"id: {event.seq}\nevent: {event.kind}\ndata: {payload}\n\n".encode())
+            after = event.seq
+            last_write = loop.time()
+        task = await store.get_task(task_id)
+        if task is not None and task.state in ("succeeded", "failed") and not events:
+            await response.write(b"event: end\ndata: {}\n\n")
+            break
+        if loop.time() - last_write > SSE_KEEPALIVE_S:
+            await response.write(b": keep-alive\n\n")
+            last_write = loop.time()
+        await asyncio.sleep(SSE_POLL_S)
+    await response.write_eof()
+    return response
+
+
+@routes.post("/api/v1/tasks/{id}/events")
+@protected("tasks.report", target=_target, body="task-event.schema.json")
+async def report_event(run: Run) -> Outcome:
+    """Executors report started / progress / succeeded / failed; state follows from events."""
+    assert run.tx is not None
+    task = await _task(run.tx, run.request)
+    body = run.body
+    change = next_state(task, body["kind"], body.get("progress"), body.get("result"))
+    data = {k: body[k] for k in ("progress", "message", "result") if k in body}
+    data["correlation_id"] = run.correlation_id
+    event = await run.tx.append_event(
+        task.id, body["kind"], run.principal.subject_id, data, run.now,
+        state=change.state, progress=change.progress, result=change.result,
+    )
+    return Outcome(201, EventView(event).as_dict(),
+                   audit={"task_id": task.id, "event_seq": event.seq, "task_state": change.state})

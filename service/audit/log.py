@@ -1,0 +1,86 @@
+"""The audit log: append sealed records through the store, verify the chain, mirror to JSON lines.
+
+Records are appended inside the caller's transaction when there is one, so a mutation, its
+ticket consumption and its audit record commit together (or none does). The optional JSON-lines
+sink is written after commit; it is a copy for log shippers, the store is the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ..store.base import AUDIT_GENESIS_HASH, AuditRecord, Store, Tx
+from .record import Break, scrub, seal, verify
+
+__all__ = ["AuditLog"]
+
+log = logging.getLogger("controlplane.audit")
+
+
+class AuditLog:
+    """Appends and reads the hash-chained audit log kept in the store."""
+
+    def __init__(self, store: Store, jsonl_path: Path | None = None):
+        self.store = store
+        self.jsonl_path = jsonl_path
+        self._sink_lock = asyncio.Lock()
+
+    async def append(self, entry: dict[str, Any], tx: Tx | None = None) -> AuditRecord:
+        """Seal and append ``entry`` (scrubbed of credentials) in ``tx`` or its own transaction."""
+        target: Tx = tx if tx is not None else self.store
+        return await target.append_audit(scrub(entry), seal)
+
+    async def mirror(self, record: AuditRecord) -> None:
+        """Copy a committed record to the JSON-lines sink (best effort: the store is the record)."""
+        if self.jsonl_path is None:
+            return
+        line = json.dumps(
+            {"seq": record.seq, "prev_hash": record.prev_hash, "hash": record.hash, **record.entry},
+            separators=(",", ":"),
+        )
+        async with self._sink_lock:
+            try:
+                await asyncio.to_thread(_append_line, self.jsonl_path, line)
+            except OSError as exc:
+                log.error("audit sink write failed", extra={"fields": {"error": exc.strerror}})
+
+    async def records(self, after_seq: int = 0, page: int = 500) -> AsyncIterator[AuditRecord]:
+        """Every record after ``after_seq``, in order, fetched a page at a time."""
+        while True:
+            batch = await self.store.audit_range(after_seq=after_seq, limit=page)
+            for record in batch:
+                yield record
+            if len(batch) < page:
+                return
+            after_seq = batch[-1].seq
+
+    async def verify(self) -> tuple[int, Break | None]:
+        """Walk the whole chain; return (records verified, first break or None)."""
+        checked = 0
+        prev = (0, AUDIT_GENESIS_HASH)
+        page: list[AuditRecord] = []
+        async for record in self.records():
+            page.append(record)
+            if len(page) == 500:
+                n, broken = verify(page, start=prev)
+                checked += n
+                if broken:
+                    return checked, broken
+                prev = (page[-1].seq, page[-1].hash)
+                page = []
+        n, broken = verify(page, start=prev)
+        return checked + n, broken
+
+
+def _append_line(path: Path, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)

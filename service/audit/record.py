@@ -1,0 +1,74 @@
+"""Audit records: canonical JSON (RFC 8785) and the SHA-256 hash chain over it.
+
+``hash = sha256:hex(SHA-256(JCS({"seq", "prev_hash", "entry"})))``. Each record names the hash of
+the one before it (the first names 64 zeros), so changing, removing or reordering any stored
+record breaks every link after it; ``verify`` finds the first broken one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import rfc8785
+
+from ..store.base import AUDIT_GENESIS_HASH, AuditRecord
+
+__all__ = ["Break", "seal", "verify"]
+
+# Never stored in an audit entry, whatever a caller passes: audit is read by many, and a token,
+# password, OTP or nonce in it would be a credential leak.
+FORBIDDEN_KEYS = frozenset(
+    {"token", "access_token", "password", "otp", "nonce", "assertion", "authorization", "secret"}
+)
+
+
+def seal(seq: int, prev_hash: str, entry: dict[str, Any]) -> str:
+    """The hash of record ``seq`` holding ``entry`` after ``prev_hash`` (the store's ``Seal``)."""
+    doc = {"seq": seq, "prev_hash": prev_hash, "entry": entry}
+    return "sha256:" + hashlib.sha256(rfc8785.dumps(doc)).hexdigest()
+
+
+def scrub(entry: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``entry`` without credential-bearing keys, at any depth."""
+    return _scrub(entry)
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _scrub(v) for k, v in value.items() if str(k).lower() not in FORBIDDEN_KEYS}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Break:
+    """The first record whose link or hash does not verify."""
+
+    seq: int
+    reason: str  # hash_mismatch | prev_hash_mismatch | seq_gap
+
+    def __str__(self) -> str:
+        return f"record {self.seq}: {self.reason}"
+
+
+def verify(
+    records: Iterable[AuditRecord], *, start: tuple[int, str] = (0, AUDIT_GENESIS_HASH)
+) -> tuple[int, Break | None]:
+    """Walk ``records`` (ascending seq) from ``start``; return (records checked, first break)."""
+    expected_seq, prev = start[0] + 1, start[1]
+    checked = 0
+    for record in records:
+        if record.seq != expected_seq:
+            return checked, Break(expected_seq, "seq_gap")
+        if record.prev_hash != prev:
+            return checked, Break(record.seq, "prev_hash_mismatch")
+        if seal(record.seq, record.prev_hash, record.entry) != record.hash:
+            return checked, Break(record.seq, "hash_mismatch")
+        checked += 1
+        prev = record.hash
+        expected_seq += 1
+    return checked, None

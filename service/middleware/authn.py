@@ -1,0 +1,57 @@
+"""AuthN identifies, never decides: attach a Principal or ANONYMOUS to every request.
+
+A missing, malformed or rejected bearer token leaves the request anonymous and notes the
+token's error code; 401s, 403s and step-up challenges come from the chain, and public routes
+(status, health, login) are served to anonymous callers as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from .. import clock
+from ..authn.errors import InvalidToken
+from ..authn.principal import ANONYMOUS
+from ..keys import AUTHN_ERROR, PRINCIPAL, SERVICES
+from ..store.base import StoreUnavailable
+
+log = logging.getLogger("controlplane.authn")
+
+
+def bearer_token(request: web.Request) -> str | None:
+    """The RFC 6750 bearer token of the Authorization header, if any."""
+    header = request.headers.get("Authorization")
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def setup_authn(app: web.Application) -> None:
+    """Install the authn middleware (innermost: errors it meets are rendered by ``problems``)."""
+
+    @web.middleware
+    async def authn_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Verify the bearer token, if any, and attach who is calling."""
+        request[PRINCIPAL] = ANONYMOUS
+        token = bearer_token(request)
+        authenticator = request.app[SERVICES].authenticator
+        if token is not None and authenticator is not None:
+            try:
+                request[PRINCIPAL] = await authenticator.authenticate_bearer(token, clock.now())
+            except InvalidToken as exc:
+                request[AUTHN_ERROR] = exc.code
+            except StoreUnavailable:
+                # Revocation cannot be checked: the caller stays anonymous (fail closed).
+                request[AUTHN_ERROR] = "session_check_unavailable"
+                log.error("session check failed: store unavailable")
+        elif token is not None:
+            request[AUTHN_ERROR] = "authentication_unavailable"
+        return await handler(request)
+
+    app.middlewares.append(authn_middleware)
