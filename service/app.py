@@ -19,10 +19,18 @@ from .services import setup_services
 
 __all__ = ["create_app"]
 
+MAX_HEADER_FIELD_BYTES = 128 * 1024
+
 
 def create_app(config: Config) -> web.Application:
     """The whole service as one application; resources open in ``cleanup_ctx`` on start-up."""
-    app = web.Application(client_max_size=config.server.max_body_bytes)
+    app = web.Application(
+        client_max_size=config.server.max_body_bytes,
+        # aiohttp's parser answers an over-long header with a plain-text 400 before any
+        # middleware runs. Let header fields through up to 128 KiB so that an oversized bearer
+        # token reaches the token verifier (which caps tokens at 8 KiB) and gets a problem.
+        handler_args={"max_field_size": MAX_HEADER_FIELD_BYTES},
+    )
     app[CONFIG] = config
     app[STARTED_AT] = time.time()
     app[COMPONENTS] = {}

@@ -43,7 +43,7 @@ _SHORTHANDS = {
     "MODE": ("mode",),
 }
 # Variables that are not configuration keys (read by tests and tooling, not by the service).
-_NOT_CONFIG = {"CONFIG", "TEST_PG_DSN", "TOKEN", "URL"}
+_NOT_CONFIG = {"CONFIG", "CREDENTIALS", "TEST_PG_DSN", "TOKEN", "URL"}
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -48,15 +48,21 @@ def serve(
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
     environ.update({"CONTROLPLANE_STATE_DIR": str(state_dir), **(env or {})})
+    # Logs go to a file, never to an unread pipe: a full pipe would block the server's event
+    # loop on its next log line.
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = state_dir.parent / f"serve-{port}.log"
+    log_file = open(log_path, "wb")  # closed in finally
     proc = subprocess.Popen(
         [sys.executable, "-m", "service", "serve", "--port", str(port), "--workers", str(workers),
          *args],
         cwd=REPO,
         env=environ,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log_file,
         start_new_session=True,
     )
+    proc.log_path = log_path  # type: ignore[attr-defined]
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base + "/healthz")
@@ -69,5 +75,4 @@ def serve(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+        log_file.close()

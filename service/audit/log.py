@@ -61,7 +61,22 @@ class AuditLog:
             after_seq = batch[-1].seq
 
     async def verify(self) -> tuple[int, Break | None]:
-        """Walk the whole chain; return (records verified, first break or None)."""
+        """Walk the whole chain; return (records verified, first break or None).
+
+        The head is read first: records appended during the walk are verified too, and a chain
+        that ends before the recorded head (rows deleted from the end) is a break as well.
+        """
+        head_seq, head_hash = await self.store.audit_head()
+        checked, broken = await self._walk()
+        if broken is None and head_seq > 0:
+            at_head = await self.store.audit_range(after_seq=head_seq - 1, limit=1)
+            if checked < head_seq or not at_head or at_head[0].seq != head_seq:
+                return checked, Break(checked + 1, "missing")
+            if at_head[0].hash != head_hash:
+                return checked, Break(head_seq, "head_mismatch")
+        return checked, broken
+
+    async def _walk(self) -> tuple[int, Break | None]:
         checked = 0
         prev = (0, AUDIT_GENESIS_HASH)
         page: list[AuditRecord] = []

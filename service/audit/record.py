@@ -49,7 +49,7 @@ class Break:
     """The first record whose link or hash does not verify."""
 
     seq: int
-    reason: str  # hash_mismatch | prev_hash_mismatch | seq_gap
+    reason: str  # hash_mismatch | prev_hash_mismatch | seq_gap | missing | head_mismatch
 
     def __str__(self) -> str:
         return f"record {self.seq}: {self.reason}"

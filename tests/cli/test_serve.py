@@ -22,7 +22,7 @@ def test_serve_single_worker_and_graceful_sigterm(tmp_path):
         assert info["runtime"]["workers"] == 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
-        logs = proc.stderr.read().decode() if proc.stderr else ""
+        logs = proc.log_path.read_text()
     # Structured logs: every line is a JSON object.
     lines = [line for line in logs.splitlines() if line.strip()]
     assert lines and all(json.loads(line)["level"] for line in lines)

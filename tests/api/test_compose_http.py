@@ -1,0 +1,71 @@
+"""POST /api/v1/compose/import: the endpoint and `cpctl compose check` give identical reports."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from service.cli import compose as compose_cli
+from service.compose.normalize import normalize_files
+from tests.auth import bearer, login
+from tests.problems import assert_problem
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "compose"
+CASES = [
+    pytest.param(["good.compose.yaml"], id="good"),
+    pytest.param(["risky.compose.yaml"], id="risky"),
+    pytest.param(["multi.compose.yaml", "multi.override.yaml"], id="multi-file"),
+    pytest.param(["anchors.compose.yaml"], id="anchors"),
+]
+
+
+@pytest.mark.parametrize("files", CASES)
+@pytest.mark.parametrize("strict", [False, True])
+async def test_endpoint_and_cli_reports_are_identical(client, files, strict):
+    paths = [EXAMPLES / name for name in files]
+    argv = [*map(str, paths), "--env", "prod", "--format", "json", *(["--strict"] if strict else [])]
+    out = io.StringIO()
+    code = compose_cli.run(["check", *argv], stdout=out, stderr=io.StringIO(), environ={})
+    cli_report = json.loads(out.getvalue())
+    assert code == (0 if cli_report["passed"] else 1)
+
+    token = await login(client, "carol")
+    fields = normalize_files(paths, environ={})
+    response = await client.post("/api/v1/compose/import", headers=bearer(token),
+                                 json={"fields": fields, "strict": strict, "env": "prod"})
+    assert response.status == 200  # also when passed is false
+    assert await response.json() == cli_report
+
+
+async def test_risky_file_fails_with_findings_and_pointers(client):
+    token = await login(client, "carol")
+    fields = normalize_files([EXAMPLES / "risky.compose.yaml"], environ={})
+    report = await (await client.post("/api/v1/compose/import", headers=bearer(token),
+                                      json={"fields": fields, "env": "prod"})).json()
+    assert report["passed"] is False and report["summary"]["fail"] > 0
+    assert all(f["pointer"].startswith("/services/") for f in report["findings"] if "pointer" in f)
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer"),
+    [
+        pytest.param({}, "", id="fields-missing"),
+        pytest.param({"fields": {"services": {"web": {"ports": ["80:80"]}}}},
+                     "/fields/services/web/ports/0", id="short-port-syntax"),
+        pytest.param({"fields": {"services": {}}, "strict": "yes"}, "/strict", id="strict-type"),
+        pytest.param({"fields": {"services": {}}, "deploy": True}, "", id="unknown-field"),
+    ],
+)
+async def test_bad_bodies_are_422_with_pointers(client, body, pointer):
+    token = await login(client, "carol")
+    response = await client.post("/api/v1/compose/import", headers=bearer(token), json=body)
+    problem = await assert_problem(response, 422, "schema_validation_failed")
+    assert pointer in {e["pointer"] for e in problem["errors"]}
+
+
+async def test_compose_import_needs_a_caller_and_deploys_nothing(client):
+    await assert_problem(await client.post("/api/v1/compose/import", json={"fields": {}}), 401,
+                         "unauthenticated")

@@ -1,0 +1,271 @@
+"""``cpctl audit verify | tail``: the chain of a real service's store, then the same store tampered with.
+
+The service writes records; the test edits the stored rows directly (``sqlite3`` / ``asyncpg``), as
+someone with database access would, and ``cpctl audit verify`` must name the first broken record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import yaml
+
+from service.authn import passwords
+from service.cli import audit, session
+from service.cli.client import Client
+from tests.auth import PASSWORDS
+from tests.servers import REPO, serve
+from tests.store import pg
+
+ERIN_PASSWORD = "erin-test-password"  # an admin in policies/data/bindings.yaml; no dev identity
+
+
+def activity(base: str, subject: str = "alice", reads: int = 3) -> None:
+    """Log in and read the ticket list a few times: each read is one audit record."""
+    answer = Client(base).post("/api/v1/authn/sessions",
+                               {"subject_id": subject, "password": PASSWORDS[subject]}, auth=False)
+    api = Client(base, answer["access_token"])
+    for _ in range(reads):
+        api.get("/api/v1/approvals")
+
+
+def verify(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = audit.run(["verify", "--json", *argv])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    for name in ("CONTROLPLANE_CONFIG", "CONTROLPLANE_TOKEN", "CONTROLPLANE_URL", "CONTROLPLANE_STATE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CONTROLPLANE_CREDENTIALS", str(tmp_path / "credentials.json"))
+    return monkeypatch
+
+
+@pytest.fixture
+def sqlite_service(tmp_path: Path, env: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
+    """A running service on SQLite with some records; the CLI reads the same state dir."""
+    state = tmp_path / "state"
+    with serve(state) as (base, _proc):
+        activity(base)
+        env.setenv("CONTROLPLANE_STATE_DIR", str(state))
+        yield base, state / "controlplane.db"
+
+
+def seqs(db: Path) -> list[int]:
+    with sqlite3.connect(db) as conn:
+        return [row[0] for row in conn.execute("SELECT seq FROM audit_log ORDER BY seq")]
+
+
+def test_verify_ok_on_a_fresh_chain(
+    sqlite_service: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, db = sqlite_service
+    n = len(seqs(db))
+    assert n >= 3
+    assert audit.run(["verify"]) == 0
+    assert capsys.readouterr().out.strip() == f"audit chain ok: {n} records verified (head seq {n})"
+    code, result = verify(capsys)
+    assert code == 0 and result == {"ok": True, "verified": n, "head_seq": n, "break": None}
+
+
+def _edit_entry(conn: sqlite3.Connection, seq: int) -> None:
+    (text,) = conn.execute("SELECT entry FROM audit_log WHERE seq = ?", (seq,)).fetchone()
+    entry = json.loads(text)
+    entry["status"] = 204 if entry.get("status") != 204 else 200
+    conn.execute("UPDATE audit_log SET entry = ? WHERE seq = ?", (json.dumps(entry), seq))
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        pytest.param(_edit_entry, "hash_mismatch", id="entry edited"),
+        pytest.param(lambda c, s: c.execute("DELETE FROM audit_log WHERE seq = ?", (s,)), "seq_gap",
+                     id="row deleted"),
+        pytest.param(lambda c, s: c.execute("UPDATE audit_log SET prev_hash = ? WHERE seq = ?",
+                                            ("sha256:" + "1" * 64, s)), "prev_hash_mismatch",
+                     id="link rewritten"),
+    ],
+)
+def test_verify_names_the_tampered_sqlite_row(
+    sqlite_service: tuple[str, Path], capsys: pytest.CaptureFixture[str], tamper: Any, reason: str
+) -> None:
+    _, db = sqlite_service
+    target = seqs(db)[1]
+    with sqlite3.connect(db) as conn:
+        tamper(conn, target)
+    assert audit.run(["verify"]) == 1
+    out = capsys.readouterr().out
+    assert f"record {target}: {reason}" in out
+    code, result = verify(capsys)
+    assert code == 1 and result["break"] == {"seq": target, "reason": reason}
+    assert result["verified"] == target - 1
+
+
+def test_verify_notices_a_truncated_chain(
+    sqlite_service: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, db = sqlite_service
+    last = seqs(db)[-1]
+    with sqlite3.connect(db) as conn:
+        conn.execute("DELETE FROM audit_log WHERE seq = ?", (last,))
+    code, result = verify(capsys)
+    assert code == 1 and result["break"] == {"seq": last, "reason": "missing"}
+
+
+def test_verify_with_a_config_file(
+    tmp_path: Path, env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "state"
+    with serve(state) as (base, _):
+        activity(base, reads=1)
+    config = tmp_path / "service.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(state)}))
+    code, result = verify(capsys, "--config", str(config))
+    assert code == 0 and result["ok"] and result["verified"] >= 1
+
+
+def test_verify_without_a_store(
+    tmp_path: Path, env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env.setenv("CONTROLPLANE_STATE_DIR", str(tmp_path / "nothing-here"))
+    assert audit.run(["verify"]) == 2
+    assert "no store at" in capsys.readouterr().err
+    assert not (tmp_path / "nothing-here").exists()  # verify never creates a store
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("store: {backend: nope}\n")
+    assert audit.run(["verify", "--config", str(bad)]) == 2
+    assert "/store/backend" in capsys.readouterr().err
+
+
+def test_tail_last_n_from_the_store(
+    sqlite_service: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, db = sqlite_service
+    all_seqs = seqs(db)
+    capsys.readouterr()
+    assert audit.run(["tail", "-n", "2"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["seq"] for r in lines] == all_seqs[-2:]
+    assert lines[1]["prev_hash"] == lines[0]["hash"]
+    assert {"action", "outcome", "correlation_id"} <= lines[1].keys()
+
+
+def test_tail_follow_prints_new_records(sqlite_service: tuple[str, Path]) -> None:
+    base, db = sqlite_service
+    head = seqs(db)[-1]
+    follower = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from service.cli.audit import run; raise SystemExit(run(sys.argv[1:]))",
+         "tail", "-n", "0", "-f", "--interval", "0.1", "--max-seconds", "4"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={"PATH": "/usr/bin:/bin", "CONTROLPLANE_STATE_DIR": str(db.parent)},
+    )
+    try:
+        time.sleep(1.5)  # let it start and read the head before the new records exist
+        activity(base, reads=2)
+        out, err = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert follower.returncode == 0, err
+    new = [json.loads(line)["seq"] for line in out.splitlines()]
+    assert new and new[0] == head + 1 and new == list(range(head + 1, head + 1 + len(new)))
+    assert len(new) >= 2
+
+
+def _identities_with_admin(path: Path) -> Path:
+    doc = yaml.safe_load((REPO / "examples/identities.yaml").read_text())
+    doc["identities"].append({
+        "subject_id": "erin", "kind": "human",
+        "password_hash": passwords.hash_password(ERIN_PASSWORD, passwords.ScryptParams(ln=4)),
+    })
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_tail_over_http_needs_audit_read(tmp_path: Path, env: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    identities = _identities_with_admin(tmp_path / "identities.yaml")
+    with serve(tmp_path / "state", env={"CONTROLPLANE_AUTHN__IDENTITIES": str(identities)}) as (base, _):
+        activity(base)
+        env.setenv("CONTROLPLANE_URL", base)
+        env.setattr(sys, "stdin", io.StringIO("alice-dev-password\n"))
+        assert session.run(["login", "alice", "--password-stdin"]) == 0
+        capsys.readouterr()
+        assert audit.run(["tail", "--server", base]) == 1
+        assert "403 denied" in capsys.readouterr().err
+
+        env.setattr(sys, "stdin", io.StringIO(ERIN_PASSWORD + "\n"))
+        assert session.run(["login", "erin", "--password-stdin"]) == 0
+        capsys.readouterr()
+        assert audit.run(["tail", "-n", "3", "--server", base]) == 0
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 3
+    assert [r["seq"] for r in lines] == list(range(lines[0]["seq"], lines[0]["seq"] + 3))
+    assert lines[1]["prev_hash"] == lines[0]["hash"] and lines[2]["prev_hash"] == lines[1]["hash"]
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------
+
+
+async def _pg_tamper(dsn: str, schema: str) -> int:
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        # The schema name is ours (pg.unique_schema); identifiers cannot be bound parameters.
+        rows = await conn.fetch(f'SELECT seq, entry FROM "{schema}".audit_log ORDER BY seq')  # noqa: S608
+        seq, text = rows[1]["seq"], rows[1]["entry"]
+        entry = json.loads(text)
+        entry["outcome"] = "tampered"
+        await conn.execute(f'UPDATE "{schema}".audit_log SET entry = $1 WHERE seq = $2',  # noqa: S608
+                           json.dumps(entry), seq)
+        return int(seq)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.postgres
+def test_verify_names_the_tampered_postgres_row(tmp_path: Path, env: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = asyncio.run(pg.require_postgres())  # skips, or fails under CI=true, as pg.py decides
+    schema = pg.unique_schema("cp_cli_audit")
+    store_env = {
+        "CONTROLPLANE_STORE__BACKEND": "postgres",
+        "CONTROLPLANE_STORE__POSTGRES__DSN": dsn,
+        "CONTROLPLANE_STORE__POSTGRES__SCHEMA": schema,
+    }
+    try:
+        with serve(tmp_path / "state", env=store_env) as (base, _):
+            activity(base)
+            for name, value in store_env.items():
+                env.setenv(name, value)
+            code, result = verify(capsys)
+            assert code == 0 and result["ok"] and result["verified"] >= 3
+            tampered = asyncio.run(_pg_tamper(dsn, schema))
+            assert audit.run(["verify"]) == 1
+            assert f"record {tampered}: hash_mismatch" in capsys.readouterr().out
+            # The same store named by a config file instead of the environment.
+            for name in store_env:
+                env.delenv(name)
+            config = tmp_path / "pg.yaml"
+            config.write_text(yaml.safe_dump(
+                {"store": {"backend": "postgres", "postgres": {"dsn": dsn, "schema": schema}}}
+            ))
+            code, result = verify(capsys, "--config", str(config))
+            assert code == 1 and result["break"] == {"seq": tampered, "reason": "hash_mismatch"}
+    finally:
+        asyncio.run(pg.drop_schema(dsn, schema))
