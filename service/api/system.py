@@ -160,7 +160,7 @@ async def readyz(request: web.Request) -> web.Response:
 @public
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text exposition of this process's registry."""
-    body = generate_latest(request.app[METRICS].registry)
+    body = generate_latest(request.app[METRICS].exposition_registry())
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

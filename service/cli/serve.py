@@ -6,6 +6,7 @@ import argparse
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -89,6 +90,12 @@ def supervise(config: config_mod.Config) -> int:
         return 2
     ctx = multiprocessing.get_context("spawn")
     stopping = False
+    # Workers share their metrics through files (prometheus-client multiprocess mode), so that
+    # /metrics answered by any worker counts every worker's requests. Fresh at every start.
+    metrics_dir = config.state_dir / "metrics"
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(mode=0o700, parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
     def stop(signum: int, _frame: Any) -> None:
         nonlocal stopping
@@ -110,6 +117,7 @@ def supervise(config: config_mod.Config) -> int:
             if not proc.is_alive() and not stopping:
                 log.error("worker exited; restarting",
                           extra={"fields": {"pid": proc.pid, "exitcode": proc.exitcode}})
+                _forget_worker_metrics(proc.pid)
                 workers[i] = start()
     for proc in workers:
         if proc.is_alive() and proc.pid is not None:
@@ -121,3 +129,12 @@ def supervise(config: config_mod.Config) -> int:
             proc.kill()
             proc.join()
     return 0
+
+
+def _forget_worker_metrics(pid: int | None) -> None:
+    """Drop a dead worker's live gauges (its counters stay: they happened)."""
+    if pid is None:
+        return
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid)

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from ..keys import METRICS
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+#: Set by ``cpctl serve --workers N`` for its workers (prometheus-client's own variable): every
+#: worker writes its samples to files there, and /metrics on any worker sums all of them.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @dataclass
@@ -22,9 +29,21 @@ class Metrics:
     requests: Counter
     latency: Histogram
     in_flight: Gauge
+    multiprocess: bool = False
+
+    def exposition_registry(self) -> CollectorRegistry:
+        """What /metrics renders: this process's registry, or the sum over every worker."""
+        if not self.multiprocess:
+            return self.registry
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return registry
 
     @classmethod
     def create(cls) -> Metrics:
+        # prometheus-client decides at import time whether values live in shared files; the
+        # variable is its own, set by the supervisor before it starts the workers.
+        multiprocess = bool(os.environ.get(MULTIPROC_ENV))
         registry = CollectorRegistry()
         return cls(
             registry=registry,
@@ -45,7 +64,9 @@ class Metrics:
                 "controlplane_http_requests_in_flight",
                 "HTTP requests being served.",
                 registry=registry,
+                multiprocess_mode="livesum",
             ),
+            multiprocess=multiprocess,
         )
 
 

@@ -29,12 +29,19 @@ def test_serve_single_worker_and_graceful_sigterm(tmp_path):
     assert (tmp_path / "state").stat().st_mode & 0o077 == 0
 
 
-def test_serve_two_workers_share_one_port(tmp_path):
+def test_serve_two_workers_share_one_port_and_their_metrics(tmp_path):
     with serve(tmp_path / "state", workers=2) as (base, proc):
         status, info = _get(base + "/api/v1/system/info")
         assert status == 200 and info["runtime"]["workers"] == 2
-        for _ in range(20):
+        for _ in range(40):
             assert _get(base + "/healthz")[0] == 200
+        # Whichever worker answers /metrics, it counts every worker's requests.
+        for _ in range(4):
+            with urllib.request.urlopen(base + "/metrics", timeout=5) as response:  # noqa: S310
+                text = response.read().decode()
+            line = next(x for x in text.splitlines() if x.startswith(
+                'controlplane_http_requests_total{method="GET",route="/healthz",status="200"}'))
+            assert float(line.rsplit(" ", 1)[1]) == 41.0  # ours + the harness's readiness probe
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
 
