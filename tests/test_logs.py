@@ -1,0 +1,75 @@
+"""Structured logs: JSON lines, correlation ids, and never a secret."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from service.logs import JSONFormatter, correlation_id_var, mask
+
+SECRET = "hunter2-Secret-Value"
+
+
+def test_mask_hides_secret_fields_at_any_depth_and_url_credentials():
+    doc = {"subject_id": "alice", "password": SECRET, "nested": [{"access_token": SECRET}],
+           "note": f"postgresql://cp:{SECRET}@db/cp", "custom": SECRET}
+    masked = mask(doc, extra_names=["custom"])
+    text = json.dumps(masked)
+    assert SECRET not in text
+    assert masked["subject_id"] == "alice"
+    assert "postgresql://cp:***@db/cp" in text
+
+
+def test_formatter_writes_one_json_object_with_the_correlation_id():
+    record = logging.LogRecord("controlplane.x", logging.INFO, __file__, 1,
+                               "connecting to postgresql://u:%s@h/db", (SECRET,), None)
+    record.fields = {"token": SECRET, "attempt": 2}
+    token = correlation_id_var.set("cid-7")
+    try:
+        line = JSONFormatter().format(record)
+    finally:
+        correlation_id_var.reset(token)
+    doc = json.loads(line)
+    assert doc["correlation_id"] == "cid-7" and doc["attempt"] == 2
+    assert SECRET not in line
+
+
+@pytest.fixture
+def json_log():
+    """Capture every log record of the service as the JSON lines it would write."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JSONFormatter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    previous = root.level
+    root.setLevel(logging.DEBUG)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
+
+
+async def test_failed_logins_and_bad_tokens_leave_no_secret_in_logs(client, json_log):
+    await client.post("/api/v1/authn/sessions", json={"subject_id": "alice", "password": SECRET})
+    await client.get("/api/v1/databases", headers={"Authorization": f"Bearer {SECRET}.x.y"})
+    await client.post("/api/v1/authn/step-up", json={"otp": "123456"},
+                      headers={"Authorization": f"Bearer {SECRET}"})
+    text = json_log.getvalue()
+    assert text, "the service logged nothing"
+    for line in text.splitlines():
+        json.loads(line)
+    assert SECRET not in text
+
+
+async def test_unreachable_store_dsn_password_stays_out_of_logs(make_client, json_log):
+    client = await make_client({"store": {"backend": "postgres", "postgres": {
+        "dsn": f"postgresql://cp:{SECRET}@unreachable.invalid:5432/cp"}}})
+    assert (await client.get("/readyz")).status == 503
+    text = json_log.getvalue()
+    assert "store unavailable" in text
+    assert SECRET not in text and "unreachable.invalid" not in text
