@@ -14,6 +14,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -147,6 +148,10 @@ async def _connect_loop(services: Services) -> None:
             return
 
 
+#: The shipped development identities: their passwords, TOTP secrets and keys are public.
+DEV_IDENTITIES = Path(__file__).resolve().parent.parent / "examples" / "identities.yaml"
+
+
 async def _authenticator(config: Config, store: Store) -> Authenticator:
     settings = AuthnSettings(
         issuer=config.authn.issuer,
@@ -158,6 +163,9 @@ async def _authenticator(config: Config, store: Store) -> Authenticator:
         max_failures=config.authn.max_failures,
         failure_window_s=config.authn.failure_window_s,
     )
+    if config.mode == "production" and config.authn.identities.resolve() == DEV_IDENTITIES:
+        log.warning("production mode with the DEVELOPMENT identities (examples/identities.yaml): "
+                    "their passwords, TOTP secrets and keys are public; set authn.identities")
     directory = await asyncio.to_thread(identities_mod.load, config.authn.identities)
     keys = await asyncio.to_thread(
         KeyRing.open, config.state_dir / "keys", retain_s=settings.key_retain_s, now=clock.now()

@@ -73,3 +73,10 @@ async def test_unreachable_store_dsn_password_stays_out_of_logs(make_client, jso
     text = json_log.getvalue()
     assert "store unavailable" in text
     assert SECRET not in text and "unreachable.invalid" not in text
+
+
+async def test_production_mode_warns_about_dev_identities(make_client, json_log):
+    client = await make_client({"mode": "production"})
+    assert (await client.get("/healthz")).status == 200
+    warnings = [json.loads(line) for line in json_log.getvalue().splitlines()]
+    assert any(w["level"] == "WARNING" and "DEVELOPMENT identities" in w["msg"] for w in warnings)

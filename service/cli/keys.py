@@ -1,0 +1,60 @@
+"""``cpctl keys``: rotate and list the token signing keys in the state directory.
+
+Rotation makes a new active key; tokens signed by the old one keep verifying until they expire
+(the longest token lifetime plus clock skew), then the old key stops verifying. Running
+workers notice the new key by themselves: they look at the key directory when they sign or
+meet an unknown key id, so no restart is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .. import clock
+from .. import config as config_mod
+from ..authn.keys import KeyRing
+from ..authn.sessions import AuthnSettings
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("keys", help="token signing keys (rotate, list)")
+    actions = parser.add_subparsers(dest="keys_command", metavar="ACTION")
+    actions.required = True
+    for name, func, text in (("rotate", rotate, "make a new active signing key"),
+                             ("list", list_keys, "list the key ids that verify tokens now")):
+        p = actions.add_parser(name, help=text)
+        p.add_argument("--config", help="the service's YAML configuration (for state_dir)")
+        p.set_defaults(func=func)
+
+
+def _ring(args: argparse.Namespace) -> KeyRing:
+    config = config_mod.load(args.config or os.environ.get("CONTROLPLANE_CONFIG"), os.environ)
+    settings = AuthnSettings(issuer=config.authn.issuer, audience=config.authn.audience,
+                             token_ttl_s=config.authn.token_ttl_s,
+                             clock_skew_s=config.authn.clock_skew_s)
+    return KeyRing.open(config.state_dir / "keys", retain_s=settings.key_retain_s, now=clock.now())
+
+
+def rotate(args: argparse.Namespace) -> int:
+    try:
+        ring = _ring(args)
+    except config_mod.ConfigError as exc:
+        print(f"cpctl keys rotate: {exc}", file=sys.stderr)
+        return 2
+    kid = ring.rotate(clock.now())
+    print(json.dumps({"active_kid": kid, "verifying": ring.kids(clock.now())}))
+    return 0
+
+
+def list_keys(args: argparse.Namespace) -> int:
+    try:
+        ring = _ring(args)
+    except config_mod.ConfigError as exc:
+        print(f"cpctl keys list: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"active_kid": ring.signing_key().kid, "verifying": ring.kids(clock.now())}))
+    return 0

@@ -1,0 +1,46 @@
+"""cpctl keys rotate/list, against a live server: old tokens keep working, new ones use the new key."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+
+from service.cli.main import main
+from tests.auth import PASSWORDS
+from tests.servers import serve
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 (loopback)
+        return json.loads(response.read())
+
+
+def _whoami(base: str, token: str) -> int:
+    request = urllib.request.Request(base + "/api/v1/authn/sessions/current",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 (loopback)
+        return response.status
+
+
+def _kid(token: str) -> str:
+    return json.loads(base64.urlsafe_b64decode(token.split(".")[0] + "=="))["kid"]
+
+
+def test_rotation_under_a_running_server(tmp_path, capsys, monkeypatch):
+    state = tmp_path / "state"
+    monkeypatch.setenv("CONTROLPLANE_STATE_DIR", str(state))
+    with serve(state) as (base, _):
+        login = base + "/api/v1/authn/sessions"
+        old = _post(login, {"subject_id": "carol", "password": PASSWORDS["carol"]})["access_token"]
+        assert main(["keys", "rotate"]) == 0
+        rotated = json.loads(capsys.readouterr().out)
+        assert rotated["active_kid"] != _kid(old)
+        assert set(rotated["verifying"]) == {rotated["active_kid"], _kid(old)}
+        new = _post(login, {"subject_id": "carol", "password": PASSWORDS["carol"]})["access_token"]
+        assert _kid(new) == rotated["active_kid"]
+        assert _whoami(base, old) == 200 and _whoami(base, new) == 200
+        assert main(["keys", "list"]) == 0
+        assert json.loads(capsys.readouterr().out)["active_kid"] == rotated["active_kid"]
