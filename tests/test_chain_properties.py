@@ -142,7 +142,7 @@ async def test_no_prod_mutation_without_consumed_bound_ticket_and_step_up(client
     if executed and env == "prod":
         # Hard rule 1: the presented ticket was approved, bound to exactly this request, and is
         # now consumed by this request; and the caller had a fresh step-up.
-        assert ticket is not None and scenario["ticket"] == "approved"
+        assert ticket is not None and scenario["ticket"] in ("approved", "approved-other-resource")
         stored = await store.get_ticket(ticket["id"])
         assert stored.state == "consumed"
         assert stored.consumed_correlation_id == response.headers["X-Correlation-ID"]
@@ -151,6 +151,7 @@ async def test_no_prod_mutation_without_consumed_bound_ticket_and_step_up(client
         assert stored.command_hash in (None, headers.get("Command-Hash"))
         assert scenario["caller"] == "alice-stepped"
         assert record.entry["ticket_id"] == ticket["id"] and record.entry["ticket_consumed"]
-    if not executed and ticket is not None and scenario["ticket"] == "approved":
+    if not executed and ticket is not None and scenario["ticket"] in (
+            "approved", "approved-other-resource"):
         # A refused run consumes nothing.
         assert (await store.get_ticket(ticket["id"])).state == "approved"

@@ -1,8 +1,11 @@
 """The audit log: append sealed records through the store, verify the chain, mirror to JSON lines.
 
 Records are appended inside the caller's transaction when there is one, so a mutation, its
-ticket consumption and its audit record commit together (or none does). The optional JSON-lines
-sink is written after commit; it is a copy for log shippers, the store is the record.
+ticket consumption and its audit record commit together (or none does). Records of runs that
+change nothing (reads, refusals) are group-committed: they queue while a commit is in flight and
+the next commit writes them all, so a durable commit is shared by many requests instead of
+paid by each. Every caller still waits until its own record is committed. The optional
+JSON-lines sink is written after commit; it is a copy for log shippers, the store is the record.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ __all__ = ["AuditLog"]
 
 log = logging.getLogger("controlplane.audit")
 
+#: The most records one group commit writes; more wait for the next one.
+MAX_BATCH = 256
+
 
 class AuditLog:
     """Appends and reads the hash-chained audit log kept in the store."""
@@ -30,11 +36,34 @@ class AuditLog:
         self.store = store
         self.jsonl_path = jsonl_path
         self._sink_lock = asyncio.Lock()
+        self._pending: list[tuple[dict[str, Any], asyncio.Future[AuditRecord]]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     async def append(self, entry: dict[str, Any], tx: Tx | None = None) -> AuditRecord:
-        """Seal and append ``entry`` (scrubbed of credentials) in ``tx`` or its own transaction."""
-        target: Tx = tx if tx is not None else self.store
-        return await target.append_audit(scrub(entry), seal)
+        """Seal and append ``entry`` (scrubbed of credentials): in ``tx`` when given, else in the
+        next group commit. Returns once the record is committed; raises what the commit raised."""
+        if tx is not None:
+            return await tx.append_audit(scrub(entry), seal)
+        future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()
+        self._pending.append((scrub(entry), future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        # shield: a caller that goes away must not cancel the commit others are waiting for.
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            try:
+                records = await self.store.append_audit_many([e for e, _ in batch], seal)
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), record in zip(batch, records, strict=True):
+                if not future.done():
+                    future.set_result(record)
 
     async def mirror(self, record: AuditRecord) -> None:
         """Copy a committed record to the JSON-lines sink (best effort: the store is the record)."""

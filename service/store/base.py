@@ -16,7 +16,7 @@ Rules every method follows:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
@@ -287,6 +287,9 @@ class Tx(Protocol):
 
     # audit hash chain
     async def append_audit(self, entry: dict[str, Any], seal: Seal) -> AuditRecord: ...
+    async def append_audit_many(
+        self, entries: Sequence[dict[str, Any]], seal: Seal
+    ) -> list[AuditRecord]: ...
     async def audit_range(self, after_seq: int = 0, limit: int = 100) -> list[AuditRecord]: ...
     async def audit_head(self) -> tuple[int, str]: ...
 

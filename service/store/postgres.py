@@ -89,6 +89,12 @@ class _Conn:
         except _WRAPPED as exc:
             raise _wrap(exc) from exc
 
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        try:
+            await self._c.executemany(sql, rows)
+        except _WRAPPED as exc:
+            raise _wrap(exc) from exc
+
     async def fetchone(self, sql: str, args: Sequence[Any]) -> Row | None:
         try:
             return cast("Row | None", await self._c.fetchrow(sql, *args))

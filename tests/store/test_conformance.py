@@ -421,6 +421,30 @@ async def test_audit_chain_links(store: Store) -> None:
     assert await store.audit_head() == (3, recs[-1].hash)
 
 
+async def test_audit_append_many_continues_one_chain(store: Store) -> None:
+    first = await store.append_audit({"n": 0}, seal)
+    batch = await store.append_audit_many([{"n": i, "t": "ü"} for i in range(1, 6)], seal)
+    after = await store.append_audit({"n": 6}, seal)
+    chain = [first, *batch, after]
+    assert [r.seq for r in chain] == list(range(1, 8))
+    for prev, cur in itertools.pairwise(chain):
+        assert cur.prev_hash == prev.hash
+        assert cur.hash == seal(cur.seq, cur.prev_hash, cur.entry)
+    assert await store.audit_range() == chain
+    assert await store.audit_head() == (7, after.hash)
+    assert await store.append_audit_many([], seal) == []
+
+
+async def test_audit_append_many_seal_failure_appends_nothing(store: Store) -> None:
+    def broken(seq: int, prev: str, entry: dict[str, object]) -> str:
+        raise RuntimeError("hsm down")
+
+    with pytest.raises(RuntimeError):
+        await store.append_audit_many([{"n": 1}, {"n": 2}], broken)
+    assert await store.audit_head() == (0, AUDIT_GENESIS_HASH)
+    assert await store.audit_range() == []
+
+
 async def test_audit_seal_failure_appends_nothing(store: Store) -> None:
     first = await store.append_audit({"n": 1}, seal)
 
