@@ -20,6 +20,7 @@ chain does the rest:
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -75,8 +76,9 @@ class Target:
     owner: str | None = None  # the subject a resource belongs to (a ticket's subject)
     attributes: dict[str, Any] | None = None
 
-    @property
+    @functools.cached_property
     def hash(self) -> str:
+        """``sha256:`` of the RFC 8785 canonical JSON of the resource (computed once)."""
         return resource_hash(self.resource)
 
     def policy_resource(self) -> dict[str, Any]:

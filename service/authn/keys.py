@@ -115,6 +115,7 @@ class KeyRing:
         self._names: frozenset[str] = frozenset()
         self._entries: dict[str, _Entry] = {}
         self._active: SigningKey | None = None
+        self._dir_mtime: int | None = None
 
     @classmethod
     def open(cls, directory: Path, *, retain_s: float, now: float) -> KeyRing:
@@ -194,6 +195,15 @@ class KeyRing:
         return frozenset(n for n in names if n.endswith(".json") and _KID.fullmatch(n[:-5]))
 
     def _refresh(self) -> None:
+        # A rotation adds a file, which changes the directory's mtime: one stat() instead of a
+        # listing on every status call and signature.
+        try:
+            mtime = os.stat(self.directory).st_mtime_ns
+        except OSError as exc:
+            raise KeyRingError(f"cannot read key directory: {exc.strerror}") from exc
+        if mtime == self._dir_mtime:
+            return
+        self._dir_mtime = mtime
         if self._key_names() != self._names:
             self._reload()
 

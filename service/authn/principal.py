@@ -35,7 +35,9 @@ class Principal:
         """The ``principal`` member of the policy input document (DESIGN §4), exactly these keys."""
         at = self.step_up_at if self.is_authenticated else None
         # Clocks of two workers may differ slightly; an age is never negative.
-        age = None if at is None else max(0.0, now - at)
+        # Whole seconds, as the policy input schema says: policies reason about seconds, and a
+        # stable value within a second lets the decision cache serve repeated calls.
+        age = None if at is None else int(max(0.0, now - at))
         return {
             "subject_id": self.subject_id,
             "kind": self.kind,
