@@ -33,6 +33,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import rfc8785
 from aiohttp import web
 
 from .schemas import ValidationFailed
@@ -252,6 +253,15 @@ def _domain_problem(exc: BaseException) -> Problem | None:
     from .store import base as store
     from .tasks.tasks import IllegalTransition
 
+    if isinstance(exc, rfc8785.CanonicalizationError):
+        # Only a request's resource is hashed from client data: a value RFC 8785 cannot
+        # canonicalize (an integer beyond 2**53 - 1, a non-finite number, an unpaired
+        # surrogate) cannot be bound to a ticket, so the request is refused, not failed.
+        return SchemaValidationFailed(
+            "the resource cannot be hashed: it is not I-JSON (RFC 7493)",
+            errors=[{"pointer": "/resource", "message": "must be I-JSON: integers within "
+                     "+-(2**53 - 1), finite numbers, no unpaired surrogates"}],
+        )
     if isinstance(exc, store.StoreUnavailable):
         return ServiceUnavailable("the store is unavailable; nothing was changed",
                                   code="store_unavailable")

@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient
 
 from service.app import create_app
 from service.config import Config, load
+from tests import contract_hooks
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,6 +27,17 @@ def make_config(tmp_path: Path) -> MakeConfig:
         merged: dict[str, Any] = {"state_dir": str(tmp_path / "state")}
         merged.update(overrides or {})
         return load(None, environ or {}, base_dir=REPO, overrides=merged)
+
+    return make
+
+
+@pytest.fixture
+def aiohttp_client(aiohttp_client: Any) -> Any:
+    """pytest-aiohttp's client factory; every response of the real app is checked against
+    schemas/openapi.yaml (status, content type, headers, body schema): tests/contract_hooks.py."""
+
+    async def make(*args: Any, **kwargs: Any) -> Any:
+        return contract_hooks.watch(await aiohttp_client(*args, **kwargs))
 
     return make
 

@@ -170,9 +170,15 @@ async def list_approvals(run: Run) -> Outcome:
     subject = query_str(request, "subject_id", pattern=r"[A-Za-z0-9._@:-]{1,200}")
     limit = query_int(request, "limit", default=50, low=1, high=200)
     cursor = query_str(request, "cursor", pattern=r"[A-Za-z0-9_:.-]{1,200}")
-    tickets, next_cursor = await request.app[SERVICES].store.list_tickets(
-        state=state, env=env, subject_id=subject, limit=limit, before=cursor
-    )
+    try:
+        tickets, next_cursor = await request.app[SERVICES].store.list_tickets(
+            state=state, env=env, subject_id=subject, limit=limit, before=cursor
+        )
+    except ValueError:  # the store could not decode the cursor: not one it issued
+        raise SchemaValidationFailed(
+            "query parameter 'cursor' is invalid", code="invalid_query",
+            errors=[{"pointer": "/query/cursor", "message": "not a cursor this service issued"}],
+        ) from None
     return Outcome(200, {"items": [ticket_view(t) for t in tickets], "next_cursor": next_cursor})
 
 

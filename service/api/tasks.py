@@ -11,7 +11,7 @@ from aiohttp import web
 
 from ..chain import Outcome, Run, Target, protected
 from ..errors import NotFound
-from ..keys import SERVICES
+from ..keys import CORRELATION_ID, SERVICES
 from ..middleware.headers import apply_security_headers
 from ..store.base import Store, TaskRecord
 from ..tasks.tasks import EventView, next_state, task_view
@@ -75,8 +75,10 @@ async def task_events(run: Run) -> Outcome:
 
 
 async def _stream(request: web.Request, store: Store, task_id: str, after: int) -> web.StreamResponse:
+    # Prepared here, so the correlation middleware cannot add its header afterwards.
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "X-Accel-Buffering": "no"})
+                                           "X-Accel-Buffering": "no",
+                                           "X-Correlation-ID": request[CORRELATION_ID]})
     apply_security_headers(request, response)
     await response.prepare(request)
     loop = asyncio.get_running_loop()
