@@ -1,0 +1,496 @@
+"""HTTP load benchmark: the service (1 and 2 workers; SQLite and PostgreSQL) against a bare aiohttp
+JSON app measured in the same run, on loopback.
+
+Run: python bench/http_bench.py [--quick] [--json FILE] [--markdown FILE] [--no-profile]
+     (``make bench`` runs it through bench/run.py, which writes bench/RESULTS.md)
+
+Scenarios, each at 16 and 64 connections:
+  info     GET /api/v1/system/info (public, no chain)
+  read     GET /api/v1/databases with carol's token (AuthN + AuthZ + audit record)
+  compose  POST /api/v1/compose/import, a 10-service file, alice's token
+  chain    POST /api/v1/installer/actions in prod, each request with its own fresh approved
+           ticket (pre-created: alice, stepped up, requests; bob, stepped up, approves), i.e.
+           AuthN + AuthZ + step-up + ticket check + consume + task event + audit in one commit.
+Time-bound runs stop after --duration seconds or --max-requests requests; chain runs after their
+tickets are used (or --duration x 4). wrk is used when installed, else an aiohttp-client generator.
+PostgreSQL runs use a fresh schema in $CONTROLPLANE_BENCH_PG_DSN (default
+postgresql://postgres@127.0.0.1:5432/test), dropped afterwards; they are skipped (and say so)
+when the server is unreachable. With py-spy installed, one worker of the SQLite 2-worker service
+is profiled under the read and chain loads. Nothing here asserts anything about timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness as h
+import aiohttp
+
+API = "/api/v1"
+RESOURCE = {"app": "web", "version": "1.2.3"}
+CONNECTIONS = (16, 64)
+SCENARIOS = ("info", "read", "compose", "chain")
+
+
+# ------------------------------------------------------------------------------ request bodies
+
+
+def compose_fields(n: int = 10) -> dict[str, Any]:
+    """``n`` normalized services built from examples/compose (hardened and risky alternately)."""
+    from service.compose.normalize import normalize_files
+
+    examples = h.REPO / "examples/compose"
+    good = normalize_files([examples / "good.compose.yaml"], environ={})
+    risky = normalize_files([examples / "risky.compose.yaml"], environ={})
+    templates = list(good["services"].values()) + list(risky["services"].values())
+    fields = {k: v for k, v in good.items() if k != "services"}
+    for key in ("secrets", "volumes", "networks", "configs"):
+        merged = {**risky.get(key, {}), **good.get(key, {})}
+        if merged:
+            fields[key] = merged
+    fields["name"] = "bench"
+    fields["services"] = {f"svc-{i}": templates[i % len(templates)] for i in range(n)}
+    return fields
+
+
+def installer_body(task_id: str) -> str:
+    return h.dumps({"task_id": task_id, "action": "installer.run.execute", "env": "prod",
+                    "resource": RESOURCE})
+
+
+# ------------------------------------------------------------------------------ tickets
+
+
+async def make_tickets(base: str, ids: h.Identities, n: int, *, concurrency: int = 32,
+                       prefix: str = "t") -> tuple[list[tuple[str, str]], dict[str, float]]:
+    """``n`` approved prod tickets for alice's installer action: alice (stepped up) requests,
+    bob (stepped up) approves. Returns [(id, nonce)] and the create/approve rates."""
+    timeout = aiohttp.ClientTimeout(total=30)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        alice = await ids.stepped_up(session, "alice", fresh_for=120)
+        bob = await ids.stepped_up(session, "bob", fresh_for=120)
+        create = h.dumps({"subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+                          "resource": RESOURCE, "reason": "bench"})
+        review = h.dumps({"decision": "approve", "reason": "bench"})
+        tickets: list[tuple[str, str]] = []
+        failures: Counter[str] = Counter()
+
+        async def pool(jobs: list[Any], fn: Any) -> float:
+            queue = list(reversed(jobs))
+
+            async def worker() -> None:
+                while queue:
+                    await fn(queue.pop())
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return time.perf_counter() - t0
+
+        async def create_one(_: int) -> None:
+            async with session.post(base + API + "/approvals", data=create, headers={
+                    "Authorization": f"Bearer {alice}", "Content-Type": "application/json"}) as r:
+                doc = await r.json()
+                if r.status != 201:
+                    failures[f"create {r.status} {doc.get('code')}"] += 1
+                    return
+                tickets.append((doc["id"], doc["nonce"]))
+
+        approved: list[tuple[str, str]] = []
+
+        async def approve_one(ticket: tuple[str, str]) -> None:
+            async with session.post(f"{base}{API}/approvals/{ticket[0]}/reviews", data=review,
+                                    headers={"Authorization": f"Bearer {bob}",
+                                             "Content-Type": "application/json"}) as r:
+                if r.status not in (200, 201):
+                    failures[f"review {r.status} {(await r.json()).get('code')}"] += 1
+                    return
+                approved.append(ticket)
+
+        t_create = await pool(list(range(n)), create_one)
+        t_approve = await pool(list(tickets), approve_one)
+    if failures:
+        raise RuntimeError(f"ticket preparation failed: {dict(failures)}")
+    return approved, {"create_per_s": n / t_create, "approve_per_s": len(tickets) / t_approve}
+
+
+# ------------------------------------------------------------------------------ profiling
+
+
+def profile_summary(raw: Path, top: int = 12) -> dict[str, Any]:
+    """Self and inclusive shares per function of py-spy's raw (collapsed) stacks, for the
+    event-loop thread and for every other thread (the SQLite executor, to_thread pools)."""
+    per_thread: dict[str, Counter[str]] = defaultdict(Counter)
+    inclusive: dict[str, Counter[str]] = defaultdict(Counter)
+    totals: Counter[str] = Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count_s = line.rpartition(" ")
+        if not stack or not count_s.isdigit():
+            continue
+        count = int(count_s)
+        frames = stack.split(";")
+        names = [f for f in frames if not f.startswith(("process ", "thread "))]
+        # py-spy --threads: the first frame is "thread (tid): name"; group threads by name
+        # (MainThread runs the event loop; store-sqlite_N the store; asyncio_N to_thread).
+        head = frames[0]
+        tname = head.split(": ", 1)[1] if head.startswith("thread ") and ": " in head else "?"
+        tname = tname.rstrip("0123456789").rstrip("_") or tname
+        kind = "event loop (MainThread)" if tname == "MainThread" else f"{tname} threads"
+        totals[kind] += count
+        if names:
+            per_thread[kind][_func(names[-1])] += count
+        for fn in {_func(f) for f in names}:
+            inclusive[kind][fn] += count
+    out: dict[str, Any] = {"samples": dict(totals)}
+    grand = sum(totals.values()) or 1
+    for kind, counter in per_thread.items():
+        total = totals[kind] or 1
+        out[kind] = {
+            "share_of_all": totals[kind] / grand,
+            "self": [(fn, c / total) for fn, c in counter.most_common(top)],
+            "inclusive": [(fn, c / total) for fn, c in inclusive[kind].most_common(top * 4)
+                          if not _boring(fn)][:top],
+        }
+    return out
+
+
+def _func(frame: str) -> str:
+    # "name (path/to/file.py:123)" -> "name (path/to/file.py)"; keep paths repo-relative.
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")").rsplit(":", 1)[0]
+    for marker in ("/site-packages/", "/lib/python3"):
+        if marker in where:
+            where = where.split(marker, 1)[1]
+            break
+    where = where.replace(str(h.REPO) + "/", "")
+    return f"{name} ({where})" if where else name
+
+
+def _boring(fn: str) -> bool:
+    return any(s in fn for s in (
+        "run_forever", "_run_once", "_run (asyncio/events", "<module>", "run_app", "run_until",
+        "serve_worker", "_worker_entry", "_bootstrap", "main (", "run (", "_main (", "spawn_main",
+        "start_request", "_handle_request", "data_received", "_run_module", "run_module",
+        "_run_code", "_worker (concurrent", "_bootstrap_inner", "run (threading", "_handle (",
+        "_launch", "_Popen", "__init__ (multiprocessing", "func (cli/", "runner.run",
+        "_on_request", "<listcomp>", "start (multiprocessing", "wait (threading",
+    ))
+
+
+def record_profile(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    exe = h.pyspy()
+    if exe is None:
+        return None
+    return subprocess.Popen(
+        [exe, "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", "250",
+         "--nonblocking", "--threads", "--format", "raw", "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+# ------------------------------------------------------------------------------ one target
+
+
+class Bench:
+    def __init__(self, opts: argparse.Namespace, tmp: Path):
+        self.opts = opts
+        self.tmp = tmp
+        self.use_wrk = h.wrk_version() is not None and not opts.no_wrk
+        self.rows: list[dict[str, Any]] = []
+        self.tickets: list[dict[str, Any]] = []
+        self.profiles: dict[str, Any] = {}
+        self.notes: list[str] = []
+
+    def log(self, msg: str) -> None:
+        print(f"[http_bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    def measure(self, label: dict[str, Any], base: str, req: h.Request | list[h.Request],
+                conns: int, *, warmup: bool = True, duration: float | None = None,
+                max_requests: int | None = None, server: h.Server | None = None) -> h.Result:
+        duration = duration or self.opts.duration
+        max_requests = max_requests or self.opts.max_requests
+        if warmup and isinstance(req, h.Request):
+            h.drive(base, req, connections=conns, duration=self.opts.warmup,
+                    max_requests=max_requests, tmp=self.tmp, use_wrk=self.use_wrk)
+        pids = server.worker_pids() if server is not None else []
+        cpu0, t0 = h.cpu_seconds(pids), time.monotonic()
+        result = h.drive(base, req, connections=conns, duration=duration,
+                         max_requests=max_requests, tmp=self.tmp, use_wrk=self.use_wrk)
+        # Server CPU use over the run, in cores (2.0 = both cores of a 2-core box busy).
+        cores = (h.cpu_seconds(pids) - cpu0) / (time.monotonic() - t0) if pids else None
+        row = {"server_cores": cores, **label, "conns": conns, "rps": result.rps, "p50_ms": result.p50_ms,
+               "p99_ms": result.p99_ms, "requests": result.requests, "errors": result.errors,
+               "seconds": result.seconds, "generator": result.generator}
+        self.rows.append(row)
+        self.log(f"{label} c={conns}: {result.rps:,.0f} req/s p50 {result.p50_ms:.2f} ms "
+                 f"p99 {result.p99_ms:.2f} ms ({result.requests} req, {result.errors} errors)")
+        return result
+
+    def baseline(self, workers: int) -> None:
+        with h.baseline(workers, self.tmp) as server:
+            for conns in CONNECTIONS:
+                self.measure({"target": "baseline", "backend": "-", "workers": workers,
+                              "scenario": "info"}, server.base,
+                             h.Request("GET", API + "/system/info"), conns, server=server)
+
+    def service(self, backend: str, workers: int) -> None:
+        env: dict[str, str] = {}
+        schema = None
+        if backend == "postgres":
+            schema = f"bench_http_{os.getpid()}_{workers}"
+            env = {"CONTROLPLANE_STORE__BACKEND": "postgres",
+                   "CONTROLPLANE_STORE__POSTGRES__DSN": h.PG_DSN,
+                   "CONTROLPLANE_STORE__POSTGRES__SCHEMA": schema}
+        state = self.tmp / f"state-{backend}-{workers}"
+        state.mkdir(mode=0o700)
+        try:
+            with h.service(state, workers=workers, env=env) as server:
+                self._scenarios(server, backend, workers)
+        finally:
+            if schema is not None:
+                h.pg_drop_schema(schema)
+
+    def _scenarios(self, server: h.Server, backend: str, workers: int) -> None:
+        base = server.base
+        ids = h.Identities(base)
+
+        async def logins() -> None:
+            async with aiohttp.ClientSession() as session:
+                for subject in ("alice", "bob", "carol"):
+                    await ids.login(session, subject)
+
+        asyncio.run(logins())
+        label = {"target": "service", "backend": backend, "workers": workers}
+        json_headers = {"Content-Type": "application/json"}
+        requests = {
+            "info": h.Request("GET", API + "/system/info"),
+            "read": h.Request("GET", API + "/databases",
+                              {"Authorization": f"Bearer {ids.tokens['carol']}"}),
+            "compose": h.Request("POST", API + "/compose/import",
+                                 {"Authorization": f"Bearer {ids.tokens['alice']}", **json_headers},
+                                 h.dumps({"env": "prod", "fields": compose_fields(10)})),
+        }
+        profile = (not self.opts.no_profile and backend == "sqlite" and workers == 2
+                   and h.pyspy() is not None)
+        for name in ("info", "read", "compose"):
+            if name not in self.opts.scenarios:
+                continue
+            for conns in CONNECTIONS:
+                self.measure({**label, "scenario": name}, base, requests[name], conns,
+                             server=server)
+            if profile:
+                self._profile(server, name, lambda n=name: h.drive(
+                    base, requests[n], connections=64, duration=self.opts.profile_s,
+                    max_requests=self.opts.max_requests, tmp=self.tmp, use_wrk=self.use_wrk))
+        if "chain" not in self.opts.scenarios:
+            return
+        for conns in CONNECTIONS:
+            batch = self._chain_requests(base, ids, backend, workers, conns)
+            self.measure({**label, "scenario": "chain"}, base, batch, conns, warmup=False,
+                         duration=self.opts.duration * 4, max_requests=len(batch),
+                         server=server)
+        if profile:
+            batch = self._chain_requests(base, ids, backend, workers, 64, record=False)
+            self._profile(server, "chain", lambda: h.drive(
+                base, batch, connections=64, duration=self.opts.profile_s * 2,
+                max_requests=len(batch), tmp=self.tmp, use_wrk=self.use_wrk))
+
+    def _chain_requests(self, base: str, ids: h.Identities, backend: str, workers: int,
+                        conns: int, *, record: bool = True) -> list[h.Request]:
+        n = self.opts.tickets
+        tickets, rates = asyncio.run(make_tickets(base, ids, n))
+        if record:
+            self.tickets.append({"backend": backend, "workers": workers, "tickets": n, **rates})
+            self.log(f"{n} tickets: create {rates['create_per_s']:,.0f}/s, "
+                     f"approve {rates['approve_per_s']:,.0f}/s")
+        # The chain run must finish inside alice's step-up window (300 s).
+        alice = ids.stepped["alice"][0]
+        tag = f"{backend}-{workers}-{conns}-{time.monotonic_ns()}"
+        return [h.Request("POST", API + "/installer/actions", {
+            "Authorization": f"Bearer {alice}", "Content-Type": "application/json",
+            "Approval-Ticket": tid, "Approval-Nonce": nonce,
+        }, installer_body(f"bench-{tag}-{i}")) for i, (tid, nonce) in enumerate(tickets)]
+
+    def _profile(self, server: h.Server, name: str, load: Any) -> None:
+        pid = server.worker_pids()[0]
+        raw = self.tmp / f"profile-{name}.txt"
+        proc = record_profile(pid, self.opts.profile_s, raw)
+        if proc is None:
+            return
+        time.sleep(0.3)
+        result = load()
+        _, err = proc.communicate(timeout=self.opts.profile_s + 60)
+        if proc.returncode != 0 or not raw.exists():
+            self.notes.append(f"py-spy failed for {name}: {err.decode(errors='replace')[-200:]}")
+            return
+        self.profiles[name] = {"rps_during_profile": result.rps, **profile_summary(raw)}
+        if self.opts.profile_dir:
+            dest = Path(self.opts.profile_dir)
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / raw.name).write_bytes(raw.read_bytes())
+        self.log(f"profiled {name} on worker {pid}")
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def run(opts: argparse.Namespace) -> dict[str, Any]:
+    with h.temp_dir("cp-http-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        bench = Bench(opts, tmp)
+        backends = ["sqlite"]
+        pg_reason = h.pg_available() if not opts.no_postgres else "disabled with --no-postgres"
+        if pg_reason is None:
+            backends.append("postgres")
+        else:
+            bench.notes.append(f"PostgreSQL skipped: {pg_reason}")
+        if not bench.use_wrk:
+            bench.notes.append("wrk not found: the aiohttp-client generator shares the CPU with "
+                               "the server, so these numbers are lower bounds")
+        started = time.monotonic()
+        for workers in opts.workers:
+            bench.log(f"baseline, {workers} worker(s)")
+            bench.baseline(workers)
+        for backend in backends:
+            for workers in opts.workers:
+                bench.log(f"service, {backend}, {workers} worker(s)")
+                bench.service(backend, workers)
+        elapsed = time.monotonic() - started
+    machine = h.machine()
+    if "postgres" in backends:
+        machine["postgresql"] = h.pg_version() or "?"
+    return {"machine": machine, "rows": bench.rows, "tickets": bench.tickets,
+            "profiles": bench.profiles, "notes": bench.notes, "elapsed_s": elapsed,
+            "options": {"duration_s": opts.duration, "warmup_s": opts.warmup,
+                        "max_requests": opts.max_requests, "tickets": opts.tickets,
+                        "quick": opts.quick}}
+
+
+def _baseline_rps(rows: list[dict[str, Any]], workers: int, conns: int) -> float | None:
+    for r in rows:
+        if r["target"] == "baseline" and r["workers"] == workers and r["conns"] == conns:
+            return float(r["rps"])
+    return None
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    rows = doc["rows"]
+    out = ["## HTTP load (`bench/http_bench.py`)", ""]
+    o = doc["options"]
+    gen = rows[0]["generator"] if rows else "?"
+    out.append(f"Generator: {gen}; time-bound runs {o['duration_s']} s after a {o['warmup_s']} s "
+               f"warm-up (cap {o['max_requests']:,} requests); chain runs: {o['tickets']:,} "
+               f"fresh approved tickets each, one request per ticket. Ratio: req/s over the "
+               f"bare aiohttp app's at the same workers and connections. Server CPU: cores the server "
+               f"processes used during the run (this box has {doc['machine']['nproc']}; wrk "
+               f"uses the rest). Wall time "
+               f"{doc['elapsed_s']:.0f} s.")
+    out.append("")
+    out.append("| target | store | workers | scenario | conns | req/s | p50 ms | p99 ms | "
+               "requests | errors | x baseline | server CPU |")
+    out.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    order = {s: i for i, s in enumerate(("info", *SCENARIOS))}
+    rows_sorted = sorted(rows, key=lambda r: (r["target"] != "baseline", r["backend"],
+                                              order.get(r["scenario"], 9), r["workers"],
+                                              r["conns"]))
+    for r in rows_sorted:
+        base = _baseline_rps(rows, r["workers"], r["conns"])
+        ratio = f"{r['rps'] / base:.1%}" if base else "-"
+        cores = f"{r['server_cores']:.2f}" if r.get("server_cores") is not None else "-"
+        out.append(f"| {r['target']} | {r['backend']} | {r['workers']} | {r['scenario']} | "
+                   f"{r['conns']} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                   f"{r['requests']:,} | {r['errors']} | {ratio} | {cores} |")
+    if doc["tickets"]:
+        out += ["", "Ticket preparation over HTTP (32 concurrent clients, Python generator):", "",
+                "| store | workers | tickets | create/s | approve/s |", "|---|---:|---:|---:|---:|"]
+        for t in doc["tickets"]:
+            out.append(f"| {t['backend']} | {t['workers']} | {t['tickets']:,} | "
+                       f"{t['create_per_s']:,.0f} | {t['approve_per_s']:,.0f} |")
+    out += ["", "### Targets (2 workers)", ""]
+    out += targets(rows)
+    if doc["profiles"]:
+        out += ["", "### Profile (py-spy, one worker of the SQLite 2-worker service, 64 conns)", ""]
+        for name, prof in doc["profiles"].items():
+            out.append(f"**{name}** ({prof['rps_during_profile']:,.0f} req/s while sampled; "
+                       f"samples: {prof['samples']})")
+            out.append("")
+            for kind, p in prof.items():
+                if not isinstance(p, dict) or "self" not in p:
+                    continue
+                out.append(f"- {kind} ({p['share_of_all']:.0%} of samples) — inclusive: "
+                           + "; ".join(f"`{fn}` {s:.0%}" for fn, s in p["inclusive"][:10]))
+                out.append("  — self: " + "; ".join(f"`{fn}` {s:.0%}" for fn, s in p["self"][:8]))
+            out.append("")
+    if doc["notes"]:
+        out += ["", "Notes:", ""] + [f"- {n}" for n in doc["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def targets(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for r in rows:
+        if r["target"] == "service" and r["workers"] == 2 and r["scenario"] == "read":
+            base = _baseline_rps(rows, 2, r["conns"])
+            if base:
+                ok = r["rps"] >= 0.30 * base
+                out.append(f"- authorized read >= 30% of baseline ({r['backend']}, {r['conns']} "
+                           f"conns): {r['rps'] / base:.1%} — {'holds' if ok else 'does NOT hold'}")
+    for r in rows:
+        if r["target"] == "service" and r["workers"] == 2 and r["scenario"] == "chain":
+            ok = r["rps"] >= 1000 and r["p99_ms"] < 25 and r["errors"] == 0
+            goal = " (target is for SQLite)" if r["backend"] != "sqlite" else ""
+            out.append(f"- prod chain >= 1,000/s, p99 < 25 ms ({r['backend']}, {r['conns']} conns)"
+                       f"{goal}: {r['rps']:,.0f}/s, p99 {r['p99_ms']:.1f} ms, {r['errors']} "
+                       f"errors — {'holds' if ok else 'does NOT hold'}")
+    return out or ["- (no 2-worker runs)"]
+
+
+def options(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short smoke run")
+    parser.add_argument("--duration", type=float, help="seconds per time-bound run (default 5)")
+    parser.add_argument("--warmup", type=float, help="warm-up seconds before each run (default 1)")
+    parser.add_argument("--max-requests", type=int, default=500_000, help="cap per run")
+    parser.add_argument("--tickets", type=int, help="tickets per chain run (default 2000)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp-client generator")
+    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--profile-s", type=float, default=6.0)
+    parser.add_argument("--profile-dir", help="keep py-spy's raw stacks here")
+    parser.add_argument("--json", help="write the results document here")
+    parser.add_argument("--markdown", help="write the Markdown section here")
+    opts = parser.parse_args(argv)
+    opts.duration = opts.duration or (1.5 if opts.quick else 5.0)
+    opts.warmup = opts.warmup or (0.5 if opts.quick else 1.0)
+    opts.tickets = opts.tickets or (300 if opts.quick else 2000)
+    if opts.quick:
+        opts.no_profile = True
+    return opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = options(argv)
+    doc = run(opts)
+    text = markdown(doc)
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(doc, indent=2, default=str))
+    if opts.markdown:
+        Path(opts.markdown).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
