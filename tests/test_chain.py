@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -429,3 +430,52 @@ async def test_every_route_is_protected_or_public(client):
         elif not getattr(handler, "public", False):
             unmarked.append(f"{route.method} {route.resource.canonical}")
     assert unmarked == []
+
+
+async def test_group_quorum_over_http_needs_each_group(make_client, tmp_path):
+    """A policy asking one SRE AND one security approval: bob alone leaves the ticket pending."""
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    envs = policies / "data" / "environments.yaml"
+    doc = yaml.safe_load(envs.read_text())
+    doc["approval"]["environments"]["prod"].update(quorum=2,
+                                                   require_groups=["sre-approvers", "security"])
+    envs.write_text(yaml.safe_dump(doc))
+    # The shipped Rego tests pin the shipped quorum; this copy is a different policy.
+    (policies / "authz_test.rego").unlink()
+    bindings = policies / "data" / "bindings.yaml"
+    doc = yaml.safe_load(bindings.read_text())
+    doc["bindings"]["carol"] = {"roles": ["approver"]}
+    doc["groups"]["security"] = ["carol"]
+    bindings.write_text(yaml.safe_dump(doc))
+    client = await make_client({"policies": {"dir": str(policies)}})
+    alice = await step_up(client, await login(client, "alice"), "alice")
+    created = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": RESOURCE})
+    ticket = await created.json()
+    assert ticket["quorum"] == 2
+    bob = await step_up(client, await login(client, "bob"), "bob")
+    after_bob = await (await client.post(f"/api/v1/approvals/{ticket['id']}/reviews",
+                                         json={"decision": "approve"}, headers=bearer(bob))).json()
+    assert after_bob["state"] == "pending"
+    assert after_bob["reviews"][0]["group"] == "sre-approvers"
+    carol = await step_up(client, await login(client, "carol"), "carol")
+    after_carol = await (await client.post(f"/api/v1/approvals/{ticket['id']}/reviews",
+                                           json={"decision": "approve"},
+                                           headers=bearer(carol))).json()
+    assert after_carol["state"] == "approved"
+    assert [r["group"] for r in after_carol["reviews"]] == ["sre-approvers", "security"]
+
+
+async def test_audit_jsonl_mirror_copies_committed_records(make_client, tmp_path):
+    sink = tmp_path / "audit.jsonl"
+    client = await make_client({"audit": {"jsonl_path": str(sink)}})
+    carol = await login(client, "carol")
+    await client.get("/api/v1/databases", headers=bearer(carol))
+    await client.post("/api/v1/installer/actions", json=installer_body("dev"), headers=bearer(carol))
+    lines = [json.loads(line) for line in sink.read_text().splitlines()]
+    assert [(r["seq"], r["action"], r["outcome"]) for r in lines] == [
+        (1, "databases.list", "executed"), (2, "installer.run.execute", "denied")]
+    assert lines[1]["prev_hash"] == lines[0]["hash"]
+    assert sink.stat().st_mode & 0o077 == 0
