@@ -12,14 +12,14 @@ from tests.servers import serve
 
 
 def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),  # noqa: S310
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 (loopback)
         return json.loads(response.read())
 
 
 def _whoami(base: str, token: str) -> int:
-    request = urllib.request.Request(base + "/api/v1/authn/sessions/current",
+    request = urllib.request.Request(base + "/api/v1/authn/sessions/current",  # noqa: S310
                                      headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 (loopback)
         return response.status
