@@ -272,6 +272,51 @@ class _InlineConnection(_Connection):
 #: A reader waits at most this long on a lock (only WAL recovery or a checkpoint can make it).
 READER_BUSY_TIMEOUT_S = 0.2
 
+#: At most this many write transactions share one commit (bounds the latency a batch adds).
+MAX_BATCH_MEMBERS = 64
+
+
+class _WriteBatch:
+    """Write transactions of one process sharing one SQLite transaction, hence one fsync.
+
+    Each member runs in its own SAVEPOINT, one at a time: a member that fails is rolled back to
+    its savepoint alone, and the others commit. Every member waits for the shared COMMIT before
+    it returns, so "committed" still means durable for each of them. A batch BEGINs only after
+    the previous batch on the same connection has finished.
+    """
+
+    def __init__(self, conn: _Connection, previous: _WriteBatch | None) -> None:
+        loop = asyncio.get_running_loop()
+        self.conn = conn
+        self.slot = asyncio.Lock()
+        self.joined = 0
+        self.active = 0
+        self.sealed = False  # no more members may join
+        self.poisoned = False  # a savepoint could not be unwound: the whole batch rolls back
+        self.finishing = False
+        self.committed: asyncio.Future[None] = loop.create_future()
+        self.opened = asyncio.ensure_future(self._open(previous))
+
+    async def _open(self, previous: _WriteBatch | None) -> None:
+        if previous is not None and not previous.committed.done():
+            await asyncio.wait([previous.committed])
+        await self.conn.begin(True)
+
+    async def finish(self) -> None:
+        try:
+            if self.opened.cancelled() or self.opened.exception() is not None:
+                raise StoreUnavailable("sqlite batch could not begin")
+            if self.poisoned:
+                raise StoreError("sqlite batch rolled back")
+            await self.conn.commit()
+        except BaseException as exc:
+            if self.opened.done() and not self.opened.cancelled() and self.opened.exception() is None:
+                self.conn.rollback_soon()
+            self.committed.set_exception(exc)
+            self.committed.exception()  # retrieved: members re-raise it themselves
+        else:
+            self.committed.set_result(None)
+
 
 class SqliteStore(SqlStore):
     """The embedded store: a WAL-mode SQLite file; safe for several processes on one machine."""
@@ -290,6 +335,10 @@ class SqliteStore(SqlStore):
         # Read transactions on the inline reader do not suspend between statements, so they
         # cannot interleave; the lock only matters if one ever did.
         self._reader_lock = asyncio.Lock()
+        # Every write of this process goes through one connection, in group-committed batches.
+        self._writer = connections[0]
+        self._batch: _WriteBatch | None = None
+        self._savepoints = 0
         self._closed = False
 
     @classmethod
@@ -331,17 +380,46 @@ class SqliteStore(SqlStore):
                     if not committed:
                         reader.rollback_soon()
             return
-        conn = await self._idle.get()
-        committed = False
+        batch = self._batch
+        if batch is None or batch.sealed:
+            batch = self._batch = _WriteBatch(self._writer, batch)
+        batch.joined += 1
+        batch.active += 1
+        if batch.joined >= MAX_BATCH_MEMBERS:
+            batch.sealed = True
+        self._savepoints += 1
+        name = f"cp{self._savepoints}"
+        released = False
         try:
-            await conn.begin(write)
-            yield conn
-            await conn.commit()
-            committed = True
+            await asyncio.shield(batch.opened)
+            async with batch.slot:
+                conn = batch.conn
+                if batch.poisoned:
+                    raise StoreError("sqlite batch rolled back")
+                await conn.execute(f"SAVEPOINT {name}", ())
+                try:
+                    yield conn
+                except BaseException:
+                    try:
+                        await conn.execute(f"ROLLBACK TO {name}", ())
+                        await conn.execute(f"RELEASE {name}", ())
+                    except BaseException:
+                        batch.poisoned = True
+                    raise
+                try:
+                    await conn.execute(f"RELEASE {name}", ())
+                except BaseException:
+                    batch.poisoned = True
+                    raise
+                released = True
         finally:
-            if not committed:
-                conn.rollback_soon()
-            self._idle.put_nowait(conn)
+            batch.active -= 1
+            if batch.active == 0 and not batch.finishing:
+                batch.sealed = True
+                batch.finishing = True
+                asyncio.ensure_future(batch.finish())
+        if released:
+            await asyncio.shield(batch.committed)
 
     async def ping(self) -> None:
         async with self._tx(write=False) as tx:
@@ -355,6 +433,8 @@ class SqliteStore(SqlStore):
         if self._closed:
             return
         self._closed = True
+        if self._batch is not None and not self._batch.committed.done():
+            await asyncio.wait([self._batch.committed])
         # Wait for in-flight transactions to hand their connections back, then close them.
         for _ in self._all:
             await self._idle.get()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from dataclasses import replace
 
@@ -459,6 +460,30 @@ async def test_audit_seal_failure_appends_nothing(store: Store) -> None:
 
 
 # ------------------------------------------------------------------------------- transactions
+
+
+async def test_concurrent_transactions_fail_alone(store: Store) -> None:
+    """Many transactions at once (SQLite group-commits them): each commits or rolls back alone."""
+
+    async def unit(i: int) -> None:
+        async with store.transaction() as tx:
+            await tx.ensure_task(f"t{i}", "alice", T0)
+            await tx.append_event(f"t{i}", "x", "alice", {"i": i}, T0)
+            await tx.append_audit({"i": i}, seal)
+            if i % 3 == 0:
+                raise RuntimeError("this one fails after writing")
+
+    results = await asyncio.gather(*(unit(i) for i in range(30)), return_exceptions=True)
+    failed = {i for i, r in enumerate(results) if isinstance(r, RuntimeError)}
+    assert failed == {i for i in range(30) if i % 3 == 0}
+    for i in range(30):
+        task = await store.get_task(f"t{i}")
+        assert (task is None) == (i in failed)
+    records = await store.audit_range(0, 100)
+    assert sorted(r.entry["i"] for r in records) == sorted(set(range(30)) - failed)
+    assert [r.seq for r in records] == list(range(1, 21))
+    for prev, cur in itertools.pairwise(records):
+        assert cur.prev_hash == prev.hash
 
 
 async def test_transaction_commits_together(store: Store) -> None:
