@@ -294,6 +294,7 @@ class _WriteBatch:
         self.sealed = False  # no more members may join
         self.poisoned = False  # a savepoint could not be unwound: the whole batch rolls back
         self.finishing = False
+        self.finisher: asyncio.Future[None] | None = None  # referenced so it is not collected
         self.committed: asyncio.Future[None] = loop.create_future()
         self.opened = asyncio.ensure_future(self._open(previous))
 
@@ -417,7 +418,7 @@ class SqliteStore(SqlStore):
             if batch.active == 0 and not batch.finishing:
                 batch.sealed = True
                 batch.finishing = True
-                asyncio.ensure_future(batch.finish())
+                batch.finisher = asyncio.ensure_future(batch.finish())
         if released:
             await asyncio.shield(batch.committed)
 
