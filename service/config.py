@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -169,48 +169,35 @@ class LoggingConfig:
     mask_fields: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class DatabaseItem:
-    """One database in the read-only inventory (credential references are kept out)."""
+@dataclass(frozen=True, kw_only=True)
+class _InventoryItem:
+    """What every inventory entry shows; credential references are never kept."""
 
     name: str
+    env: str
+    region: str | None = None
+    description: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        """The wire form: every kept field (credentials were dropped at load)."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        doc["tags"] = dict(self.tags)
+        return doc
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatabaseItem(_InventoryItem):
+    """One database in the read-only inventory."""
+
     engine: str
-    env: str
-    region: str | None = None
-    description: str | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)
-
-    def public(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "engine": self.engine,
-            "env": self.env,
-            "region": self.region,
-            "description": self.description,
-            "tags": dict(self.tags),
-        }
 
 
-@dataclass(frozen=True)
-class StorageItem:
-    """One object-storage location in the read-only inventory (credential references kept out)."""
+@dataclass(frozen=True, kw_only=True)
+class StorageItem(_InventoryItem):
+    """One object-storage location in the read-only inventory."""
 
-    name: str
     provider: str
-    env: str
-    region: str | None = None
-    description: str | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)
-
-    def public(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "provider": self.provider,
-            "env": self.env,
-            "region": self.region,
-            "description": self.description,
-            "tags": dict(self.tags),
-        }
 
 
 @dataclass(frozen=True)
