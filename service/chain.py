@@ -209,8 +209,9 @@ async def run(request: web.Request, spec: Protection, execute: Execute) -> web.S
                                               decision, command_hash, now)
             entry["ticket_id"] = ticket.id
         run_ = Run(request, principal, body, target, decision, cid, now, ticket)
-        # 4 Execute (+ consume + audit, one transaction for mutations)
-        if spec.action.mutating:
+        # 4 Execute (+ consume + audit in one transaction for mutations, and for any run that
+        # redeems a ticket: single use holds even when a policy asks a ticket for a read)
+        if spec.action.mutating or ticket is not None:
             async with services.store.transaction() as tx:
                 run_.tx = tx
                 if ticket is not None:

@@ -479,3 +479,36 @@ async def test_audit_jsonl_mirror_copies_committed_records(make_client, tmp_path
         (1, "databases.list", "executed"), (2, "installer.run.execute", "denied")]
     assert lines[1]["prev_hash"] == lines[0]["hash"]
     assert sink.stat().st_mode & 0o077 == 0
+
+
+async def test_a_ticket_redeemed_by_a_read_is_consumed_too(client):
+    """A policy may ask a ticket for a read; the ticket is still single-use."""
+    from types import MappingProxyType
+
+    from service.authz.decision import Decision
+
+    services = client.server.app[SERVICES]
+    real = services.decide
+
+    def decide(doc):
+        if doc["action"] == "databases.list":
+            return Decision("require_approval", ("sensitive_read",), MappingProxyType({}), "test")
+        return real(doc)
+
+    alice = await step_up(client, await login(client, "alice"), "alice")
+    created = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "databases.list",
+        "resource": {"collection": "databases"}})
+    ticket = await created.json()
+    bob = await step_up(client, await login(client, "bob"), "bob")
+    await client.post(f"/api/v1/approvals/{ticket['id']}/reviews", json={"decision": "approve"},
+                      headers=bearer(bob))
+    services.decide = decide
+    try:
+        first = await client.get("/api/v1/databases?env=prod", headers=ticket_headers(alice, ticket))
+        again = await client.get("/api/v1/databases?env=prod", headers=ticket_headers(alice, ticket))
+    finally:
+        services.decide = real
+    assert first.status == 200
+    await assert_problem(again, 409, "ticket_consumed")
+    assert (await services.store.get_ticket(ticket["id"])).state == "consumed"
