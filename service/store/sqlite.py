@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -112,7 +113,7 @@ class _Connection:
             try:
                 db.row_factory = sqlite3.Row
                 db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-                db.execute("PRAGMA journal_mode = WAL")
+                _ensure_wal(db, busy_timeout_s)
                 db.execute("PRAGMA synchronous = FULL")
                 db.execute("PRAGMA foreign_keys = ON")
             except BaseException:
@@ -252,8 +253,11 @@ class _InlineConnection(_Connection):
             raise _wrap(exc) from exc
 
     @classmethod
-    async def open_inline(cls, path: str) -> _InlineConnection:
-        opened = await _Connection.open(path, READER_BUSY_TIMEOUT_S)
+    async def open_inline(cls, path: str, setup_busy_timeout_s: float) -> _InlineConnection:
+        # Set up with the writers' patience (switching to WAL needs a lock another process may
+        # hold while it migrates), then lower it: on the loop, a reader must never wait long.
+        opened = await _Connection.open(path, setup_busy_timeout_s)
+        opened._db.execute(f"PRAGMA busy_timeout = {int(READER_BUSY_TIMEOUT_S * 1000)}")
         opened._db.execute("PRAGMA query_only = ON")
         # The connection moves to the loop's thread: allowed because only that thread uses it
         # from now on (the executor that opened it is shut down first).
@@ -357,7 +361,7 @@ class SqliteStore(SqlStore):
             for _ in range(max(1, pool_size)):
                 connections.append(await _Connection.open(str(file), busy_timeout_s))
             await _migrate(connections[0])
-            reader = await _InlineConnection.open_inline(str(file))
+            reader = await _InlineConnection.open_inline(str(file), busy_timeout_s)
         except BaseException:
             for conn in connections:
                 await conn.close()
@@ -443,6 +447,26 @@ class SqliteStore(SqlStore):
             await conn.close()
         async with self._reader_lock:
             await self._reader.close()
+
+
+def _ensure_wal(db: sqlite3.Connection, timeout_s: float) -> None:
+    """Put the file in WAL mode (a no-op once it is).
+
+    Switching needs an exclusive lock, and SQLite may answer "locked" at once, without its busy
+    handler, while another process is converting or migrating a fresh file: retry until the
+    busy timeout.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            mode = str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+            if mode != "wal":
+                db.execute("PRAGMA journal_mode = WAL").close()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _lock_path(db: sqlite3.Connection) -> str:
