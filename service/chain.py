@@ -71,7 +71,6 @@ class Target:
 
     resource: Any
     env: str
-    kind: str
     id: str | None = None
     owner: str | None = None  # the subject a resource belongs to (a ticket's subject)
     attributes: dict[str, Any] | None = None
@@ -81,9 +80,10 @@ class Target:
         """``sha256:`` of the RFC 8785 canonical JSON of the resource (computed once)."""
         return resource_hash(self.resource)
 
-    def policy_resource(self) -> dict[str, Any]:
-        """The ``resource`` member of the policy input."""
-        doc: dict[str, Any] = {"id": self.id, "kind": self.kind, "hash": self.hash}
+    def policy_resource(self, action: actions.Action) -> dict[str, Any]:
+        """The ``resource`` member of the policy input (its kind is the action's, from the
+        catalogue)."""
+        doc: dict[str, Any] = {"id": self.id, "kind": action.resource_kind, "hash": self.hash}
         if self.owner is not None:
             doc["owner"] = self.owner
         if self.attributes:
@@ -180,14 +180,15 @@ async def run(request: web.Request, spec: Protection, execute: Execute) -> web.S
             raise Unauthorized(code=request.get(AUTHN_ERROR) or "unauthenticated")
         body = await read_json(request, spec.body_schema) if spec.body_schema else None
         target = await spec.target(request, body)
-        entry.update(env=target.env, resource_hash=target.hash, resource_kind=target.kind)
+        entry.update(env=target.env, resource_hash=target.hash,
+                     resource_kind=spec.action.resource_kind)
         command_hash = _command_hash(request)
         # 2 AuthZ
         decision = services.decide(
             build_input(
                 principal.to_input(now, services.config.authn.step_up_window_s),
                 spec.action.name,
-                target.policy_resource(),
+                target.policy_resource(spec.action),
                 target.env,
                 {"correlation_id": cid, "method": request.method, "path": request.path,
                  "command_hash": command_hash, "time": clock.iso(now)},

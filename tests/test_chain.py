@@ -512,3 +512,27 @@ async def test_a_ticket_redeemed_by_a_read_is_consumed_too(client):
     assert first.status == 200
     await assert_problem(again, 409, "ticket_consumed")
     assert (await services.store.get_ticket(ticket["id"])).state == "consumed"
+
+
+async def test_ticket_requirements_are_decided_on_the_executing_requests_resource_kind(client):
+    """Creating a ticket asks the policy about the target action with the same resource kind
+    the executing request will present (both come from the action catalogue)."""
+    services = client.server.app[SERVICES]
+    real = services.decide
+    seen: dict[str, set[str]] = {}
+
+    def spy(doc):
+        seen.setdefault(doc["action"], set()).add(doc["resource"]["kind"])
+        return real(doc)
+
+    services.decide = spy
+    try:
+        alice = await step_up(client, await login(client, "alice"), "alice")
+        await client.post("/api/v1/approvals", headers=bearer(alice), json={
+            "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+            "resource": RESOURCE})
+        await client.post("/api/v1/installer/actions", json=installer_body(), headers=bearer(alice))
+    finally:
+        services.decide = real
+    assert seen["installer.run.execute"] == {"installer_run"}
+    assert seen["approvals.create"] == {"approval_ticket"}

@@ -39,7 +39,6 @@ async def _create_target(request: web.Request, body: Any) -> Target:
     return Target(
         resource=body["resource"],
         env=body["env"],
-        kind="approval_ticket",
         owner=body["subject_id"],
         attributes={"target_action": body["action"]},
     )
@@ -51,7 +50,6 @@ async def _ticket_target(request: web.Request, body: Any) -> Target:
     return Target(
         resource=ticket.resource,
         env=ticket.env,
-        kind="approval_ticket",
         id=ticket.id,
         owner=ticket.subject_id,
         attributes={"target_action": ticket.action, "requested_by": ticket.requested_by},
@@ -105,10 +103,12 @@ async def create_approval(run: Run) -> Outcome:
         "auth_time": None, "authn_method": None,
         "step_up": {"verified": True, "at": None, "age_s": None},
     }
-    target = Target(body["resource"], body["env"], "installer_run" if body["action"].startswith(
-        "installer.") else body["action"].split(".")[0])
+    # The resource kind and hash the executing request will present (the kind from the catalogue;
+    # the executing request's own id, e.g. a task id, is not bound by tickets and unknown here).
+    target = Target(body["resource"], body["env"])
     decision = services.decide(
-        build_input(subject_input, body["action"], target.policy_resource(), body["env"],
+        build_input(subject_input, body["action"],
+                    target.policy_resource(actions.get(body["action"])), body["env"],
                     {"correlation_id": run.correlation_id, "command_hash": command_hash})
     )
     if decision.decision == "deny":
@@ -155,8 +155,7 @@ async def _list_target(request: web.Request, body: Any) -> Target:
     env = query_str(request, "env", pattern=r"[a-z][a-z0-9-]{0,31}")
     # Without an env filter the list spans every environment, so it is authorized as the
     # strictest one (a production environment).
-    return Target(resource={"collection": "approvals"}, env=env or strictest_env(config),
-                  kind="approval_list")
+    return Target(resource={"collection": "approvals"}, env=env or strictest_env(config))
 
 
 @routes.get("/api/v1/approvals")

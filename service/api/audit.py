@@ -14,8 +14,7 @@ routes = web.RouteTableDef()
 
 
 async def _target(request: web.Request, body: Any) -> Target:
-    return Target(resource={"collection": "audit"}, env=strictest_env(request.app[SERVICES].config),
-                  kind="audit_log")
+    return Target(resource={"collection": "audit"}, env=strictest_env(request.app[SERVICES].config))
 
 
 @routes.get("/api/v1/audit/records")

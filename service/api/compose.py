@@ -18,7 +18,7 @@ routes = web.RouteTableDef()
 async def _target(request: web.Request, body: Any) -> Target:
     env = body.get("env") or strictest_env(request.app[SERVICES].config)
     # The fields are the resource: the audit record's resource hash names exactly what was checked.
-    return Target(resource=body["fields"], env=env, kind="compose_file")
+    return Target(resource=body["fields"], env=env)
 
 
 @routes.post("/api/v1/compose/import")

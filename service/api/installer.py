@@ -20,8 +20,7 @@ routes = web.RouteTableDef()
 
 
 async def _target(request: web.Request, body: Any) -> Target:
-    return Target(resource=body["resource"], env=body["env"], kind="installer_run",
-                  id=body["task_id"])
+    return Target(resource=body["resource"], env=body["env"], id=body["task_id"])
 
 
 @routes.post("/api/v1/installer/actions")

@@ -26,7 +26,7 @@ def _target(collection: str) -> Any:
     async def target(request: web.Request, body: Any) -> Target:
         env = query_str(request, "env", pattern=_ENV)
         return Target(resource={"collection": collection},
-                      env=env or strictest_env(request.app[SERVICES].config), kind=collection)
+                      env=env or strictest_env(request.app[SERVICES].config))
 
     return target
 

@@ -38,7 +38,7 @@ async def _target(request: web.Request, body: Any) -> Target:
     # Tasks span environments (each event names its own), so reading one is authorized as the
     # strictest environment.
     return Target(resource={"task_id": task.id}, env=strictest_env(request.app[SERVICES].config),
-                  kind="task", id=task.id, owner=task.created_by)
+                  id=task.id, owner=task.created_by)
 
 
 @routes.get("/api/v1/tasks/{id}")

@@ -22,6 +22,9 @@ class Action:
     name: str
     mutating: bool
     description: str
+    #: ``input.resource.kind`` of this action's requests: code-owned here, so the input of a
+    #: request and the input evaluated when a ticket for it is created can never differ.
+    resource_kind: str
     ticketed: bool | None = None
 
     @property
@@ -30,18 +33,21 @@ class Action:
 
 
 _CATALOGUE: tuple[Action, ...] = (
-    Action("installer.run.execute", True, "run an installer step against an environment"),
-    Action("approvals.create", True, "request an approval ticket", ticketed=False),
-    Action("approvals.review", True, "approve or reject a pending ticket", ticketed=False),
-    Action("approvals.revoke", True, "revoke a pending or approved ticket", ticketed=False),
-    Action("approvals.read", False, "read one approval ticket"),
-    Action("approvals.list", False, "list approval tickets"),
-    Action("compose.import", False, "validate a compose file and report (no side effects)"),
-    Action("databases.list", False, "list database inventory"),
-    Action("storage.list", False, "list storage objects inventory"),
-    Action("tasks.read", False, "read a task, its state and step events"),
-    Action("tasks.report", True, "append progress/step events to a running task", ticketed=False),
-    Action("audit.read", False, "read and verify the audit log"),
+    Action("installer.run.execute", True, "run an installer step against an environment", "installer_run"),
+    Action("approvals.create", True, "request an approval ticket", "approval_ticket", ticketed=False),
+    Action("approvals.review", True, "approve or reject a pending ticket", "approval_ticket", ticketed=False),
+    Action("approvals.revoke", True, "revoke a pending or approved ticket", "approval_ticket",
+           ticketed=False),
+    Action("approvals.read", False, "read one approval ticket", "approval_ticket"),
+    Action("approvals.list", False, "list approval tickets", "approval_list"),
+    Action("compose.import", False, "validate a compose file and report (no side effects)",
+           "compose_file"),
+    Action("databases.list", False, "list database inventory", "databases"),
+    Action("storage.list", False, "list storage objects inventory", "storage"),
+    Action("tasks.read", False, "read a task, its state and step events", "task"),
+    Action("tasks.report", True, "append progress/step events to a running task", "task",
+           ticketed=False),
+    Action("audit.read", False, "read and verify the audit log", "audit_log"),
 )
 
 #: name -> Action, for every action the service knows.
