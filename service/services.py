@@ -64,12 +64,7 @@ class Services:
 
     def facts(self, subject_id: str) -> dict[str, Any]:
         """The subject's roles and groups from policy data (never from tokens)."""
-        projected = self.engine.project({
-            "principal": {"subject_id": subject_id, "kind": "human"},
-            "action": "approvals.review", "resource": {"kind": "approval_ticket"},
-            "env": "prod", "context": {},
-        })["principal"]
-        return {"roles": projected.get("roles", []), "groups": projected.get("groups", [])}
+        return self.engine.facts(subject_id)
 
     def subject_kind(self, subject_id: str) -> str | None:
         """The kind of a known, active identity (None for unknown or disabled)."""

@@ -227,6 +227,14 @@ class PolicyEngine:
             raise RuntimeError("no policy revision loaded")
         return _project(current.projection, strip(input_doc))
 
+    def facts(self, subject_id: str) -> dict[str, Any]:
+        """The subject's roles, groups and grants from the serving revision's policy data
+        (empty with no revision: nothing is granted). Never from tokens."""
+        current = self._current
+        if current is None:
+            return {"roles": [], "groups": [], "grants": []}
+        return current.projection.facts(subject_id)
+
     def decide(self, input_doc: Mapping[str, Any]) -> Decision:
         """One decision; never raises for a bad policy or input (fails closed to deny)."""
         started = time.perf_counter_ns()

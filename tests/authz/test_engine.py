@@ -369,3 +369,13 @@ def test_large_data_is_projected_not_loaded_into_rego(policy_dir):
     rev = engine._current
     assert rev is not None and "bindings" not in rev.projection.rego_data
     assert "roles" not in rev.projection.rego_data
+
+
+def test_facts_come_from_policy_data_of_the_serving_revision():
+    repo = Path(__file__).resolve().parents[2]
+    engine = PolicyEngine(repo / "policies", vet_in_subprocess=False)
+    assert engine.facts("bob") == {"roles": [], "groups": [], "grants": []}  # nothing loaded
+    assert engine.load().ok
+    bob = engine.facts("bob")
+    assert bob["roles"] == ["approver"] and "sre-approvers" in bob["groups"]
+    assert engine.facts("nobody")["roles"] == []
