@@ -62,9 +62,9 @@ class Services:
         """One policy decision (cheap, synchronous: a compiled bundle on small data)."""
         return self.engine.decide(input_doc)
 
-    def facts(self, subject_id: str) -> dict[str, Any]:
-        """The subject's roles and groups from policy data (never from tokens)."""
-        return self.engine.facts(subject_id)
+    def facts(self, subject_id: str, action: str) -> dict[str, Any]:
+        """The subject's roles and groups from policy data, as seen deciding ``action``."""
+        return self.engine.facts(subject_id, action)
 
     def subject_kind(self, subject_id: str) -> str | None:
         """The kind of a known, active identity (None for unknown or disabled)."""

@@ -191,7 +191,7 @@ async def review_approval(run: Run) -> Outcome:
     window = services.config.authn.step_up_window_s
     if services.config.is_production(ticket.env) and not fresh_strong_auth(run.principal, run.now, window):
         raise _step_up(window)
-    facts = services.facts(run.principal.subject_id)
+    facts = services.facts(run.principal.subject_id, "approvals.review")
     outcome = decide_review(
         ticket,
         reviewer=run.principal.subject_id,
@@ -220,7 +220,7 @@ async def revoke_approval(run: Run) -> Outcome:
     tx: Tx = run.tx  # type: ignore[assignment]
     ticket = await _load(run.request, tx)
     if run.principal.subject_id != ticket.requested_by and "admin" not in services.facts(
-        run.principal.subject_id
+        run.principal.subject_id, "approvals.revoke"
     )["roles"]:
         raise Forbidden("only the ticket's requester or an admin can revoke it", code="not_requester")
     updated = await tx.transition_ticket(ticket.id, ("pending", "approved"), "revoked", run.now,

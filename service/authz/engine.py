@@ -227,13 +227,13 @@ class PolicyEngine:
             raise RuntimeError("no policy revision loaded")
         return _project(current.projection, strip(input_doc))
 
-    def facts(self, subject_id: str) -> dict[str, Any]:
-        """The subject's roles, groups and grants from the serving revision's policy data
-        (empty with no revision: nothing is granted). Never from tokens."""
+    def facts(self, subject_id: str, action: str) -> dict[str, Any]:
+        """The subject's roles, groups and grants for ``action``, exactly as the policy sees them
+        in the serving revision (empty with no revision: nothing is granted). Never from tokens."""
         current = self._current
         if current is None:
             return {"roles": [], "groups": [], "grants": []}
-        return current.projection.facts(subject_id)
+        return current.projection.facts(subject_id, action)
 
     def decide(self, input_doc: Mapping[str, Any]) -> Decision:
         """One decision; never raises for a bad policy or input (fails closed to deny)."""

@@ -374,8 +374,10 @@ def test_large_data_is_projected_not_loaded_into_rego(policy_dir):
 def test_facts_come_from_policy_data_of_the_serving_revision():
     repo = Path(__file__).resolve().parents[2]
     engine = PolicyEngine(repo / "policies", vet_in_subprocess=False)
-    assert engine.facts("bob") == {"roles": [], "groups": [], "grants": []}  # nothing loaded
+    review = "approvals.review"
+    assert engine.facts("bob", review) == {"roles": [], "groups": [], "grants": []}  # none loaded
     assert engine.load().ok
-    bob = engine.facts("bob")
-    assert bob["roles"] == ["approver"] and "sre-approvers" in bob["groups"]
-    assert engine.facts("nobody")["roles"] == []
+    bob = engine.facts("bob", review)
+    assert bob["roles"] == ["approver"] and "sre-approvers" in bob["groups"] and bob["grants"]
+    assert engine.facts("bob", "installer.run.execute")["grants"] == []
+    assert engine.facts("nobody", review)["roles"] == []
