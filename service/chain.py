@@ -74,6 +74,9 @@ class Target:
     id: str | None = None
     owner: str | None = None  # the subject a resource belongs to (a ticket's subject)
     attributes: dict[str, Any] | None = None
+    #: The stored record the target was read from (a ticket, a task), for handlers that only
+    #: read it. Writers re-read inside their transaction.
+    record: Any = field(default=None, compare=False, repr=False)
 
     @functools.cached_property
     def hash(self) -> str:

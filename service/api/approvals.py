@@ -53,6 +53,7 @@ async def _ticket_target(request: web.Request, body: Any) -> Target:
         id=ticket.id,
         owner=ticket.subject_id,
         attributes={"target_action": ticket.action, "requested_by": ticket.requested_by},
+        record=ticket,
     )
 
 
@@ -145,7 +146,7 @@ async def create_approval(run: Run) -> Outcome:
 @protected("approvals.read", target=_ticket_target)
 async def read_approval(run: Run) -> Outcome:
     """One ticket with its reviews and both clocks (never the nonce)."""
-    ticket = await _load(run.request, run.request.app[SERVICES].store)
+    ticket: TicketRecord = run.target.record
     return Outcome(200, ticket_view(ticket), audit={"ticket_id": ticket.id})
 
 

@@ -38,14 +38,14 @@ async def _target(request: web.Request, body: Any) -> Target:
     # Tasks span environments (each event names its own), so reading one is authorized as the
     # strictest environment.
     return Target(resource={"task_id": task.id}, env=strictest_env(request.app[SERVICES].config),
-                  id=task.id, owner=task.created_by)
+                  id=task.id, owner=task.created_by, record=task)
 
 
 @routes.get("/api/v1/tasks/{id}")
 @protected("tasks.read", target=_target)
 async def read_task(run: Run) -> Outcome:
     """State, progress, result and timestamps."""
-    task = await _task(run.request.app[SERVICES].store, run.request)
+    task: TaskRecord = run.target.record
     return Outcome(200, task_view(task), audit={"task_id": task.id})
 
 
