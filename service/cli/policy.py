@@ -30,6 +30,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``policy`` (eval, test, check, lint) to a ``cpctl`` subparsers object."""
     parser: argparse.ArgumentParser = subparsers.add_parser("policy", help="offline policy tooling")
     sub = parser.add_subparsers(dest="policy_command", required=True)
+    # ``cpctl`` calls ``args.func(args)``; every subcommand writes to ``handler``'s stream.
+    parser.set_defaults(func=_to_stdout)
 
     p = sub.add_parser("eval", help="decide one input document as the service would")
     p.add_argument(
@@ -65,6 +67,10 @@ def run(argv: Sequence[str], out: TextIO | None = None) -> int:
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["policy", *argv])
     return int(args.handler(args, out or sys.stdout))
+
+
+def _to_stdout(args: argparse.Namespace) -> int:
+    return int(args.handler(args, sys.stdout))
 
 
 def _dirs(p: argparse.ArgumentParser) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 
 from service.cli.policy import run
 from tests.authz.conftest import REPO, write_policy
@@ -137,3 +140,27 @@ def test_policy_lint_warns_about_with_input(tmp_path):
     )
     code, out = call("lint", str(root))
     assert code == 1 and "authz_test.rego:3:" in out
+
+
+def test_the_cpctl_entry_point_runs_every_policy_subcommand(tmp_path):
+    """Through the real ``cpctl`` program (not ``run``): exit codes and output reach the shell."""
+    cpctl = [sys.executable, "-m", "service"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    broken = write_policy(tmp_path / "p", "package controlplane.authz\ndecision := {\n")
+    cases = {
+        ("policy", "test"): (0, "0 failed"),
+        ("policy", "check"): (0, "0 failed"),
+        ("policy", "lint"): (0, "0 problem(s)"),
+        ("policy", "lint", str(broken)): (1, "authz.rego:"),
+        ("policy", "eval", "--input", str(REPO / "examples/decisions/reads/viewer-storage-prod.yaml")): (
+            0,
+            '"decision": "allow"',
+        ),
+    }
+    for argv, (code, text) in cases.items():
+        proc = subprocess.run(
+            [*cpctl, *argv], capture_output=True, text=True, cwd=REPO, env=env, timeout=120
+        )
+        assert proc.returncode == code, (argv, proc.stdout, proc.stderr)
+        assert text in proc.stdout, (argv, proc.stdout)
+        assert "Traceback" not in proc.stderr, (argv, proc.stderr)
