@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -61,16 +61,13 @@ class Decision:
             "decision_id": self.decision_id,
         }
 
-    def with_meta(self, *, decision_id: str, cached: bool) -> Decision:
-        return replace(self, decision_id=decision_id, cached=cached)
-
 
 def deny(reason: str, revision: str = "", decision_id: str = "") -> Decision:
     """A deny with one reason (used for every fail-closed path)."""
     return Decision("deny", (reason,), MappingProxyType({}), revision, decision_id)
 
 
-def parse_decision(raw: Any, revision: str = "") -> Decision:
+def parse_decision(raw: Any, revision: str = "", decision_id: str = "") -> Decision:
     """Validate the policy output strictly; ``MalformedDecision`` on any deviation."""
     if not isinstance(raw, Mapping):
         raise MalformedDecision("decision is not an object")
@@ -94,7 +91,7 @@ def parse_decision(raw: Any, revision: str = "") -> Decision:
         raise MalformedDecision("approval is only meaningful with require_approval")
     if value == "deny" and not reasons:
         raise MalformedDecision("a deny needs at least one reason")
-    return Decision(value, tuple(reasons), MappingProxyType(dict(approval)), revision)
+    return Decision(value, tuple(reasons), MappingProxyType(dict(approval)), revision, decision_id)
 
 
 def _check_approval(approval: Mapping[str, Any]) -> None:

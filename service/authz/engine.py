@@ -243,10 +243,10 @@ class PolicyEngine:
         revision = current.id if current else ""
         error: str | None = None
         try:
-            decision, error = self._evaluate(current, input_doc)
+            decision, error = self._evaluate(current, input_doc, decision_id)
         except Exception as exc:  # fail closed on anything unexpected, never propagate
-            decision, error = deny(POLICY_ERROR, revision), f"{exc.__class__.__name__}"
-        decision = decision.with_meta(decision_id=decision_id, cached=decision.cached)
+            decision = deny(POLICY_ERROR, revision, decision_id)
+            error = exc.__class__.__name__
         duration_us = (time.perf_counter_ns() - started) // 1000
         self._counts[decision.decision] += 1
         if error is not None:
@@ -263,22 +263,24 @@ class PolicyEngine:
         return decision
 
     def _evaluate(
-        self, current: _Revision | None, input_doc: Mapping[str, Any]
+        self, current: _Revision | None, input_doc: Mapping[str, Any], decision_id: str
     ) -> tuple[Decision, str | None]:
         if current is None:
-            return deny(POLICY_ERROR), "no policy revision loaded"
+            return deny(POLICY_ERROR, "", decision_id), "no policy revision loaded"
         if not isinstance(input_doc, Mapping):
-            return deny(POLICY_ERROR, current.id), "input is not an object"
+            return deny(POLICY_ERROR, current.id, decision_id), "input is not an object"
         action = actions.ACTIONS.get(input_doc.get("action"))  # type: ignore[arg-type]
         if action is None:
             # The catalogue is code-owned: an action it does not know is never allowed.
-            return deny("unknown_action", current.id), None
+            return deny("unknown_action", current.id, decision_id), None
         stripped = strip(input_doc)
-        try:
-            key: str | None = json.dumps(stripped, sort_keys=True, separators=(",", ":"))
-        except (TypeError, ValueError):
-            key = None  # not JSON: regopy will refuse it below, and errors are never cached
-        if key is not None and self.cache_size:
+        key: str | None = None
+        if self.cache_size:
+            try:
+                key = json.dumps(stripped, sort_keys=True, separators=(",", ":"))
+            except (TypeError, ValueError):
+                key = None  # not JSON: regopy will refuse it below, and errors are never cached
+        if key is not None:
             with current.cache_lock:
                 hit = current.cache.get(key)
                 if hit is not None:
@@ -286,22 +288,22 @@ class PolicyEngine:
             if hit is not None:
                 self._counts["cache_hit"] += 1
                 return Decision(
-                    hit.decision, hit.reasons, hit.approval, hit.revision, "", True
+                    hit.decision, hit.reasons, hit.approval, hit.revision, decision_id, True
                 ), None
             self._counts["cache_miss"] += 1
         projected = _project(current.projection, stripped)
         try:
             raw = current.bundle.query(DECISION_ENTRYPOINT, projected)
         except rego.RegoEvalError as exc:
-            return deny(POLICY_ERROR, current.id), f"evaluation: {exc}"
+            return deny(POLICY_ERROR, current.id, decision_id), f"evaluation: {exc}"
         if raw is rego.Undefined:
-            return deny(POLICY_ERROR, current.id), "decision is undefined"
+            return deny(POLICY_ERROR, current.id, decision_id), "decision is undefined"
         try:
-            decision = parse_decision(raw, current.id)
+            decision = parse_decision(raw, current.id, decision_id)
         except MalformedDecision as exc:
-            return deny(POLICY_ERROR, current.id), f"malformed decision: {exc}"
+            return deny(POLICY_ERROR, current.id, decision_id), f"malformed decision: {exc}"
         decision = self._enforce(decision, action, str(input_doc.get("env")))
-        if key is not None and self.cache_size:
+        if key is not None:
             with current.cache_lock:
                 current.cache[key] = decision
                 if len(current.cache) > self.cache_size:
@@ -319,6 +321,7 @@ class PolicyEngine:
                 (*decision.reasons, PRODUCTION_UPGRADE),
                 DEFAULT_APPROVAL,
                 decision.revision,
+                decision.decision_id,
             )
         return decision
 
