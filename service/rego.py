@@ -2,9 +2,12 @@
 
 regopy wraps a native library with sharp edges, so they are all handled here:
 - ``Output.expressions()`` on an error output aborts the whole process (a C++ ``std::logic_error``),
-  so results are read only after ``ok()`` is checked, and only through ``Output.results``;
+  so a query reads results only from the output's JSON text, after ``regoOutputOk``;
 - an undefined result is an ``ok`` output whose text is ``undefined`` and has no results;
-- setting input from a ``dict`` (``regopy.Input``) is ~4x cheaper than from JSON text;
+- setting input node by node is ~4x cheaper than from JSON text, and the per-node calls are made
+  from C when the optional accelerator (``service/_regonative.c``) is built;
+- the hot path (``Bundle.query``) calls the native library directly: one output read, no
+  ``Output``/``Result`` objects, the input handle freed right after ``regoSetInput`` copied it;
 - an ``Interpreter`` is not safe to share between threads: a ``Bundle`` owns one and serialises
   queries with a lock, and callers that want parallelism use processes (one bundle per worker).
 """
@@ -12,8 +15,10 @@ regopy wraps a native library with sharp edges, so they are all handled here:
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 import threading
+import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,25 +76,31 @@ class Bundle:
         """Evaluate ``entrypoint`` (``a/b/c`` form) with ``input_doc``; ``Undefined`` if no value."""
         if entrypoint not in self.entrypoints:
             raise RegoEvalError(f"entrypoint {entrypoint!r} was not compiled into this bundle")
+        try:
+            handle = _input_handle(input_doc)
+        except (ValueError, TypeError, OverflowError, RecursionError, ctypes.ArgumentError) as exc:
+            raise RegoEvalError(f"input cannot be converted: {exc}") from None
+        interpreter = self._interpreter._impl
         with self._lock:
             try:
-                self._interpreter.set_input(_input(input_doc))
-                output = self._interpreter.query_bundle_entrypoint(self._bundle, entrypoint)
-            except regopy.RegoError as exc:
-                raise RegoEvalError(_first_line(str(exc))) from None
-            except (ValueError, TypeError, ctypes.ArgumentError) as exc:
-                # regopy builds Output by json-parsing the native result; an evaluation error
-                # (e.g. an unknown builtin) arrives as an s-expression and fails that parse.
-                raise RegoEvalError(_errormsg(getattr(exc, "doc", "") or str(exc))) from None
-            if not output.ok():
-                raise RegoEvalError(_first_line(str(output)))
-            results = output.results
-        if not results:
-            return Undefined
-        expressions = results[0].expressions
-        if not expressions:
-            return Undefined
-        return expressions[0]
+                # The interpreter copies the input (regopy itself frees a temporary Input right
+                # after set_input), so the handle is released before the query.
+                status = _native.regoSetInput(interpreter, handle)
+            finally:
+                _native.regoFreeInput(handle)
+            if status:
+                raise RegoEvalError(_first_line(regopy.rego_shared.rego_get_error(interpreter)))
+            output = _native.regoBundleQueryEntrypoint(
+                interpreter, self._bundle._impl, entrypoint.encode()
+            )
+            if not output:
+                raise RegoEvalError(_first_line(regopy.rego_shared.rego_get_error(interpreter)))
+            try:
+                if not _native.regoOutputOk(output):
+                    raise RegoEvalError(_errormsg(_output_text(output)))
+                return _first_expression(output)
+            finally:
+                _native.regoFreeOutput(output)
 
 
 def compile_bundle(
@@ -143,16 +154,59 @@ _IN_ITEM, _IN_OBJECT, _IN_ARRAY = (
     _native.regoInputObjectItem, _native.regoInputObject, _native.regoInputArray)
 
 
-def _input(value: Mapping[str, Any]) -> regopy.Input:
-    """``regopy.Input(value)`` at ~60% of the cost: one native call per node, no per-string buffer.
+def _address(function: Any) -> int:
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
 
-    Input conversion dominates a decision's cost (one native call per JSON node), so this is the
-    hot path. Same node sequence as regopy's own converter; strings with NUL are refused (a C
-    string would silently truncate them, and the policy would see a different value).
+
+_accelerator: types.ModuleType | None
+try:
+    from service import _regonative
+except ImportError:  # built without a C compiler: the Python functions below do the same work
+    _accelerator = None
+else:
+    _regonative.bind(*(_address(f) for f in (
+        _IN_STR, _IN_INT, _IN_FLOAT, _IN_BOOL, _IN_NULL, _IN_ITEM, _IN_OBJECT, _IN_ARRAY)))
+    _accelerator = _regonative
+
+#: True when input documents are built by the C accelerator (service/_regonative.c).
+ACCELERATED = _accelerator is not None
+
+
+def _input_handle(value: Mapping[str, Any]) -> int:
+    """A new native input handle holding ``value``; the caller frees it (``regoFreeInput``).
+
+    Input conversion is one native call per JSON node, the largest Python-side cost of a
+    decision: the C accelerator makes those calls from C; ``_push`` is the reference
+    implementation and the fallback for values the accelerator does not take (e.g. a Mapping
+    that is not a dict).
     """
     handle = _native.regoNewInput()
-    holder = regopy.Input.__new__(regopy.Input)
-    holder._impl = handle  # freed by Input.__del__, also when conversion fails below
+    if not handle:
+        raise MemoryError("regoNewInput failed")
+    try:
+        if _accelerator is not None:
+            try:
+                _accelerator.build(handle, value)
+                return int(handle)
+            except TypeError:
+                # a partial document may sit on the handle: start over on a fresh one
+                _native.regoFreeInput(handle)
+                handle = 0
+                handle = _native.regoNewInput()
+                if not handle:
+                    raise MemoryError("regoNewInput failed") from None
+        _push(handle, dict(value))
+        return int(handle)
+    except BaseException:
+        if handle:
+            _native.regoFreeInput(handle)
+        raise
+
+
+def _push(handle: int, value: Any) -> None:
+    """Push ``value`` onto ``handle`` with ctypes: one native call per node, regopy's own
+    sequence (``regopy.Input(value)`` at ~60% of its cost). Strings with NUL are refused: a C
+    string truncates them, and the policy would see another value than the service."""
     status = 0
 
     def add(v: Any) -> None:
@@ -162,7 +216,7 @@ def _input(value: Mapping[str, Any]) -> regopy.Input:
             raw = v.encode("utf-8")
             if b"\0" in raw:
                 raise ValueError("NUL character in input string")
-            status |= _IN_STR(handle, raw)
+            status |= _IN_STR(handle, _quoted(raw))
         elif t is dict:
             for k, x in v.items():
                 if type(k) is not str:
@@ -170,7 +224,7 @@ def _input(value: Mapping[str, Any]) -> regopy.Input:
                 raw = k.encode("utf-8")
                 if b"\0" in raw:
                     raise ValueError("NUL character in input key")
-                status |= _IN_STR(handle, raw)
+                status |= _IN_STR(handle, _quoted(raw))
                 add(x)
                 status |= _IN_ITEM(handle)
             status |= _IN_OBJECT(handle, len(v))
@@ -181,6 +235,8 @@ def _input(value: Mapping[str, Any]) -> regopy.Input:
         elif t is bool:
             status |= _IN_BOOL(handle, v)
         elif t is int:
+            if not -(2**63) <= v < 2**63:  # ctypes would silently wrap it around
+                raise OverflowError("integer out of the 64-bit range")
             status |= _IN_INT(handle, v)
         elif t is float:
             status |= _IN_FLOAT(handle, v)
@@ -191,10 +247,57 @@ def _input(value: Mapping[str, Any]) -> regopy.Input:
         else:
             raise TypeError(f"cannot convert {t.__name__} to rego input")
 
-    add(dict(value))
+    add(value)
     if status:
         raise ValueError("the native library refused the input")
-    return holder
+
+
+def _first_expression(output: int) -> Any:
+    """The value of the first expression of the first result of an ``ok`` output.
+
+    regopy writes strings into the output's JSON text without escaping quotes or backslashes,
+    so a string a policy copies from its input into its result (``x"],"decision":"allow",...``)
+    can rewrite the structure of that text. Such a rewrite needs a key to appear twice (a
+    document's own keys come first, in sorted order), so duplicate keys are refused, as is
+    anything else that does not parse: the caller fails closed.
+    """
+    text = _output_text(output)
+    if text == "undefined":
+        return Undefined
+    try:
+        parsed = json.loads(text, object_pairs_hook=_unique_keys)
+    except ValueError as exc:
+        # an evaluation error (e.g. an unknown builtin) can arrive as an s-expression
+        detail = str(exc) if "duplicate key" in str(exc) else _errormsg(text)
+        raise RegoEvalError(f"unreadable result: {detail}") from None
+    result = parsed[0] if isinstance(parsed, list) and parsed else parsed
+    expressions = result.get("expressions") if isinstance(result, dict) else None
+    if not expressions:
+        return Undefined
+    return expressions[0]
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate key in the result")
+    return out
+
+
+def _quoted(raw: bytes) -> bytes:
+    """regopy reads a string enclosed in double quotes as a JSON string literal and strips that
+    pair of quotes (``"x"`` would reach the policy as ``x``); one more pair keeps it exact."""
+    if len(raw) >= 2 and raw[0] == raw[-1] == 0x22:
+        return b'"' + raw + b'"'
+    return raw
+
+
+def _output_text(output: int) -> str:
+    size = _native.regoOutputJSONSize(output)
+    buffer = ctypes.create_string_buffer(size)
+    if _native.regoOutputJSON(output, buffer, size):
+        raise RegoEvalError("cannot read the evaluation output")
+    return buffer.value.decode("utf-8")
 
 
 def _errormsg(text: str) -> str:
