@@ -6,6 +6,11 @@ Measures PolicyEngine.decide (input strip + projection + native input set + eval
 parsing + invariants; the decision cache disabled) for the shipped data and for generated data with
 5,000 subjects and 500 roles, plus the cached path and a plain Python dict lookup of the same
 decision (the floor). Reports the median over repetitions of each repetition's p50/p90.
+
+The "engine floor" line runs the same decide() path with a policy that returns a constant
+decision: what every decision pays before any policy logic runs (input strip and projection,
+native input conversion and set, the query itself, result parsing, invariants). Decision p50
+minus that floor is the cost of the shipped policy's logic in regopy.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from service.authz.engine import PolicyEngine  # noqa: E402
+from service.rego import ACCELERATED  # noqa: E402
 
 SUBJECTS = [
     ("alice", "human"),
@@ -104,6 +110,19 @@ def large_policies(root: Path, subjects: int, roles: int) -> Path:
     return root
 
 
+CONSTANT_POLICY = (
+    "package controlplane.authz\n\nimport rego.v1\n\n"
+    'decision := {"decision": "allow", "reasons": ["constant"], "approval": {}}\n'
+)
+
+
+def constant_policies(root: Path) -> Path:
+    """The shipped data with a one-line constant policy (and no tests): the engine floor."""
+    shutil.copytree(REPO / "policies", root, ignore=shutil.ignore_patterns("compose", "*.rego"))
+    (root / "authz.rego").write_text(CONSTANT_POLICY)
+    return root
+
+
 def measure(fn, docs, decisions: int) -> list[float]:
     """Per-call latencies in microseconds over ``decisions`` calls cycling through ``docs``."""
     out = []
@@ -169,6 +188,13 @@ def main() -> int:
         "shipped data (7 subjects, 6 roles)", REPO / "policies", docs, args.decisions, args.reps
     )
     with tempfile.TemporaryDirectory() as tmp:
+        floor = run(
+            "engine floor (constant policy)",
+            constant_policies(Path(tmp) / "constant"),
+            docs,
+            args.decisions,
+            args.reps,
+        )
         root = large_policies(Path(tmp) / "policies", args.subjects, args.roles)
         large = run(
             f"large data ({args.subjects} subjects, {args.roles} roles)",
@@ -177,6 +203,11 @@ def main() -> int:
             args.decisions,
             args.reps,
         )
+    builder = "C input builder" if ACCELERATED else "ctypes input builder"
+    print(
+        f"shipped policy logic (decide p50 - engine floor p50): {small['p50'] - floor['p50']:.1f} us;"
+        f" engine floor {floor['p50']:.1f} us ({builder})"
+    )
     print(
         f"large/small p50 ratio: {large['p50'] / small['p50']:.2f} (target <= 1.5); "
         f"p50 target 100 us: small {'met' if small['p50'] <= 100 else 'NOT met'}, "
