@@ -15,8 +15,20 @@ _ALWAYS = {
 }
 
 
+#: Replaces aiohttp's default ``Server: Python/3.x aiohttp/3.x``: versions help nobody but an
+#: attacker matching known vulnerabilities.
+SERVER = "controlplane"
+
+
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    # on_response_prepare runs for every response this app prepares (streamed, raised HTTP
+    # errors and router 404s included); aiohttp only fills Server in when it is missing.
+    response.headers["Server"] = SERVER
+
+
 def setup_headers(app: web.Application) -> None:
     """Install the headers middleware (outside ``problems``, so problem responses get them too)."""
+    app.on_response_prepare.append(_server_header)
 
     @web.middleware
     async def headers_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
