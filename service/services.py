@@ -241,27 +241,38 @@ async def _reload_now(services: Services) -> None:
 
 
 async def _expiry_loop(services: Services) -> None:
-    """Expire unreviewed and unused tickets; each expiry is an audit record."""
-    assert services.store is not None and services.audit is not None
+    """Run ``sweep_once`` every ``EXPIRY_INTERVAL_S``; a failed sweep is logged and retried."""
     while True:
         try:
-            now = clock.now()
-            async with services.store.transaction() as tx:
-                expired = await tx.expire_tickets(now)
-                records = [
-                    await services.audit.append(
-                        {"at": clock.iso(now), "action": "approvals.expire",
-                         "principal": {"subject_id": "system", "kind": "service", "session_id": None},
-                         "ticket_id": t.id, "ticket_event": "expired", "env": t.env,
-                         "resource_hash": t.resource_hash, "outcome": "executed"},
-                        tx,
-                    )
-                    for t in expired
-                ]
-            for record in records:
-                await services.audit.mirror(record)
+            await sweep_once(services, clock.now())
         except StoreError:
-            log.warning("ticket expiry sweep skipped: store unavailable")
+            log.warning("expiry sweep skipped: store unavailable")
         except Exception:
-            log.exception("ticket expiry sweep failed")
+            log.exception("expiry sweep failed")
         await asyncio.sleep(EXPIRY_INTERVAL_S)
+
+
+async def sweep_once(services: Services, now: float) -> None:
+    """Expire unreviewed and unused tickets (each expiry is an audit record), then purge
+    one-time claims past their expiry and login failures older than the throttling window."""
+    assert services.store is not None and services.audit is not None
+    async with services.store.transaction() as tx:
+        expired = await tx.expire_tickets(now)
+        records = [
+            await services.audit.append(
+                {"at": clock.iso(now), "action": "approvals.expire",
+                 "principal": {"subject_id": "system", "kind": "service", "session_id": None},
+                 "ticket_id": t.id, "ticket_event": "expired", "env": t.env,
+                 "resource_hash": t.resource_hash, "outcome": "executed"},
+                tx,
+            )
+            for t in expired
+        ]
+    for record in records:
+        await services.audit.mirror(record)
+    # A store-level write: never issued while the transaction above is open (see store/sql.py).
+    claims, failures = await services.store.purge_expired(
+        now, now - services.config.authn.failure_window_s
+    )
+    if claims or failures:
+        log.info("purged %d expired one-time claims, %d old login failures", claims, failures)

@@ -536,3 +536,37 @@ async def test_ticket_requirements_are_decided_on_the_executing_requests_resourc
         services.decide = real
     assert seen["installer.run.execute"] == {"installer_run"}
     assert seen["approvals.create"] == {"approval_ticket"}
+
+
+async def test_sweep_expires_tickets_with_audit_and_purges_housekeeping_rows(client):
+    from service import clock
+    from service.services import sweep_once
+
+    services = client.server.app[SERVICES]
+    alice = await step_up(client, await login(client, "alice"), "alice")
+    response = await client.post(
+        "/api/v1/approvals",
+        json={"subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+              "resource": RESOURCE, "reason": "never reviewed"},
+        headers=bearer(alice),
+    )
+    assert response.status == 201
+    ticket = await response.json()
+    now = clock.now()
+    store = services.store
+    await store.record_failure("mallory", now - 10 * services.config.authn.failure_window_s)
+    await store.record_failure("mallory", now)
+    assert await store.claim_once("test", "stale", now - 1, now - 100) is True
+
+    await sweep_once(services, now + 30 * 86400)  # past every pending/approval ttl
+
+    shown = await client.get(f"/api/v1/approvals/{ticket['id']}", headers=bearer(alice))
+    assert (await shown.json())["state"] == "expired"
+    expiries = [e for e in await audit_entries(client) if e.get("ticket_event") == "expired"]
+    assert [e["ticket_id"] for e in expiries] == [ticket["id"]]
+    # the sweep ran "30 days later": every failure and every claim was past keeping
+    assert await store.count_failures("mallory", 0) == 0
+    later = now + 30 * 86400
+    assert await store.purge_expired(later, later - services.config.authn.failure_window_s) == (0, 0)
+    count, broken = await services.audit.verify()
+    assert broken is None and count >= 1

@@ -326,6 +326,17 @@ class SqlTx:
     async def clear_failures(self, key: str) -> None:
         await self._exec("DELETE FROM login_failures WHERE key = ?", key)
 
+    # ------------------------------------------------------------------------- housekeeping
+
+    async def purge_expired(self, now: float, failures_before: float) -> tuple[int, int]:
+        # An expired claim no longer blocks anything (claim_once takes it over), and a failure
+        # older than the throttling window is never counted again: both only grow the tables.
+        claims = await self._all("DELETE FROM once_claims WHERE expires_at <= ? RETURNING 1", now)
+        failures = await self._all(
+            "DELETE FROM login_failures WHERE at < ? RETURNING 1", failures_before
+        )
+        return len(claims), len(failures)
+
     # ------------------------------------------------------------------------------- tickets
 
     async def _reviews(self, ticket_ids: Sequence[str]) -> dict[str, tuple[ReviewRecord, ...]]:
@@ -767,6 +778,10 @@ class SqlStore:
     async def clear_failures(self, key: str) -> None:
         async with self._tx() as tx:
             await tx.clear_failures(key)
+
+    async def purge_expired(self, now: float, failures_before: float) -> tuple[int, int]:
+        async with self._tx() as tx:
+            return await tx.purge_expired(now, failures_before)
 
     # tickets
     async def create_ticket(self, rec: TicketRecord) -> None:

@@ -122,6 +122,25 @@ async def test_login_failures(store: Store) -> None:
     assert await store.count_failures("bob", 0) == 1
 
 
+# ------------------------------------------------------------------------------ housekeeping
+
+
+async def test_purge_expired_drops_only_what_can_no_longer_matter(store: Store) -> None:
+    assert await store.claim_once("jti", "old", T0 + 10, T0) is True
+    assert await store.claim_once("jti", "live", T0 + 100, T0) is True
+    for at in (T0, T0 + 5, T0 + 50):
+        await store.record_failure("alice", at)
+
+    assert await store.purge_expired(T0 + 10, failures_before=T0 + 5) == (1, 1)
+    # the live claim still blocks a replay; the expired one was free to take anyway
+    assert await store.claim_once("jti", "live", T0 + 200, T0 + 20) is False
+    assert await store.claim_once("jti", "old", T0 + 200, T0 + 20) is True
+    # failures inside the window are all still counted
+    assert await store.count_failures("alice", T0 + 5) == 2
+    assert await store.count_failures("alice", 0) == 2
+    assert await store.purge_expired(T0 + 10, failures_before=T0 + 5) == (0, 0)
+
+
 # ------------------------------------------------------------------------------------ tickets
 
 
