@@ -81,7 +81,8 @@ DEFAULT_APPROVAL: Mapping[str, Any] = MappingProxyType(
     }
 )
 
-#: Structured fields of every decision log record (``extra={"decision": {...}}``); maskable.
+#: Structured fields of every decision log record: the JSON log line's ``decision`` object
+#: (``extra={"fields": {"decision": {...}}}``); maskable.
 LOG_FIELDS = (
     "decision_id",
     "revision",
@@ -362,7 +363,10 @@ class PolicyEngine:
         for name in self.mask_fields:
             fields[name] = _mask(fields[name])
         decision_log.info(
-            "decision %s %s", fields["result"], fields["decision_id"], extra={"decision": fields}
+            "decision %s %s",
+            fields["result"],
+            fields["decision_id"],
+            extra={"fields": {"decision": fields}},
         )
 
     # ---- status --------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from service.authz.decision import POLICY_ERROR, PRODUCTION_UPGRADE
-from service.authz.engine import PolicyEngine
+from service.authz.engine import LOG_FIELDS, PolicyEngine
+from service.logs import JSONFormatter
 from tests.authz.conftest import doc, write_policy
 
 ALLOW_ALL = """
@@ -336,7 +337,11 @@ def test_decision_log_fields_and_masking(policy_dir, caplog):
         decision = engine.decide(doc())
     records = [r for r in caplog.records if r.name == "controlplane.decisions"]
     assert len(records) == 1
-    fields = records[0].decision  # type: ignore[attr-defined]
+    # what the service's JSON log line carries (not just the record's attributes)
+    line = json.loads(JSONFormatter().format(records[0]))
+    assert line["logger"] == "controlplane.decisions"
+    fields = line["decision"]
+    assert set(fields) == set(LOG_FIELDS)
     assert fields["decision_id"] == decision.decision_id
     assert fields["revision"] == engine.revision
     assert (fields["action"], fields["env"], fields["kind"], fields["result"]) == (
