@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml setup.py service/_regonative.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@rm -f service/_regonative*.so  # never keep a stale build of the optional C extension
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
