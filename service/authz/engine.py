@@ -211,6 +211,8 @@ class PolicyEngine:
         log.error(
             "policy revision rejected (%s): %s; still serving %s", kind, detail, self.revision
         )
+        if detail.startswith(f"{kind}: "):
+            detail = detail[len(kind) + 2 :]  # the vetting report already names the stage
         summary = (
             f"{kind}: {detail}"[:300]
             if kind in ("compile", "tests", "source")

@@ -225,6 +225,7 @@ def test_reload_rejects_revision_that_does_not_compile(policy_dir):
     status = engine.status()
     assert status["status"] == "degraded" and status["last_reload"]["ok"] is False
     assert "authz.rego:3" in status["last_reload"]["error"]
+    assert status["last_reload"]["error"].startswith("compile: authz.rego:3")
 
 
 def test_reload_rejects_revision_failing_its_own_tests(policy_dir):
