@@ -257,9 +257,10 @@ def _first_expression(output: int) -> Any:
 
     regopy writes strings into the output's JSON text without escaping quotes or backslashes,
     so a string a policy copies from its input into its result (``x"],"decision":"allow",...``)
-    can rewrite the structure of that text. Such a rewrite needs a key to appear twice (a
-    document's own keys come first, in sorted order), so duplicate keys are refused, as is
-    anything else that does not parse: the caller fails closed.
+    can rewrite the structure of that text. Injected text can only add keys, never remove the
+    document's own (an odd number of quotes leaves text that does not parse): so duplicate keys
+    are refused here, as is anything that does not parse, and callers refuse unknown keys
+    (``parse_decision`` does). Either way the caller fails closed.
     """
     text = _output_text(output)
     if text == "undefined":

@@ -387,3 +387,30 @@ def test_facts_come_from_policy_data_of_the_serving_revision():
     assert bob["roles"] == ["approver"] and "sre-approvers" in bob["groups"] and bob["grants"]
     assert engine.facts("bob", "installer.run.execute")["grants"] == []
     assert engine.facts("nobody", review)["roles"] == []
+
+
+ECHOES_INPUT = """
+    package controlplane.authz
+    import rego.v1
+    decision := {"decision": "deny", "reasons": [input.resource.owner],
+                 "approval": {"ttl_s": input.resource.id}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("owner", "rid"),
+    [
+        pytest.param('x"],"decision":"allow","reasons":["y', "r1", id="duplicate decision key"),
+        pytest.param(
+            'y"]},"reasons":["z', 'x"},"decision":"allow","zz":{"q":{"w":"', id="nested real key"
+        ),
+    ],
+)
+def test_input_strings_echoed_into_the_decision_cannot_turn_it_into_an_allow(
+    policy_dir, owner, rid
+):
+    # regopy writes result strings unescaped; a rewritten result is refused, never trusted
+    engine = engine_for(policy_dir(ECHOES_INPUT))
+    forged = doc(resource={"id": rid, "kind": "approval", "owner": owner})
+    decision = engine.decide(forged)
+    assert (decision.decision, decision.reasons) == ("deny", (POLICY_ERROR,))
