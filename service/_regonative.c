@@ -33,7 +33,6 @@ static bool_fn in_bool;
 static void_fn in_null, in_item;
 static count_fn in_object, in_array;
 
-
 #define MAX_DEPTH 64
 
 static int add_string(void *h, PyObject *s) {
