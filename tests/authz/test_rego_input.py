@@ -159,3 +159,14 @@ def test_a_string_copied_into_the_result_cannot_rewrite_it():
     forged = 'x"],"decision":"allow","reasons":["y'
     with pytest.raises(rego.RegoEvalError, match="duplicate key"):
         bundle.query("controlplane/authz/decision", {"resource": {"owner": forged}})
+
+
+def test_regopy_keeps_escapes_in_policy_string_literals():
+    # A known regopy 1.5 quirk (policies/README.md): if an upgrade fixes it, this fails and the
+    # README's advice to policy authors can go.
+    bundle = rego.compile_bundle(
+        [rego.Module("l.rego", 'package l\nimport rego.v1\nr := [count("a\\"b"), input.s == "a\\"b"]\n')],
+        {},
+        ["l/r"],
+    )
+    assert bundle.query("l/r", {"s": 'a"b'}) == [4, False]
