@@ -38,6 +38,9 @@ __all__ = ["Services", "setup_services"]
 log = logging.getLogger("controlplane.services")
 
 EXPIRY_INTERVAL_S = 30.0
+#: Expired sessions are kept this long (a day) for whoever investigates an incident, then purged.
+#: No token outlives its session, and a missing session is refused like an expired one.
+SESSION_RETENTION_S = 86400.0
 CONNECT_RETRY_S = 2.0
 
 
@@ -254,7 +257,8 @@ async def _expiry_loop(services: Services) -> None:
 
 async def sweep_once(services: Services, now: float) -> None:
     """Expire unreviewed and unused tickets (each expiry is an audit record), then purge
-    one-time claims past their expiry and login failures older than the throttling window."""
+    one-time claims past their expiry, login failures older than the throttling window and
+    sessions expired more than ``SESSION_RETENTION_S`` ago."""
     assert services.store is not None and services.audit is not None
     async with services.store.transaction() as tx:
         expired = await tx.expire_tickets(now)
@@ -271,8 +275,11 @@ async def sweep_once(services: Services, now: float) -> None:
     for record in records:
         await services.audit.mirror(record)
     # A store-level write: never issued while the transaction above is open (see store/sql.py).
-    claims, failures = await services.store.purge_expired(
-        now, now - services.config.authn.failure_window_s
+    claims, failures, sessions = await services.store.purge_expired(
+        now, now - services.config.authn.failure_window_s, now - SESSION_RETENTION_S
     )
-    if claims or failures:
-        log.info("purged %d expired one-time claims, %d old login failures", claims, failures)
+    if claims or failures or sessions:
+        log.info(
+            "purged %d expired one-time claims, %d old login failures, %d expired sessions",
+            claims, failures, sessions,
+        )

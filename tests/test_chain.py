@@ -560,13 +560,17 @@ async def test_sweep_expires_tickets_with_audit_and_purges_housekeeping_rows(cli
 
     await sweep_once(services, now + 30 * 86400)  # past every pending/approval ttl
 
-    shown = await client.get(f"/api/v1/approvals/{ticket['id']}", headers=bearer(alice))
-    assert (await shown.json())["state"] == "expired"
+    assert (await store.get_ticket(ticket["id"])).state == "expired"
     expiries = [e for e in await audit_entries(client) if e.get("ticket_event") == "expired"]
     assert [e["ticket_id"] for e in expiries] == [ticket["id"]]
-    # the sweep ran "30 days later": every failure and every claim was past keeping
+    # the sweep ran "30 days later": every failure, claim and session was past keeping
     assert await store.count_failures("mallory", 0) == 0
     later = now + 30 * 86400
-    assert await store.purge_expired(later, later - services.config.authn.failure_window_s) == (0, 0)
+    assert await store.purge_expired(later, later - services.config.authn.failure_window_s, later) == (
+        0, 0, 0
+    )
+    # alice's token has not expired yet by the real clock, but its session is gone: refused
+    refused = await client.get(f"/api/v1/approvals/{ticket['id']}", headers=bearer(alice))
+    assert refused.status == 401 and (await refused.json())["code"] == "session_inactive"
     count, broken = await services.audit.verify()
     assert broken is None and count >= 1

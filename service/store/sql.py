@@ -328,14 +328,20 @@ class SqlTx:
 
     # ------------------------------------------------------------------------- housekeeping
 
-    async def purge_expired(self, now: float, failures_before: float) -> tuple[int, int]:
-        # An expired claim no longer blocks anything (claim_once takes it over), and a failure
-        # older than the throttling window is never counted again: both only grow the tables.
+    async def purge_expired(
+        self, now: float, failures_before: float, sessions_before: float
+    ) -> tuple[int, int, int]:
+        # An expired claim no longer blocks anything (claim_once takes it over), a failure older
+        # than the throttling window is never counted again, and no token of an expired session
+        # verifies: all three only grow the tables. (Audit records keep session ids as text.)
         claims = await self._all("DELETE FROM once_claims WHERE expires_at <= ? RETURNING 1", now)
         failures = await self._all(
             "DELETE FROM login_failures WHERE at < ? RETURNING 1", failures_before
         )
-        return len(claims), len(failures)
+        sessions = await self._all(
+            "DELETE FROM sessions WHERE expires_at < ? RETURNING 1", min(now, sessions_before)
+        )
+        return len(claims), len(failures), len(sessions)
 
     # ------------------------------------------------------------------------------- tickets
 
@@ -779,9 +785,11 @@ class SqlStore:
         async with self._tx() as tx:
             await tx.clear_failures(key)
 
-    async def purge_expired(self, now: float, failures_before: float) -> tuple[int, int]:
+    async def purge_expired(
+        self, now: float, failures_before: float, sessions_before: float
+    ) -> tuple[int, int, int]:
         async with self._tx() as tx:
-            return await tx.purge_expired(now, failures_before)
+            return await tx.purge_expired(now, failures_before, sessions_before)
 
     # tickets
     async def create_ticket(self, rec: TicketRecord) -> None:

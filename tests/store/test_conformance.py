@@ -131,14 +131,27 @@ async def test_purge_expired_drops_only_what_can_no_longer_matter(store: Store) 
     for at in (T0, T0 + 5, T0 + 50):
         await store.record_failure("alice", at)
 
-    assert await store.purge_expired(T0 + 10, failures_before=T0 + 5) == (1, 1)
+    assert await store.purge_expired(T0 + 10, failures_before=T0 + 5, sessions_before=0) == (1, 1, 0)
     # the live claim still blocks a replay; the expired one was free to take anyway
     assert await store.claim_once("jti", "live", T0 + 200, T0 + 20) is False
     assert await store.claim_once("jti", "old", T0 + 200, T0 + 20) is True
     # failures inside the window are all still counted
     assert await store.count_failures("alice", T0 + 5) == 2
     assert await store.count_failures("alice", 0) == 2
-    assert await store.purge_expired(T0 + 10, failures_before=T0 + 5) == (0, 0)
+    assert await store.purge_expired(T0 + 10, failures_before=T0 + 5, sessions_before=0) == (0, 0, 0)
+
+
+async def test_purge_expired_sessions_only_after_they_expired_before_the_cutoff(store: Store) -> None:
+    await store.create_session(session("gone", expires_at=T0 + 10))
+    await store.create_session(session("recent", expires_at=T0 + 50))
+    await store.create_session(session("live", expires_at=T0 + 3600))
+    # cut-off T0 + 40 (e.g. now - retention): only "gone" expired before it
+    assert await store.purge_expired(T0 + 100, 0, sessions_before=T0 + 40) == (0, 0, 1)
+    assert await store.get_session("gone") is None
+    assert await store.get_session("recent") is not None and await store.get_session("live")
+    # a cut-off in the future never takes a session that has not expired yet
+    assert await store.purge_expired(T0 + 100, 0, sessions_before=T0 + 10_000) == (0, 0, 1)
+    assert await store.get_session("live") is not None
 
 
 # ------------------------------------------------------------------------------------ tickets
