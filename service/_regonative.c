@@ -174,7 +174,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     .m_base = PyModuleDef_HEAD_INIT,
     .m_name = "_regonative",
-    .m_doc = "regopy input building and result reading from C (see service/rego.py).",
+    .m_doc = "Builds regopy input documents from C (see service/rego.py).",
     .m_size = -1,
     .m_methods = methods,
 };

@@ -294,11 +294,10 @@ def _quoted(raw: bytes) -> bytes:
 
 
 def _output_text(output: int) -> str:
-    size = _native.regoOutputJSONSize(output)
-    buffer = ctypes.create_string_buffer(size)
-    if _native.regoOutputJSON(output, buffer, size):
-        raise RegoEvalError("cannot read the evaluation output")
-    return buffer.value.decode("utf-8")
+    try:
+        return str(regopy.rego_shared.rego_output_string(output))
+    except regopy.RegoError:
+        raise RegoEvalError("cannot read the evaluation output") from None
 
 
 def _errormsg(text: str) -> str:
