@@ -15,6 +15,7 @@ Invariants enforced here whatever the policy says:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -279,10 +280,9 @@ class PolicyEngine:
         stripped = strip(input_doc)
         key: str | None = None
         if self.cache_size:
-            try:
+            # not JSON: no key; regopy will refuse it below, and errors are never cached
+            with contextlib.suppress(TypeError, ValueError):
                 key = json.dumps(stripped, sort_keys=True, separators=(",", ":"))
-            except (TypeError, ValueError):
-                key = None  # not JSON: regopy will refuse it below, and errors are never cached
         if key is not None:
             with current.cache_lock:
                 hit = current.cache.get(key)
