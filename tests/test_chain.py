@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
+from service import clock
 from service.approvals.binding import command_hash, resource_hash
 from service.keys import SERVICES
+from service.services import sweep_once
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
 
@@ -539,9 +541,6 @@ async def test_ticket_requirements_are_decided_on_the_executing_requests_resourc
 
 
 async def test_sweep_expires_tickets_with_audit_and_purges_housekeeping_rows(client):
-    from service import clock
-    from service.services import sweep_once
-
     services = client.server.app[SERVICES]
     alice = await step_up(client, await login(client, "alice"), "alice")
     response = await client.post(
