@@ -8,15 +8,37 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-__all__ = ["POLICY_ERROR", "PRODUCTION_UPGRADE", "Decision", "MalformedDecision", "parse_decision"]
+__all__ = [
+    "DEFAULT_APPROVAL",
+    "POLICY_ERROR",
+    "PRODUCTION_UPGRADE",
+    "Decision",
+    "MalformedDecision",
+    "enforce_production_rule",
+    "parse_decision",
+]
 
 DecisionValue = Literal["allow", "deny", "require_approval"]
 _VALUES = ("allow", "deny", "require_approval")
 
 #: Reason attached to every fail-closed deny (error, undefined, malformed output).
 POLICY_ERROR = "policy_error"
-#: Reason added when the engine upgrades a production allow of a ticketed action.
+#: Reason added when a production allow of a ticketed action is upgraded (hard rule 1).
 PRODUCTION_UPGRADE = "production_mutation_requires_approval"
+
+#: What a ticket must satisfy when the code (not the policy) upgrades a production allow.
+DEFAULT_APPROVAL: Mapping[str, Any] = MappingProxyType(
+    {
+        "quorum": 1,
+        "reviewer_roles": ["approver", "admin"],
+        "require_groups": [],
+        "ttl_s": 900,
+        "pending_ttl_s": 3600,
+        "step_up": True,
+        "humans_only": True,
+        "self_review": False,
+    }
+)
 
 # Reasons are machine codes ("no_grant", "role:operator"), shown to callers: short and plain.
 _REASON = re.compile(r"^[A-Za-z0-9_.:\-]{1,80}$")
@@ -92,6 +114,26 @@ def parse_decision(raw: Any, revision: str = "", decision_id: str = "") -> Decis
     if value == "deny" and not reasons:
         raise MalformedDecision("a deny needs at least one reason")
     return Decision(value, tuple(reasons), MappingProxyType(dict(approval)), revision, decision_id)
+
+
+def enforce_production_rule(decision: Decision, *, ticketed: bool, production: bool) -> Decision:
+    """Hard rule 1, the one body: a production ``allow`` of a ticketed action becomes
+    ``require_approval`` (with ``DEFAULT_APPROVAL``), whatever the policy returned.
+
+    The engine applies it to every decision (so ``cpctl policy eval`` shows what the service
+    does) and the chain re-asserts it through this same function, so a decision that did not come
+    from the engine cannot skip it.
+    """
+    if decision.decision != "allow" or not ticketed or not production:
+        return decision
+    return Decision(
+        "require_approval",
+        (*decision.reasons, PRODUCTION_UPGRADE),
+        DEFAULT_APPROVAL,
+        decision.revision,
+        decision.decision_id,
+        decision.cached,
+    )
 
 
 def _check_approval(approval: Mapping[str, Any]) -> None:

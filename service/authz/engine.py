@@ -35,10 +35,10 @@ from service import rego
 from service.authz import actions
 from service.authz.decision import (
     POLICY_ERROR,
-    PRODUCTION_UPGRADE,
     Decision,
     MalformedDecision,
     deny,
+    enforce_production_rule,
     parse_decision,
 )
 from service.authz.input import strip
@@ -52,7 +52,6 @@ from service.authz.regotest import (
 from service.authz.source import Snapshot, SourceError, fingerprint, read_snapshot
 
 __all__ = [
-    "DEFAULT_APPROVAL",
     "DEFAULT_ENVIRONMENTS",
     "LOG_FIELDS",
     "LoadResult",
@@ -66,20 +65,6 @@ log = logging.getLogger(__name__)
 #: env -> is production. Envs missing from the mapping are treated as production (fail safe).
 DEFAULT_ENVIRONMENTS: Mapping[str, bool] = MappingProxyType(
     {"dev": False, "staging": False, "prod": True}
-)
-
-#: What a ticket must satisfy when the engine (not the policy) upgrades a production allow.
-DEFAULT_APPROVAL: Mapping[str, Any] = MappingProxyType(
-    {
-        "quorum": 1,
-        "reviewer_roles": ["approver", "admin"],
-        "require_groups": [],
-        "ttl_s": 900,
-        "pending_ttl_s": 3600,
-        "step_up": True,
-        "humans_only": True,
-        "self_review": False,
-    }
 )
 
 #: Structured fields of every decision log record: the JSON log line's ``decision`` object
@@ -314,19 +299,13 @@ class PolicyEngine:
         return decision, None
 
     def _enforce(self, decision: Decision, action: actions.Action, env: str) -> Decision:
-        # Code-owned invariant (DESIGN hard rule 1): a production allow of a ticketed action is
-        # upgraded to require_approval whatever the policy says.
-        production = self.environments.get(env, True)
-        if decision.decision == "allow" and production and action.needs_ticket_in_production:
+        upgraded = enforce_production_rule(
+            decision, ticketed=action.needs_ticket_in_production,
+            production=self.environments.get(env, True),
+        )
+        if upgraded is not decision:
             self._counts["upgraded"] += 1
-            return Decision(
-                "require_approval",
-                (*decision.reasons, PRODUCTION_UPGRADE),
-                DEFAULT_APPROVAL,
-                decision.revision,
-                decision.decision_id,
-            )
-        return decision
+        return upgraded
 
     def explain(self, input_doc: Mapping[str, Any]) -> dict[str, Any]:
         """Offline aid: the projected input and the policy's ``explain`` value (if it has one)."""
