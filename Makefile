@@ -4,12 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench lint clean
+.PHONY: run test fuzz bench lint clean
 
-$(STAMP): pyproject.toml setup.py service/_regonative.c
+$(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@rm -f service/_regonative*.so  # never keep a stale build of the optional C extension
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
@@ -22,8 +21,13 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 
+# The full contract fuzz run (every operation, every example); `make test` runs a smoke subset.
+fuzz: $(STAMP)
+	CONTROLPLANE_FUZZ=full $(PY) -m pytest tests/contract/test_fuzz.py $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict service
 
 clean:
 	rm -rf $(VENV) .state .pytest_cache .ruff_cache
