@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from .base import (
     AUDIT_GENESIS_HASH,
-    TICKET_STATES,
-    TICKET_TRANSITIONS,
     AuditRecord,
     Conflict,
     EventRecord,
@@ -28,8 +26,6 @@ from .base import (
 
 __all__ = [
     "AUDIT_GENESIS_HASH",
-    "TICKET_STATES",
-    "TICKET_TRANSITIONS",
     "AuditRecord",
     "Conflict",
     "EventRecord",

@@ -1,7 +1,10 @@
 """The store contract: record types, HTTP-free errors and the ``Store`` / ``Tx`` protocols.
 
 Both backends (``sqlite.py``, ``postgres.py``) implement these protocols over the shared SQL in
-``sql.py``. Nothing here knows about HTTP: ``service/errors.py`` maps the errors to problem+json
+the ``sql`` package. The operations come in one protocol per record kind (``SessionOps``,
+``TicketOps``, ``TaskOps``, ``AuditOps``); ``Tx`` and ``Store`` are those kinds composed, so a
+caller calls ``store.get_ticket(...)`` or ``tx.consume_ticket(...)`` alike. Nothing here knows
+about HTTP: ``service/errors.py`` maps the errors to problem+json
 (``NotFound`` -> 404, ``Conflict`` -> 409, ``StoreUnavailable`` -> 503).
 
 Rules every method follows:
@@ -21,10 +24,11 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
+from ..approvals.states import TicketState
+
 __all__ = [
     "AUDIT_GENESIS_HASH",
-    "TICKET_STATES",
-    "TICKET_TRANSITIONS",
+    "AuditOps",
     "AuditRecord",
     "Conflict",
     "EventRecord",
@@ -32,11 +36,14 @@ __all__ = [
     "NotFound",
     "ReviewRecord",
     "Seal",
+    "SessionOps",
     "SessionRecord",
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "TaskOps",
     "TaskRecord",
+    "TicketOps",
     "TicketRecord",
     "Tx",
 ]
@@ -49,30 +56,6 @@ Seal: TypeAlias = Callable[[int, str, dict[str, Any]], str]
 
 AUDIT_GENESIS_HASH = "sha256:" + "0" * 64
 """``prev_hash`` of the first audit record."""
-
-TicketState: TypeAlias = Literal[
-    "pending", "approved", "rejected", "expired", "revoked", "consumed"
-]
-TICKET_STATES: tuple[str, ...] = (
-    "pending",
-    "approved",
-    "rejected",
-    "expired",
-    "revoked",
-    "consumed",
-)
-
-# The ticket state machine. Terminal states have no way out; 'approved' is entered only through
-# add_review (it sets the use-by time) and 'consumed' only through consume_ticket (it checks the
-# binding), so transition_ticket refuses both as targets.
-TICKET_TRANSITIONS: dict[str, frozenset[str]] = {
-    "pending": frozenset({"approved", "rejected", "expired", "revoked"}),
-    "approved": frozenset({"consumed", "expired", "revoked"}),
-    "rejected": frozenset(),
-    "expired": frozenset(),
-    "revoked": frozenset(),
-    "consumed": frozenset(),
-}
 
 TaskState: TypeAlias = Literal["pending", "running", "succeeded", "failed"]
 TASK_STATES: tuple[str, ...] = ("pending", "running", "succeeded", "failed")
@@ -212,30 +195,28 @@ class AuditRecord:
 # ------------------------------------------------------------------------------------ protocols
 
 
-class Tx(Protocol):
-    """The operations; on a ``Tx`` they share one transaction, on a ``Store`` each is its own."""
+class SessionOps(Protocol):
+    """Sessions, one-time claims (JWT ``jti`` replay, TOTP code reuse) and login throttling."""
 
-    # sessions
     async def create_session(self, rec: SessionRecord) -> None: ...
     async def get_session(self, id: str) -> SessionRecord | None: ...
     async def revoke_session(self, id: str, at: float) -> bool: ...
     async def record_step_up(self, id: str, at: float, method: str) -> SessionRecord: ...
-
-    # one-time values (JWT jti replay, TOTP code reuse)
     async def claim_once(self, namespace: str, key: str, expires_at: float, now: float) -> bool: ...
-
-    # login throttling
     async def record_failure(self, key: str, at: float) -> None: ...
     async def count_failures(self, key: str, since: float) -> int: ...
     async def clear_failures(self, key: str) -> None: ...
 
-    # housekeeping: one-time claims past their expiry, login failures older than the window,
-    # sessions that expired before ``sessions_before``; returns the three counts
+    # Housekeeping: one-time claims past their expiry, login failures older than the window,
+    # sessions that expired before ``sessions_before``; returns the three counts.
     async def purge_expired(
         self, now: float, failures_before: float, sessions_before: float
     ) -> tuple[int, int, int]: ...
 
-    # approval tickets
+
+class TicketOps(Protocol):
+    """Approval tickets; every state change is one conditional write (``approvals.states``)."""
+
     async def create_ticket(self, rec: TicketRecord) -> None: ...
     async def get_ticket(self, id: str) -> TicketRecord | None: ...
     async def list_tickets(
@@ -272,7 +253,10 @@ class Tx(Protocol):
     ) -> TicketRecord: ...
     async def expire_tickets(self, now: float) -> list[TicketRecord]: ...
 
-    # tasks and step events
+
+class TaskOps(Protocol):
+    """Tasks and their gap-free step events."""
+
     async def ensure_task(self, id: str, created_by: str, at: float) -> TaskRecord: ...
     async def get_task(self, id: str) -> TaskRecord | None: ...
     async def append_event(
@@ -291,7 +275,10 @@ class Tx(Protocol):
         self, task_id: str, after_seq: int = 0, limit: int = 100
     ) -> list[EventRecord]: ...
 
-    # audit hash chain
+
+class AuditOps(Protocol):
+    """The audit hash chain: the store links each record to the previous one atomically."""
+
     async def append_audit(self, entry: dict[str, Any], seal: Seal) -> AuditRecord: ...
     async def append_audit_many(
         self, entries: Sequence[dict[str, Any]], seal: Seal
@@ -300,8 +287,12 @@ class Tx(Protocol):
     async def audit_head(self) -> tuple[int, str]: ...
 
 
-class Store(Tx, Protocol):
-    """A durable store; each operation is a single-operation transaction."""
+class Tx(SessionOps, TicketOps, TaskOps, AuditOps, Protocol):
+    """Every operation, all inside one transaction: they commit together or not at all."""
+
+
+class Store(SessionOps, TicketOps, TaskOps, AuditOps, Protocol):
+    """A durable store: every operation is its own transaction; ``transaction()`` groups them."""
 
     async def ping(self) -> None: ...
     async def close(self) -> None: ...

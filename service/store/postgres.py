@@ -1,10 +1,11 @@
 """PostgreSQL backend (asyncpg): several replicas on several machines share one database.
 
 Only what differs from SQLite lives here: the connection pool, transactions, the jsonb codec,
-migration locking and error wrapping; the statements are in ``sql.py``. Writing transactions run
-at READ COMMITTED: every conditional write in ``sql.py`` is a single ``UPDATE ... WHERE ...``
-whose row lock makes a concurrent writer wait and then re-check the condition against the
-committed row, which is what makes ticket consumption exactly-once across replicas.
+migration locking and error wrapping; the statements are in the ``sql`` package. Writing
+transactions run at READ COMMITTED: every conditional write there is a single
+``UPDATE ... WHERE ...`` whose row lock makes a concurrent writer wait and then re-check the
+condition against the committed row, which is what makes ticket consumption exactly-once across
+replicas.
 """
 
 from __future__ import annotations
@@ -175,10 +176,6 @@ class PostgresStore(SqlStore):
                 raise _wrap(exc) from exc
         finally:
             await self._pool.release(conn)
-
-    async def ping(self) -> None:
-        async with self._tx(write=False) as tx:
-            await tx._one("SELECT 1 AS ok")
 
     async def describe(self) -> dict[str, Any]:
         # Never the DSN or schema: status surfaces must not reveal connection details.

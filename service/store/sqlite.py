@@ -1,7 +1,7 @@
 """SQLite backend: one database file shared by the worker processes of one machine.
 
 Only what differs from PostgreSQL lives here: connecting, the transaction discipline and error
-wrapping; the statements are in ``sql.py``.
+wrapping; the statements are in the ``sql`` package.
 
 * The stdlib ``sqlite3`` module blocks, so each pooled connection is confined to its own
   single-thread executor: the event loop never waits on the disk or on a lock, and one
@@ -425,10 +425,6 @@ class SqliteStore(SqlStore):
                 batch.finisher = asyncio.ensure_future(batch.finish())
         if released:
             await asyncio.shield(batch.committed)
-
-    async def ping(self) -> None:
-        async with self._tx(write=False) as tx:
-            await tx._one("SELECT 1 AS ok")
 
     async def describe(self) -> dict[str, Any]:
         # Never the path: status surfaces must not reveal where the data lives.

@@ -8,10 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from service.approvals.states import TICKET_STATES, TICKET_TRANSITIONS
 from service.store import (
     AUDIT_GENESIS_HASH,
-    TICKET_STATES,
-    TICKET_TRANSITIONS,
     Conflict,
     NotFound,
     Store,

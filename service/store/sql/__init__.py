@@ -1,0 +1,103 @@
+"""Shared SQL for both backends: every operation written once, over a tiny ``Dialect`` and ``Conn``.
+
+A backend supplies a ``Conn`` (four async calls that run one statement inside the current
+transaction), a ``Dialect`` (placeholder style, JSON encoding, null-safe equality) and
+``_transaction``. Everything else — every statement, every conditional write and every conflict
+classification — lives in this package, so SQLite and PostgreSQL cannot drift apart:
+
+    core.py      Dialect, Conn, Query, Unit, migrations, canonical JSON
+    sessions.py  sessions, one-time claims, login failures     (base.SessionOps)
+    tickets.py   approval tickets and reviews                   (base.TicketOps)
+    tasks.py     tasks and step events                          (base.TaskOps)
+    audit.py     the audit hash chain                           (base.AuditOps)
+
+Each kind is a class of operations whose bodies run in ``self._unit(write=...)``. ``SqlTx`` and
+``SqlStore`` inherit the same classes and differ only in what a unit is: the transaction's own
+connection, or a fresh transaction per operation. One body per operation, no forwarding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from ..base import Tx
+from .audit import AuditSql
+from .core import (
+    Conn,
+    Dialect,
+    Migration,
+    Query,
+    Row,
+    dump_json,
+    migrations,
+    pending_migrations,
+)
+from .sessions import SessionSql
+from .tasks import TaskSql
+from .tickets import TicketSql
+
+__all__ = [
+    "Conn",
+    "Dialect",
+    "Migration",
+    "Row",
+    "SqlStore",
+    "SqlTx",
+    "dump_json",
+    "migrations",
+    "pending_migrations",
+]
+
+
+class _Operations(SessionSql, TicketSql, TaskSql, AuditSql):
+    """Every operation of ``base.Tx``; where they run is the subclass's ``_unit``."""
+
+    __slots__ = ()
+
+
+class SqlTx(_Operations):
+    """The operations inside one open transaction: each unit is that transaction's query."""
+
+    __slots__ = ("_q",)
+
+    def __init__(self, q: Query) -> None:
+        self._q = q
+
+    def _unit(self, *, write: bool) -> AbstractAsyncContextManager[Query]:
+        # The transaction was opened for writing, so reads and writes share it alike; the query
+        # itself refuses statements once the transaction has ended.
+        return self._q
+
+
+class SqlStore(_Operations):
+    """The operations as a store: each unit is a fresh transaction, so each call is atomic."""
+
+    dialect: Dialect
+
+    def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]:
+        """Open a transaction (backend-specific); commit on clean exit, roll back on error."""
+        raise NotImplementedError
+
+    @asynccontextmanager
+    async def _unit(self, *, write: bool) -> AsyncIterator[Query]:
+        async with self._transaction(write=write) as conn:
+            q = Query(conn, self.dialect)
+            try:
+                yield q
+            finally:
+                q.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        """Group operations: all commit together, or an exception rolls them all back.
+
+        Do not call the store's own methods while holding a transaction: they run on another
+        connection and, on SQLite, would wait for the lock this transaction holds.
+        """
+        async with self._unit(write=True) as q:
+            yield SqlTx(q)
+
+    async def ping(self) -> None:
+        async with self._unit(write=False) as q:
+            await q.one("SELECT 1 AS ok")

@@ -1,0 +1,195 @@
+"""The core of the shared SQL: the ``Dialect``, the ``Conn`` a backend supplies, ``Query``,
+migrations and the JSON text both backends agree on.
+
+``Query`` is one connection inside an open transaction with the dialect applied; every operation
+in the kind modules (``sessions``, ``tickets``, ``tasks``, ``audit``) runs its statements on one,
+obtained from ``Unit._unit``. What a unit is decides atomicity: a ``SqlTx`` hands out its own
+transaction's query, a ``SqlStore`` opens a fresh transaction per operation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from importlib import resources
+from types import TracebackType
+from typing import Any, Protocol
+
+from ..base import StoreError
+
+__all__ = [
+    "MAX_LIST_LIMIT",
+    "Conn",
+    "Dialect",
+    "Migration",
+    "Query",
+    "Row",
+    "Unit",
+    "dump_json",
+    "migrations",
+    "opt_float",
+    "pending_migrations",
+]
+
+Row = Mapping[str, Any]
+
+#: The most rows one list call returns, whatever limit it asks for.
+MAX_LIST_LIMIT = 500
+
+# The migrations ship inside the store package: service/store/migrations/<dialect>/.
+_STORE_PACKAGE = __name__.rsplit(".", 2)[0]
+
+
+def dump_json(value: Any) -> str:
+    """Compact, key-sorted JSON: the same value always gives the same text on both backends."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@functools.lru_cache(maxsize=512)
+def _numbered(sql: str) -> str:
+    # Shared statements use '?' placeholders; PostgreSQL wants $1, $2, ... None of the shared
+    # statements contains a '?' inside a literal, which is what makes this plain rewrite safe.
+    parts = sql.split("?")
+    out = [parts[0]]
+    for i, part in enumerate(parts[1:], start=1):
+        out.append(f"${i}{part}")
+    return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What differs in the SQL text and values between the backends."""
+
+    name: str
+    numbered_params: bool  # '$1' (PostgreSQL) instead of '?' (SQLite)
+    # How a JSON value goes into / comes out of a JSON column. PostgreSQL registers a jsonb codec
+    # on its connections, so both are the identity there; SQLite stores text.
+    json_in: Callable[[Any], Any]
+    json_out: Callable[[Any], Any]
+    not_distinct: str  # null-safe equality operator
+
+    def sql(self, text: str) -> str:
+        return _numbered(text) if self.numbered_params else text
+
+
+class Conn(Protocol):
+    """One connection inside an open transaction; implementations wrap driver errors."""
+
+    async def execute(self, sql: str, args: Sequence[Any]) -> None: ...
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+    async def fetchone(self, sql: str, args: Sequence[Any]) -> Row | None: ...
+    async def fetchall(self, sql: str, args: Sequence[Any]) -> list[Row]: ...
+
+
+class Query:
+    """Statements on one connection inside one open transaction, in the backend's dialect.
+
+    Also its own (no-op) async context manager, so a transaction can hand out the same query to
+    each of its operations without building a new context manager per call.
+    """
+
+    __slots__ = ("_conn", "_open", "dialect")
+
+    def __init__(self, conn: Conn, dialect: Dialect) -> None:
+        self._conn = conn
+        self.dialect = dialect
+        self._open = True
+
+    def close(self) -> None:
+        # A query must not outlive its transaction: a late write would run outside it (or on a
+        # connection already handed to someone else).
+        self._open = False
+
+    def check(self) -> None:
+        if not self._open:
+            raise StoreError("transaction is closed")
+
+    async def __aenter__(self) -> Query:
+        self.check()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    async def exec(self, sql: str, *args: Any) -> None:
+        self.check()
+        await self._conn.execute(self.dialect.sql(sql), args)
+
+    async def exec_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self.check()
+        await self._conn.executemany(self.dialect.sql(sql), rows)
+
+    async def one(self, sql: str, *args: Any) -> Row | None:
+        self.check()
+        return await self._conn.fetchone(self.dialect.sql(sql), args)
+
+    async def all(self, sql: str, *args: Any) -> list[Row]:
+        self.check()
+        return await self._conn.fetchall(self.dialect.sql(sql), args)
+
+
+class Unit:
+    """Base of the per-kind operation classes: where one operation's statements run.
+
+    Every operation is ``async with self._unit(write=...) as q: ...`` and nothing else touches a
+    connection. No operation calls another from inside its unit (on a store that would be a
+    second transaction, and on SQLite a second writer waiting for the first); shared steps are
+    functions taking ``q``.
+    ``write=False`` promises the operation only reads: SQLite then runs it on its reader, outside
+    the writers' lock.
+    """
+
+    __slots__ = ()
+
+    def _unit(self, *, write: bool) -> AbstractAsyncContextManager[Query]:
+        raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------------- migrations
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def migrations(dialect_dir: str) -> list[Migration]:
+    """The ``NNNN_name.sql`` files of ``migrations/<dialect_dir>/``, in version order."""
+    root = resources.files(_STORE_PACKAGE).joinpath("migrations", dialect_dir)
+    found: list[Migration] = []
+    for entry in root.iterdir():
+        name = entry.name
+        if not name.endswith(".sql"):
+            continue
+        prefix = name.split("_", 1)[0]
+        if not prefix.isdigit():
+            raise StoreError(f"migration file without a version prefix: {name}")
+        found.append(Migration(int(prefix), name, entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise StoreError(f"duplicate migration versions in {dialect_dir}")
+    return found
+
+
+def pending_migrations(available: list[Migration], applied: set[int]) -> list[Migration]:
+    """Migrations still to apply; refuses a database migrated by a newer build (fail closed)."""
+    known = {m.version for m in available}
+    unknown = sorted(applied - known)
+    if unknown:
+        raise StoreError(f"database schema version {unknown[-1]} is newer than this build")
+    return [m for m in available if m.version not in applied]

@@ -1,0 +1,113 @@
+"""Tasks and their step events in SQL."""
+# ruff: noqa: S608  (statements are built from module constants; caller data is always bound)
+
+from __future__ import annotations
+
+from ..base import TASK_STATES, EventRecord, Json, NotFound, StoreError, TaskRecord
+from .core import MAX_LIST_LIMIT, Query, Row, Unit
+
+__all__ = ["TaskSql"]
+
+_TASK_COLUMNS = "id, state, progress, result, created_by, created_at, updated_at, last_seq"
+_EVENT_COLUMNS = "task_id, seq, kind, at, actor, data"
+
+
+def _task(q: Query, row: Row) -> TaskRecord:
+    result = row["result"]
+    return TaskRecord(
+        id=row["id"],
+        state=row["state"],
+        progress=int(row["progress"]),
+        result=None if result is None else q.dialect.json_out(result),
+        created_by=row["created_by"],
+        created_at=float(row["created_at"]),
+        updated_at=float(row["updated_at"]),
+        last_seq=int(row["last_seq"]),
+    )
+
+
+def _event(q: Query, row: Row) -> EventRecord:
+    return EventRecord(
+        task_id=row["task_id"],
+        seq=int(row["seq"]),
+        kind=row["kind"],
+        at=float(row["at"]),
+        actor=row["actor"],
+        data=q.dialect.json_out(row["data"]),
+    )
+
+
+async def _get(q: Query, id: str) -> TaskRecord | None:
+    row = await q.one(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = ?", id)
+    return None if row is None else _task(q, row)
+
+
+class TaskSql(Unit):
+    """``base.TaskOps`` over the ``tasks`` and ``task_events`` tables."""
+
+    __slots__ = ()
+
+    async def ensure_task(self, id: str, created_by: str, at: float) -> TaskRecord:
+        async with self._unit(write=True) as q:
+            await q.exec(
+                "INSERT INTO tasks (id, state, progress, result, created_by, created_at, "
+                "updated_at, last_seq) VALUES (?, 'pending', 0, NULL, ?, ?, ?, 0) "
+                "ON CONFLICT (id) DO NOTHING",
+                id, created_by, at, at,
+            )  # fmt: skip
+            task = await _get(q, id)
+        if task is None:  # pragma: no cover - the row was just inserted or already there
+            raise StoreError("task vanished")
+        return task
+
+    async def get_task(self, id: str) -> TaskRecord | None:
+        async with self._unit(write=False) as q:
+            return await _get(q, id)
+
+    async def append_event(
+        self,
+        task_id: str,
+        kind: str,
+        actor: str,
+        data: Json,
+        at: float,
+        *,
+        state: str | None = None,
+        progress: int | None = None,
+        result: Json | None = None,
+    ) -> EventRecord:
+        if state is not None and state not in TASK_STATES:
+            raise ValueError(f"invalid task state {state!r}")
+        async with self._unit(write=True) as q:
+            d = q.dialect
+            # Incrementing last_seq on the task row locks it until commit, so concurrent writers
+            # in any process queue up here and seqs come out gap-free: a rolled-back append rolls
+            # back its increment too.
+            row = await q.one(
+                "UPDATE tasks SET last_seq = last_seq + 1, updated_at = ?, "
+                "state = COALESCE(?, state), progress = COALESCE(?, progress), "
+                "result = COALESCE(?, result) WHERE id = ? RETURNING last_seq",
+                at, state, progress, None if result is None else d.json_in(result), task_id,
+            )  # fmt: skip
+            if row is None:
+                raise NotFound("task", task_id)
+            seq = int(row["last_seq"])
+            await q.exec(
+                f"INSERT INTO task_events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                task_id, seq, kind, at, actor, d.json_in(data),
+            )  # fmt: skip
+        return EventRecord(task_id=task_id, seq=seq, kind=kind, at=float(at), actor=actor,
+                           data=data)  # fmt: skip
+
+    async def list_events(
+        self, task_id: str, after_seq: int = 0, limit: int = 100
+    ) -> list[EventRecord]:
+        if limit < 1:
+            raise ValueError("limit must be positive")
+        async with self._unit(write=False) as q:
+            rows = await q.all(
+                f"SELECT {_EVENT_COLUMNS} FROM task_events WHERE task_id = ? AND seq > ? "
+                "ORDER BY seq LIMIT ?",
+                task_id, after_seq, min(limit, MAX_LIST_LIMIT),
+            )  # fmt: skip
+            return [_event(q, r) for r in rows]

@@ -1,0 +1,307 @@
+"""Approval tickets and their reviews in SQL: every state change is one conditional UPDATE."""
+# ruff: noqa: S608  (statements are built from module constants; caller data is always bound)
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ...approvals.states import TICKET_TRANSITIONS
+from ..base import Conflict, NotFound, ReviewRecord, TicketRecord
+from .core import MAX_LIST_LIMIT, Query, Row, Unit, opt_float
+
+__all__ = ["TicketSql"]
+
+_COLUMNS = (
+    "id, subject_id, env, resource, resource_hash, action, command_hash, nonce_hash, state, "
+    "requested_by, reason, created_at, pending_until, approved_at, expires_at, consumed_at, "
+    "consumed_correlation_id, closed_by, closed_at, approval"
+)
+
+
+def _review(row: Row) -> ReviewRecord:
+    return ReviewRecord(
+        reviewer=row["reviewer"],
+        decision=row["decision"],
+        group=row["group_name"],
+        reason=row["reason"],
+        at=float(row["at"]),
+    )
+
+
+def _ticket(q: Query, row: Row, reviews: tuple[ReviewRecord, ...]) -> TicketRecord:
+    d = q.dialect
+    return TicketRecord(
+        id=row["id"],
+        subject_id=row["subject_id"],
+        env=row["env"],
+        resource=d.json_out(row["resource"]),
+        resource_hash=row["resource_hash"],
+        action=row["action"],
+        command_hash=row["command_hash"],
+        nonce_hash=row["nonce_hash"],
+        state=row["state"],
+        requested_by=row["requested_by"],
+        reason=row["reason"],
+        created_at=float(row["created_at"]),
+        pending_until=float(row["pending_until"]),
+        approved_at=opt_float(row["approved_at"]),
+        expires_at=opt_float(row["expires_at"]),
+        consumed_at=opt_float(row["consumed_at"]),
+        consumed_correlation_id=row["consumed_correlation_id"],
+        closed_by=row["closed_by"],
+        approval=d.json_out(row["approval"]),
+        reviews=reviews,
+        closed_at=opt_float(row["closed_at"]),
+    )
+
+
+async def _tickets(q: Query, rows: Sequence[Row]) -> list[TicketRecord]:
+    """Ticket rows with their reviews (one extra query for all of them)."""
+    grouped: dict[str, list[ReviewRecord]] = {}
+    if rows:
+        ids = [r["id"] for r in rows]
+        marks = ", ".join("?" * len(ids))
+        for review in await q.all(
+            "SELECT ticket_id, reviewer, decision, group_name, reason, at FROM ticket_reviews "
+            f"WHERE ticket_id IN ({marks}) ORDER BY ticket_id, pos",
+            *ids,
+        ):
+            grouped.setdefault(review["ticket_id"], []).append(_review(review))
+    return [_ticket(q, r, tuple(grouped.get(r["id"], ()))) for r in rows]
+
+
+def _encode_cursor(created_at: float, id: str) -> str:
+    raw = json.dumps([created_at, id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, id = json.loads(raw)
+        if not isinstance(id, str) or not isinstance(created_at, int | float):
+            raise TypeError
+        return float(created_at), id
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise ValueError("invalid ticket list cursor") from exc
+
+
+def _same(stored: Any, presented: Any) -> bool:
+    if stored is None or presented is None:
+        return stored is presented
+    # Constant-time for the nonce hash; harmless for the other bindings.
+    return hmac.compare_digest(str(stored).encode(), str(presented).encode())
+
+
+def _refusal(id: str, current: Row | None, presented: dict[str, Any], now: float) -> Exception:
+    """Why ``consume_ticket`` matched no row, from the ticket as it is now."""
+    if current is None:
+        return NotFound("ticket", id)
+    state = current["state"]
+    if state == "consumed":
+        return Conflict("ticket_consumed", current_state=state)
+    if state == "expired" or (
+        state == "approved" and (current["expires_at"] is None or current["expires_at"] <= now)
+    ):
+        return Conflict("ticket_expired", current_state=state)
+    if state != "approved":
+        return Conflict("ticket_not_approved", current_state=state)
+    mismatched = tuple(
+        name for name, value in presented.items() if not _same(current[name], value)
+    )
+    return Conflict("ticket_binding_mismatch", current_state=state, fields=mismatched)
+
+
+class TicketSql(Unit):
+    """``base.TicketOps`` over the ``tickets`` and ``ticket_reviews`` tables."""
+
+    __slots__ = ()
+
+    async def create_ticket(self, rec: TicketRecord) -> None:
+        if rec.state != "pending" or rec.reviews:
+            # Tickets are born pending and reviewed through add_review, so the state machine
+            # (and the one-review-per-reviewer rule) cannot be skipped at creation.
+            raise ValueError("a ticket is created pending and without reviews")
+        async with self._unit(write=True) as q:
+            d = q.dialect
+            row = await q.one(
+                f"INSERT INTO tickets ({_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (id) DO NOTHING RETURNING id",
+                rec.id, rec.subject_id, rec.env, d.json_in(rec.resource), rec.resource_hash,
+                rec.action, rec.command_hash, rec.nonce_hash, rec.state, rec.requested_by,
+                rec.reason, rec.created_at, rec.pending_until, rec.approved_at, rec.expires_at,
+                rec.consumed_at, rec.consumed_correlation_id, rec.closed_by, rec.closed_at,
+                d.json_in(rec.approval),
+            )  # fmt: skip
+            if row is None:
+                raise Conflict("duplicate_id")
+
+    async def get_ticket(self, id: str) -> TicketRecord | None:
+        async with self._unit(write=False) as q:
+            row = await q.one(f"SELECT {_COLUMNS} FROM tickets WHERE id = ?", id)
+            return None if row is None else (await _tickets(q, [row]))[0]
+
+    async def list_tickets(
+        self,
+        state: str | None = None,
+        env: str | None = None,
+        subject_id: str | None = None,
+        limit: int = 50,
+        before: str | None = None,
+    ) -> tuple[list[TicketRecord], str | None]:
+        if limit < 1:
+            raise ValueError("limit must be positive")
+        limit = min(limit, MAX_LIST_LIMIT)
+        where: list[str] = []
+        args: list[Any] = []
+        for column, value in (("state", state), ("env", env), ("subject_id", subject_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if before is not None:
+            # Keyset pagination on (created_at, id): stable while new tickets arrive.
+            created_at, id = _decode_cursor(before)
+            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            args += [created_at, created_at, id]
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        async with self._unit(write=False) as q:
+            rows = await q.all(
+                f"SELECT {_COLUMNS} FROM tickets {clause}"
+                "ORDER BY created_at DESC, id DESC LIMIT ?",
+                *args, limit + 1,
+            )  # fmt: skip
+            more = len(rows) > limit
+            rows = rows[:limit]
+            cursor = _encode_cursor(float(rows[-1]["created_at"]), rows[-1]["id"]) if more else None
+            return await _tickets(q, rows), cursor
+
+    async def add_review(
+        self,
+        id: str,
+        review: ReviewRecord,
+        new_state: str | None,
+        approved_expires_at: float | None,
+        now: float,
+    ) -> TicketRecord:
+        if new_state == "approved":
+            if approved_expires_at is None:
+                raise ValueError("approving needs approved_expires_at")
+            sets = "state = 'approved', approved_at = ?, expires_at = ?"
+            set_args: list[Any] = [now, approved_expires_at]
+        elif new_state == "rejected":
+            sets = "state = 'rejected', closed_at = ?, closed_by = ?"
+            set_args = [now, review.reviewer]
+        elif new_state is None:
+            # No decision yet (quorum not reached): the no-op SET still takes the row lock, so
+            # concurrent reviews of one ticket are serialised.
+            sets, set_args = "state = state", []
+        else:
+            raise ValueError(f"a review cannot move a ticket to {new_state!r}")
+        if review.decision not in ("approve", "reject"):
+            raise ValueError(f"invalid review decision {review.decision!r}")
+        async with self._unit(write=True) as q:
+            row = await q.one(
+                f"UPDATE tickets SET {sets} WHERE id = ? AND state = 'pending' "
+                f"AND pending_until > ? RETURNING {_COLUMNS}",
+                *set_args, id, now,
+            )  # fmt: skip
+            if row is None:
+                current = await q.one("SELECT state FROM tickets WHERE id = ?", id)
+                if current is None:
+                    raise NotFound("ticket", id)
+                if current["state"] != "pending":
+                    raise Conflict("not_pending", current_state=current["state"])
+                raise Conflict("expired", current_state="pending")
+            inserted = await q.one(
+                "INSERT INTO ticket_reviews "
+                "(ticket_id, reviewer, pos, decision, group_name, reason, at) "
+                "VALUES (?, ?, (SELECT COUNT(*) + 1 FROM ticket_reviews WHERE ticket_id = ?), "
+                "?, ?, ?, ?) ON CONFLICT (ticket_id, reviewer) DO NOTHING RETURNING reviewer",
+                id, review.reviewer, id, review.decision, review.group, review.reason, review.at,
+            )  # fmt: skip
+            if inserted is None:
+                # Raised inside the unit: it rolls back the state change made above.
+                raise Conflict("duplicate_review", current_state="pending")
+            return (await _tickets(q, [row]))[0]
+
+    async def transition_ticket(
+        self, id: str, from_states: tuple[str, ...], to_state: str, at: float, by: str
+    ) -> TicketRecord:
+        if to_state in ("approved", "consumed"):
+            raise ValueError(f"use {'add_review' if to_state == 'approved' else 'consume_ticket'}")
+        if not from_states:
+            raise ValueError("from_states is empty")
+        for state in from_states:
+            if to_state not in TICKET_TRANSITIONS.get(state, frozenset()):
+                raise ValueError(f"illegal ticket transition {state} -> {to_state}")
+        marks = ", ".join("?" * len(from_states))
+        async with self._unit(write=True) as q:
+            row = await q.one(
+                "UPDATE tickets SET state = ?, closed_at = ?, closed_by = ? "
+                f"WHERE id = ? AND state IN ({marks}) RETURNING {_COLUMNS}",
+                to_state, at, by, id, *from_states,
+            )  # fmt: skip
+            if row is None:
+                current = await q.one("SELECT state FROM tickets WHERE id = ?", id)
+                if current is None:
+                    raise NotFound("ticket", id)
+                raise Conflict("state_conflict", current_state=current["state"])
+            return (await _tickets(q, [row]))[0]
+
+    async def consume_ticket(
+        self,
+        id: str,
+        *,
+        nonce_hash: str,
+        subject_id: str,
+        env: str,
+        action: str,
+        resource_hash: str,
+        command_hash: str | None,
+        now: float,
+        correlation_id: str,
+    ) -> TicketRecord:
+        async with self._unit(write=True) as q:
+            # The decision is this one conditional UPDATE: of any number of concurrent attempts
+            # on any number of processes or replicas, the database lets exactly one match the row.
+            row = await q.one(
+                "UPDATE tickets SET state = 'consumed', consumed_at = ?, "
+                "consumed_correlation_id = ? "
+                "WHERE id = ? AND state = 'approved' AND expires_at > ? AND nonce_hash = ? "
+                "AND subject_id = ? AND env = ? AND action = ? AND resource_hash = ? "
+                f"AND command_hash {q.dialect.not_distinct} ? "
+                f"RETURNING {_COLUMNS}",
+                now, correlation_id, id, now, nonce_hash, subject_id, env, action, resource_hash,
+                command_hash,
+            )  # fmt: skip
+            if row is not None:
+                return (await _tickets(q, [row]))[0]
+            # Miss: re-read only to say why. Nothing here can change the outcome.
+            current = await q.one(f"SELECT {_COLUMNS} FROM tickets WHERE id = ?", id)
+            presented = {
+                "nonce_hash": nonce_hash,
+                "subject_id": subject_id,
+                "env": env,
+                "action": action,
+                "resource_hash": resource_hash,
+                "command_hash": command_hash,
+            }
+            raise _refusal(id, current, presented, now)
+
+    async def expire_tickets(self, now: float) -> list[TicketRecord]:
+        async with self._unit(write=True) as q:
+            rows = await q.all(
+                "UPDATE tickets SET state = 'expired', closed_at = ? "
+                "WHERE (state = 'pending' AND pending_until <= ?) "
+                "OR (state = 'approved' AND expires_at <= ?) "
+                f"RETURNING {_COLUMNS}",
+                now, now, now,
+            )  # fmt: skip
+            rows = sorted(rows, key=lambda r: (r["created_at"], r["id"]))
+            return await _tickets(q, rows)
