@@ -1,7 +1,18 @@
-"""Shared fixtures: a configuration per test (its own state dir) and the real app behind a client."""
+"""Shared fixtures: a configuration per test (its own state dir) and the real app behind a client.
+
+Policy vetting: every app start loads the policy engine, which vets the revision (compile, probe
+decision, the revision's own ``*_test.rego``) in a child interpreter so that a native crash
+cannot take a serving worker down. App tests vet in this process instead, once per policy
+content per session (``in_process_policy_vetting``): the same ``regotest.vet`` the child runs,
+without an interpreter start per test. This is a test-only substitution of the module attribute
+the engine calls; production has no setting for it. Tests under tests/authz/ (the engine's and
+the policy CLI's own tests, including crash isolation) and tests marked
+``child_process_vetting`` keep the real child-process path.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -10,13 +21,46 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from service.app import create_app
+from service.authz import engine as policy_engine
+from service.authz import regotest
+from service.authz.source import Snapshot
 from service.config import Config, load
 from tests import contract_hooks
 
 REPO = Path(__file__).resolve().parent.parent
+AUTHZ_TESTS = REPO / "tests" / "authz"
 
 MakeConfig = Callable[..., Config]
 MakeClient = Callable[..., Awaitable[TestClient]]
+
+_vetted: dict[tuple[str, str | None, str], regotest.TestReport] = {}
+
+
+def vet_in_process(
+    snapshot: Snapshot, *, mode: str = "test", only: str | None = None, timeout: float = 60.0
+) -> regotest.TestReport:
+    """``regotest.run_tests_isolated`` without the child: what the child would run (``vet`` or
+    ``run_tests``), memoised by the revision's full content (modules, tests, data)."""
+    digest = hashlib.sha256(snapshot.to_json().encode()).hexdigest()
+    key = (mode, only, digest)
+    report = _vetted.get(key)
+    if report is None:  # a TestReport is immutable: sharing it between tests is safe
+        report = regotest.vet(snapshot) if mode == "vet" else regotest.run_tests(snapshot, only)
+        _vetted[key] = report
+    return report
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if AUTHZ_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.child_process_vetting)
+
+
+@pytest.fixture(autouse=True)
+def in_process_policy_vetting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """App tests vet policy revisions in-process (see the module docstring)."""
+    if request.node.get_closest_marker("child_process_vetting") is None:
+        monkeypatch.setattr(policy_engine, "run_tests_isolated", vet_in_process)
 
 
 @pytest.fixture
