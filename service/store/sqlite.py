@@ -3,9 +3,10 @@
 Only what differs from PostgreSQL lives here: connecting, the transaction discipline and error
 wrapping; the statements are in the ``sql`` package.
 
-* The stdlib ``sqlite3`` module blocks, so each pooled connection is confined to its own
-  single-thread executor: the event loop never waits on the disk or on a lock, and one
-  connection's statements run strictly in submission order.
+* Two connections per process: one writer, confined to its own single-thread executor because
+  the stdlib ``sqlite3`` module blocks (the event loop never waits on the disk or on a lock, and
+  the writer's statements run strictly in submission order), and one read-only connection used
+  on the loop's thread (``_InlineConnection``).
 * WAL lets readers proceed while one writer writes; ``synchronous=FULL`` makes each commit
   durable; ``busy_timeout`` makes writers from other processes queue instead of failing.
 * Every writing transaction starts with ``BEGIN IMMEDIATE``: it takes the write lock up front, so
@@ -328,45 +329,34 @@ class SqliteStore(SqlStore):
 
     dialect = DIALECT
 
-    def __init__(
-        self, path: str, connections: list[_Connection], reader: _InlineConnection
-    ) -> None:
+    def __init__(self, path: str, writer: _Connection, reader: _InlineConnection) -> None:
         self._path = path
-        self._all = connections
-        self._idle: asyncio.Queue[_Connection] = asyncio.Queue()
-        for conn in connections:
-            self._idle.put_nowait(conn)
         self._reader = reader
         # Read transactions on the inline reader do not suspend between statements, so they
         # cannot interleave; the lock only matters if one ever did.
         self._reader_lock = asyncio.Lock()
         # Every write of this process goes through one connection, in group-committed batches.
-        self._writer = connections[0]
+        self._writer = writer
         self._batch: _WriteBatch | None = None
         self._savepoints = 0
         self._closed = False
 
     @classmethod
-    async def open(
-        cls, path: str, *, pool_size: int = 4, busy_timeout_s: float = 5.0
-    ) -> SqliteStore:
+    async def open(cls, path: str, *, busy_timeout_s: float = 5.0) -> SqliteStore:
         if sqlite3.sqlite_version_info < _MIN_VERSION:
             raise StoreError(f"SQLite {sqlite3.sqlite_version} is too old (3.35+ needed)")
         try:
             file = await asyncio.to_thread(_prepare_file, path)
         except OSError as exc:
             raise StoreUnavailable(f"sqlite store unavailable: {type(exc).__name__}") from exc
-        connections: list[_Connection] = []
+        writer = await _Connection.open(str(file), busy_timeout_s)
         try:
-            for _ in range(max(1, pool_size)):
-                connections.append(await _Connection.open(str(file), busy_timeout_s))
-            await _migrate(connections[0])
+            await _migrate(writer)
             reader = await _InlineConnection.open_inline(str(file), busy_timeout_s)
         except BaseException:
-            for conn in connections:
-                await conn.close()
+            await writer.close()
             raise
-        return cls(str(file), connections, reader)
+        return cls(str(file), writer, reader)
 
     @asynccontextmanager
     async def _transaction(self, *, write: bool) -> AsyncIterator[_Connection]:
@@ -436,11 +426,7 @@ class SqliteStore(SqlStore):
         self._closed = True
         if self._batch is not None and not self._batch.committed.done():
             await asyncio.wait([self._batch.committed])
-        # Wait for in-flight transactions to hand their connections back, then close them.
-        for _ in self._all:
-            await self._idle.get()
-        for conn in self._all:
-            await conn.close()
+        await self._writer.close()
         async with self._reader_lock:
             await self._reader.close()
 

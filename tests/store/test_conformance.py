@@ -557,6 +557,20 @@ async def test_transaction_object_is_dead_after_exit(store: Store) -> None:
         await tx.claim_once("jti", "x", T0 + 1, T0)
     with pytest.raises(StoreError):
         await tx.claim_once("jti", "y", T0 + 1, T0)
+    with pytest.raises(StoreError):  # reads too: the connection may belong to someone else now
+        await tx.get_session("s-1")
+
+
+async def test_store_reads_do_not_wait_for_an_open_write_transaction(store: Store) -> None:
+    """Store-level reads run outside the writers' lock and see only committed data."""
+    await store.create_session(session())
+    async with store.transaction() as tx:
+        await tx.revoke_session("s-1", T0 + 5)
+        got = await asyncio.wait_for(store.get_session("s-1"), timeout=2)
+        assert got == session()  # the revocation is not committed yet
+        assert await asyncio.wait_for(store.audit_head(), timeout=2) == (0, AUDIT_GENESIS_HASH)
+    got = await store.get_session("s-1")
+    assert got is not None and got.revoked_at == T0 + 5
 
 
 async def test_conflict_inside_transaction_rolls_back_earlier_writes(store: Store) -> None:
