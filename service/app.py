@@ -1,29 +1,51 @@
-"""Build the aiohttp application from a ``Config``: middlewares in order, routes, resources."""
+"""Build the aiohttp application from a ``Config``: middlewares, components, routes, in order."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from . import clock
 from .api import routes as api_routes
+from .appkeys import AUDIT, AUTHENTICATOR, COMPOSE_RULES, CONFIG, ENGINE, STARTED_AT, STORE
+from .approvals.expiry import expire_once
+from .audit.log import AuditLog
+from .authn import identities
+from .authn.keyring import KeyRing
+from .authn.sessions import Authenticator
+from .authz.engine import LOG_FIELDS, PolicyEngine
+from .authz.reload import reloading
+from .compose.preflight import RuleSet
 from .config import Config
-from .keys import COMPONENTS, CONFIG, STARTED_AT
+from .health import setup_health
 from .middleware.authn import setup_authn
 from .middleware.correlation import setup_correlation
 from .middleware.headers import setup_headers
 from .middleware.metrics import setup_metrics
 from .middleware.problems import setup_problems
-from .services import setup_services
+from .store.base import StoreError
+from .storelink import setup_store
 
 __all__ = ["create_app"]
 
+log = logging.getLogger("controlplane.app")
+
 MAX_HEADER_FIELD_BYTES = 128 * 1024
+#: How often each worker expires tickets and purges dead claims, failures and sessions.
+HOUSEKEEPING_INTERVAL_S = 30.0
+#: The shipped development identities: their passwords, TOTP secrets and keys are public.
+DEV_IDENTITIES = Path(__file__).resolve().parent.parent / "examples" / "identities.yaml"
 
 
 def create_app(config: Config) -> web.Application:
-    """The whole service as one application; resources open in ``cleanup_ctx`` on start-up."""
+    """The whole service as one application; components open in ``cleanup_ctx`` on start-up."""
     app = web.Application(
         client_max_size=config.server.max_body_bytes,
         # aiohttp's parser answers an over-long header with a plain-text 400 before any
@@ -33,12 +55,6 @@ def create_app(config: Config) -> web.Application:
     )
     app[CONFIG] = config
     app[STARTED_AT] = time.time()
-    app[COMPONENTS] = {}
-
-    async def config_status() -> dict[str, Any]:
-        return {"status": "ready", "mode": config.mode}
-
-    app[COMPONENTS]["config"] = config_status
 
     # Middleware order, outermost first. correlation first: everything inside logs with the id
     # and every response echoes it. metrics and headers sit outside problems, so they see the
@@ -51,7 +67,93 @@ def create_app(config: Config) -> web.Application:
     setup_problems(app)
     setup_authn(app)
 
-    setup_services(app)
+    # Components, opened in this order on start-up and closed in reverse on shutdown. Each
+    # sets its own app key. The policy engine needs nothing; the store link may start
+    # disconnected (degraded, retried in the background); the audit log and the authenticator
+    # reach the store through the link per call; housekeeping runs last, over all of them.
+    setup_health(app)
+    app.cleanup_ctx.append(_policies)
+    setup_store(app)
+    app.cleanup_ctx.append(_audit)
+    app.cleanup_ctx.append(_authenticator)
+    app.cleanup_ctx.append(_housekeeping)
 
     api_routes.add_routes(app)
     return app
+
+
+async def _policies(app: web.Application) -> AsyncIterator[None]:
+    """ENGINE and COMPOSE_RULES; the policy files are polled (and SIGHUP reloads) while open."""
+    config = app[CONFIG]
+    # Revisions are vetted (compiled, probed, their *_test.rego run) in a child process: the
+    # native engine can crash on some constructs, and that must reject the revision, not
+    # kill the worker.
+    engine = PolicyEngine(config.policies.dir, config.environments,
+                          [f for f in config.logging.mask_fields if f in LOG_FIELDS])
+    result = await asyncio.to_thread(engine.load)
+    if not result.ok:
+        # Serving with no policy would mean every decision is a deny: start degraded and
+        # say so (readyz 503), so an orchestrator does not route traffic here.
+        log.error("no policy revision could be loaded: %s", result.error)
+    app[ENGINE] = engine
+    app[COMPOSE_RULES] = await asyncio.to_thread(RuleSet.load, config.policies.dir / "compose")
+    async with reloading(engine, config.policies.reload_interval_s):
+        yield
+
+
+async def _audit(app: web.Application) -> AsyncIterator[None]:
+    """AUDIT: the hash-chained log over the store (and its JSON-lines mirror)."""
+    app[AUDIT] = AuditLog(app[STORE].require, app[CONFIG].audit_jsonl_path)
+    yield
+
+
+async def _authenticator(app: web.Application) -> AsyncIterator[None]:
+    """AUTHENTICATOR: identities and the signing key ring are loaded here, once."""
+    config = app[CONFIG]
+    if config.mode == "production" and config.authn.identities.resolve() == DEV_IDENTITIES:
+        log.warning("production mode with the DEVELOPMENT identities (examples/identities.yaml): "
+                    "their passwords, TOTP secrets and keys are public; set authn.identities")
+    directory = await asyncio.to_thread(identities.load, config.authn.identities)
+    keys = await asyncio.to_thread(KeyRing.open, config.state_dir / "keys",
+                                   retain_s=config.authn.key_retain_s, now=clock.now())
+    app[AUTHENTICATOR] = Authenticator(app[STORE].require, directory, keys, config.authn)
+    yield
+
+
+async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
+    """Every ``HOUSEKEEPING_INTERVAL_S``: expire tickets, then purge dead claims, failures and
+    sessions. Idle while there is no store; a failed round is logged and retried."""
+    link, audit, authenticator = app[STORE], app[AUDIT], app[AUTHENTICATOR]
+
+    async def round_(now: float) -> None:
+        if link.store is None:
+            return
+        await expire_once(link.store, audit, now)
+        # A store-level write: never issued while the expiry transaction is open.
+        claims, failures, sessions = await authenticator.purge(now)
+        if claims or failures or sessions:
+            log.info("purged %d expired one-time claims, %d old login failures, %d expired "
+                     "sessions", claims, failures, sessions)
+
+    async with _every(HOUSEKEEPING_INTERVAL_S, round_):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _every(interval_s: float, job: Callable[[float], Awaitable[Any]]) -> AsyncIterator[None]:
+    async def loop() -> None:
+        while True:
+            try:
+                await job(clock.now())
+            except StoreError:
+                log.warning("housekeeping skipped: store unavailable")
+            except Exception:
+                log.exception("housekeeping failed")
+            await asyncio.sleep(interval_s)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -15,20 +15,23 @@ parsed as YAML scalars (``8701`` is an int, ``true`` a bool).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import yaml
 
+from .authn.tokens import MAX_ACCESS_TTL_S
 from .schemas import ValidationFailed, validate
 
 __all__ = [
+    "AuthnConfig",
     "Config",
     "ConfigError",
     "DatabaseItem",
+    "Environments",
     "Secret",
     "StorageItem",
     "load",
@@ -47,40 +50,7 @@ _NOT_CONFIG = {"CONFIG", "CREDENTIALS", "TEST_PG_DSN", "TOKEN", "URL"}
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
-DEFAULTS: dict[str, Any] = {
-    "mode": "embedded",
-    "state_dir": ".state",
-    "server": {
-        "host": "127.0.0.1",
-        "port": 8700,
-        "workers": 1,
-        "max_body_bytes": 1024 * 1024,
-        "shutdown_timeout_s": 10,
-    },
-    "store": {"backend": "sqlite", "sqlite": {"path": None}, "postgres": {"dsn": None, "schema": None}},
-    "policies": {"dir": "policies", "reload_interval_s": 2},
-    "environments": {
-        "dev": {"production": False},
-        "staging": {"production": False},
-        "prod": {"production": True},
-    },
-    "authn": {
-        "issuer": "urn:controlplane:local",
-        "audience": "urn:controlplane:api",
-        "identities": "examples/identities.yaml",
-        "token_ttl_s": 900,
-        "step_up_window_s": 300,
-        "clock_skew_s": 30,
-        "session_ttl_s": 28800,
-        "max_failures": 5,
-        "failure_window_s": 300,
-    },
-    "approvals": {"store": "default", "default_ttl_s": 900, "pending_ttl_s": 86400},
-    "audit": {"jsonl_path": None},
-    "logging": {"level": "INFO", "access_log": True, "mask_fields": []},
-    "inventory": {"databases": [], "storage": []},
-}
-
+_Resolve = Callable[[str], Path]
 
 class ConfigError(Exception):
     """The configuration cannot be loaded; the message says where and why (never a secret)."""
@@ -110,6 +80,51 @@ class Secret:
         return hash(self._value)
 
 
+class Environments(Mapping[str, bool]):
+    """Environment name -> is it production. The one home of the environment rules."""
+
+    __slots__ = ("_production",)
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "dev": {"production": False},
+        "staging": {"production": False},
+        "prod": {"production": True},
+    }
+
+    def __init__(self, production: Mapping[str, bool]):
+        if not production:
+            raise ConfigError("environments: at least one environment is required")
+        self._production = dict(production)
+
+    def __getitem__(self, name: str) -> bool:
+        return self._production[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._production)
+
+    def __len__(self) -> int:
+        return len(self._production)
+
+    def __repr__(self) -> str:
+        return f"Environments({self._production!r})"
+
+    def is_production(self, env: str) -> bool:
+        """Unknown environments count as production: fail closed."""
+        return self._production.get(env, True)
+
+    def strictest(self) -> str:
+        """The environment a request spanning every environment is judged as: the first
+        production one (or, with none, the first configured)."""
+        for name, production in self._production.items():
+            if production:
+                return name
+        return next(iter(self._production))
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> Environments:
+        return cls({name: bool(spec["production"]) for name, spec in raw.items()})
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str
@@ -118,6 +133,24 @@ class ServerConfig:
     max_body_bytes: int
     shutdown_timeout_s: float
 
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "host": "127.0.0.1",
+        "port": 8700,
+        "workers": 1,
+        "max_body_bytes": 1024 * 1024,
+        "shutdown_timeout_s": 10,
+    }
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> ServerConfig:
+        return cls(
+            host=raw["host"],
+            port=int(raw["port"]),
+            workers=int(raw["workers"]),
+            max_body_bytes=int(raw["max_body_bytes"]),
+            shutdown_timeout_s=float(raw["shutdown_timeout_s"]),
+        )
+
 
 @dataclass(frozen=True)
 class StoreConfig:
@@ -125,6 +158,28 @@ class StoreConfig:
     sqlite_path: Path
     postgres_dsn: Secret | None
     postgres_schema: str | None
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "backend": "sqlite",
+        "sqlite": {"path": None},
+        "postgres": {"dsn": None, "schema": None},
+    }
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve, state_dir: Path) -> StoreConfig:
+        sqlite_path = raw["sqlite"].get("path")
+        dsn = raw["postgres"].get("dsn")
+        if raw["backend"] == "postgres":
+            if not dsn:
+                raise ConfigError("store.backend is postgres but store.postgres.dsn is not set")
+            if urlsplit(dsn).scheme not in ("postgres", "postgresql"):
+                raise ConfigError("store.postgres.dsn must be a postgresql:// URL")
+        return cls(
+            backend=raw["backend"],
+            sqlite_path=resolve(sqlite_path) if sqlite_path else state_dir / "controlplane.db",
+            postgres_dsn=Secret(dsn) if dsn else None,
+            postgres_schema=raw["postgres"].get("schema"),
+        )
 
     @property
     def url(self) -> Secret | None:
@@ -141,18 +196,62 @@ class PoliciesConfig:
     dir: Path
     reload_interval_s: float
 
+    DEFAULTS: ClassVar[dict[str, Any]] = {"dir": "policies", "reload_interval_s": 2}
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve) -> PoliciesConfig:
+        return cls(dir=resolve(raw["dir"]), reload_interval_s=float(raw["reload_interval_s"]))
+
 
 @dataclass(frozen=True)
 class AuthnConfig:
+    """The ``authn`` section: what the authenticator, tokens and throttles use, as configured."""
+
     issuer: str
     audience: str
     identities: Path
-    token_ttl_s: int
-    step_up_window_s: int
-    clock_skew_s: int
-    session_ttl_s: int
-    max_failures: int
-    failure_window_s: int
+    token_ttl_s: int = 900
+    step_up_window_s: int = 300
+    clock_skew_s: int = 30
+    session_ttl_s: int = 28800
+    #: Failed logins (or OTP codes) per subject within ``failure_window_s`` before 429.
+    max_failures: int = 5
+    failure_window_s: int = 300
+    #: Failed logins per client address within the window (many people may share one address).
+    max_failures_per_addr: int = 50
+    #: Verified access tokens remembered per worker (their signature is not checked again).
+    token_cache_size: int = 4096
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "issuer": "urn:controlplane:local",
+        "audience": "urn:controlplane:api",
+        "identities": "examples/identities.yaml",
+        "token_ttl_s": 900,
+        "step_up_window_s": 300,
+        "clock_skew_s": 30,
+        "session_ttl_s": 28800,
+        "max_failures": 5,
+        "failure_window_s": 300,
+        "max_failures_per_addr": 50,
+        "token_cache_size": 4096,
+    }
+
+    def __post_init__(self) -> None:
+        if not 0 < self.token_ttl_s <= MAX_ACCESS_TTL_S:
+            raise ConfigError(f"authn.token_ttl_s must be 1..{MAX_ACCESS_TTL_S}")
+        if min(self.max_failures, self.max_failures_per_addr, self.failure_window_s) < 1:
+            raise ConfigError("authn: throttle limits must be positive")
+
+    @property
+    def key_retain_s(self) -> int:
+        """How long a retired signing key keeps verifying: the longest token life plus skew."""
+        return MAX_ACCESS_TTL_S + self.clock_skew_s
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve) -> AuthnConfig:
+        ints = {f.name: int(raw[f.name]) for f in fields(cls) if f.type == "int"}
+        return cls(issuer=raw["issuer"], audience=raw["audience"],
+                   identities=resolve(raw["identities"]), **ints)
 
 
 @dataclass(frozen=True)
@@ -161,12 +260,30 @@ class ApprovalsConfig:
     default_ttl_s: int
     pending_ttl_s: int
 
+    DEFAULTS: ClassVar[dict[str, Any]] = {"store": "default", "default_ttl_s": 900,
+                                          "pending_ttl_s": 86400}
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], store_backend: str) -> ApprovalsConfig:
+        return cls(
+            enabled=raw["store"] != "none" and store_backend != "none",
+            default_ttl_s=int(raw["default_ttl_s"]),
+            pending_ttl_s=int(raw["pending_ttl_s"]),
+        )
+
 
 @dataclass(frozen=True)
 class LoggingConfig:
     level: str
     access_log: bool
     mask_fields: tuple[str, ...]
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {"level": "INFO", "access_log": True, "mask_fields": []}
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> LoggingConfig:
+        return cls(level=raw["level"], access_log=bool(raw["access_log"]),
+                   mask_fields=tuple(raw["mask_fields"]))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +322,13 @@ class InventoryConfig:
     databases: tuple[DatabaseItem, ...] | None  # None: no inventory configured
     storage: tuple[StorageItem, ...] | None
 
+    DEFAULTS: ClassVar[dict[str, Any]] = {"databases": [], "storage": []}
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> InventoryConfig:
+        return cls(databases=_inventory(raw.get("databases"), DatabaseItem, "engine"),
+                   storage=_inventory(raw.get("storage"), StorageItem, "provider"))
+
 
 @dataclass(frozen=True)
 class Config:
@@ -215,7 +339,7 @@ class Config:
     server: ServerConfig
     store: StoreConfig
     policies: PoliciesConfig
-    environments: Mapping[str, bool]  # env name -> production?
+    environments: Environments
     authn: AuthnConfig
     approvals: ApprovalsConfig
     audit_jsonl_path: Path | None
@@ -225,7 +349,7 @@ class Config:
 
     def is_production(self, env: str) -> bool:
         """Unknown environments count as production: fail closed."""
-        return self.environments.get(env, True)
+        return self.environments.is_production(env)
 
     @property
     def runtime_mode(self) -> str:
@@ -233,6 +357,22 @@ class Config:
         return {"sqlite": "embedded-sqlite", "postgres": "postgresql"}.get(
             self.store.backend, "stateless"
         )
+
+
+#: The whole default document: each section's defaults, owned by its dataclass.
+DEFAULTS: dict[str, Any] = {
+    "mode": "embedded",
+    "state_dir": ".state",
+    "server": ServerConfig.DEFAULTS,
+    "store": StoreConfig.DEFAULTS,
+    "policies": PoliciesConfig.DEFAULTS,
+    "environments": Environments.DEFAULTS,
+    "authn": AuthnConfig.DEFAULTS,
+    "approvals": ApprovalsConfig.DEFAULTS,
+    "audit": {"jsonl_path": None},
+    "logging": LoggingConfig.DEFAULTS,
+    "inventory": InventoryConfig.DEFAULTS,
+}
 
 
 def load(
@@ -321,67 +461,20 @@ def _build(raw: dict[str, Any], base: Path, source: str | None) -> Config:
         return p if p.is_absolute() else (base / p)
 
     state_dir = resolve(raw["state_dir"])
-    server = raw["server"]
-    store = raw["store"]
-    sqlite_path = store["sqlite"].get("path")
-    dsn = store["postgres"].get("dsn")
-    if store["backend"] == "postgres":
-        if not dsn:
-            raise ConfigError("store.backend is postgres but store.postgres.dsn is not set")
-        scheme = urlsplit(dsn).scheme
-        if scheme not in ("postgres", "postgresql"):
-            raise ConfigError("store.postgres.dsn must be a postgresql:// URL")
-    authn = raw["authn"]
-    approvals = raw["approvals"]
-    inventory = raw["inventory"]
-    logging_raw = raw["logging"]
+    store = StoreConfig.from_raw(raw["store"], resolve, state_dir)
+    jsonl = raw["audit"].get("jsonl_path")
     return Config(
         mode=raw["mode"],
         state_dir=state_dir,
-        server=ServerConfig(
-            host=server["host"],
-            port=int(server["port"]),
-            workers=int(server["workers"]),
-            max_body_bytes=int(server["max_body_bytes"]),
-            shutdown_timeout_s=float(server["shutdown_timeout_s"]),
-        ),
-        store=StoreConfig(
-            backend=store["backend"],
-            sqlite_path=resolve(sqlite_path) if sqlite_path else state_dir / "controlplane.db",
-            postgres_dsn=Secret(dsn) if dsn else None,
-            postgres_schema=store["postgres"].get("schema"),
-        ),
-        policies=PoliciesConfig(
-            dir=resolve(raw["policies"]["dir"]),
-            reload_interval_s=float(raw["policies"]["reload_interval_s"]),
-        ),
-        environments={name: bool(spec["production"]) for name, spec in raw["environments"].items()},
-        authn=AuthnConfig(
-            issuer=authn["issuer"],
-            audience=authn["audience"],
-            identities=resolve(authn["identities"]),
-            token_ttl_s=int(authn["token_ttl_s"]),
-            step_up_window_s=int(authn["step_up_window_s"]),
-            clock_skew_s=int(authn["clock_skew_s"]),
-            session_ttl_s=int(authn["session_ttl_s"]),
-            max_failures=int(authn["max_failures"]),
-            failure_window_s=int(authn["failure_window_s"]),
-        ),
-        approvals=ApprovalsConfig(
-            enabled=approvals["store"] != "none" and store["backend"] != "none",
-            default_ttl_s=int(approvals["default_ttl_s"]),
-            pending_ttl_s=int(approvals["pending_ttl_s"]),
-        ),
-        audit_jsonl_path=resolve(raw["audit"]["jsonl_path"]) if raw["audit"].get("jsonl_path") else None,
-        logging=LoggingConfig(
-            level=logging_raw["level"],
-            access_log=bool(logging_raw["access_log"]),
-            mask_fields=tuple(logging_raw["mask_fields"]),
-        ),
-        inventory=InventoryConfig(
-            databases=_inventory(inventory.get("databases"), DatabaseItem, "engine"),
-            storage=_inventory(inventory.get("storage"), StorageItem, "provider"),
-        ),
+        server=ServerConfig.from_raw(raw["server"]),
+        store=store,
+        policies=PoliciesConfig.from_raw(raw["policies"], resolve),
+        environments=Environments.from_raw(raw["environments"]),
+        authn=AuthnConfig.from_raw(raw["authn"], resolve),
+        approvals=ApprovalsConfig.from_raw(raw["approvals"], store.backend),
+        audit_jsonl_path=resolve(jsonl) if jsonl else None,
+        logging=LoggingConfig.from_raw(raw["logging"]),
+        inventory=InventoryConfig.from_raw(raw["inventory"]),
         source=source,
     )
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from service import clock
+from service.appkeys import AUDIT, AUTHENTICATOR, CONFIG, ENGINE, STORE
 from service.approvals.binding import command_hash, resource_hash
-from service.keys import SERVICES
-from service.services import sweep_once
+from service.approvals.expiry import expire_once
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
 
@@ -33,7 +33,7 @@ def ticket_headers(token: str, ticket: dict[str, Any], **extra: str) -> dict[str
 
 
 async def audit_entries(client) -> list[dict[str, Any]]:
-    store = client.server.app[SERVICES].store
+    store = client.server.app[STORE].require()
     return [r.entry for r in await store.audit_range(0, 1000)]
 
 
@@ -105,7 +105,7 @@ async def test_readme_story_end_to_end(client):
     await assert_problem(replay, 409, "ticket_consumed")
 
     # The audit chain verifies and holds each step, in order.
-    count, broken = await client.server.app[SERVICES].audit.verify()
+    count, broken = await client.server.app[AUDIT].verify()
     assert broken is None and count >= 6
     steps = [(e["action"], e["outcome"]) for e in await audit_entries(client)]
     assert steps == [
@@ -130,7 +130,7 @@ async def test_prod_mutation_without_step_up_is_401_rfc9470_and_executes_nothing
     await assert_problem(response, 401, "step_up_required")
     challenge = response.headers["WWW-Authenticate"]
     assert 'error="insufficient_user_authentication"' in challenge and "max_age=" in challenge
-    assert await client.server.app[SERVICES].store.get_task("task-1") is None
+    assert await client.server.app[STORE].require().get_task("task-1") is None
 
 
 async def test_dev_mutation_follows_policy_without_ticket(client):
@@ -183,7 +183,7 @@ async def test_binding_mismatch_names_fields_and_consumes_nothing(client):
     # staging is not production: the policy allows alice without a ticket; nothing to bind.
     assert (await client.post("/api/v1/installer/actions", json=staging,
                               headers=bearer(alice))).status == 202
-    stored = await client.server.app[SERVICES].store.get_ticket(ticket["id"])
+    stored = await client.server.app[STORE].require().get_ticket(ticket["id"])
     assert stored.state == "approved"
     ok = await client.post("/api/v1/installer/actions", json=installer_body(),
                            headers=ticket_headers(alice, ticket))
@@ -198,7 +198,7 @@ async def test_wrong_nonce_is_a_mismatch_and_consumes_nothing(client):
                                  headers=ticket_headers(alice, forged))
     body = await assert_problem(response, 403, "ticket_binding_mismatch")
     assert body["fields"] == ["nonce"]
-    assert (await client.server.app[SERVICES].store.get_ticket(ticket["id"])).state == "approved"
+    assert (await client.server.app[STORE].require().get_ticket(ticket["id"])).state == "approved"
 
 
 async def test_ticket_of_another_subject_is_a_mismatch(client):
@@ -274,7 +274,7 @@ async def test_separation_of_duties_requester_cannot_review(client):
     response = await client.post(f"/api/v1/approvals/{ticket['id']}/reviews",
                                  json={"decision": "approve"}, headers=bearer(agent))
     assert response.status == 403
-    assert (await client.server.app[SERVICES].store.get_ticket(ticket["id"])).state == "pending"
+    assert (await client.server.app[STORE].require().get_ticket(ticket["id"])).state == "pending"
 
 
 async def test_prod_review_needs_step_up(client):
@@ -372,7 +372,7 @@ async def test_without_repository_approvals_503_and_prod_fails_closed(make_clien
     response = await client.post("/api/v1/installer/actions", json=installer_body(),
                                  headers=bearer(alice))
     await assert_problem(response, 503, "approval_repository_unavailable")
-    assert await client.server.app[SERVICES].store.get_task("task-1") is None
+    assert await client.server.app[STORE].require().get_task("task-1") is None
     # dev still follows the policy.
     dev = await client.post("/api/v1/installer/actions", json=installer_body("dev"),
                             headers=bearer(alice))
@@ -382,7 +382,7 @@ async def test_without_repository_approvals_503_and_prod_fails_closed(make_clien
 async def test_audit_that_cannot_be_written_means_the_mutation_did_not_happen(client):
     alice = await step_up(client, await login(client, "alice"), "alice")
     ticket = await approved_ticket(client, alice)
-    db = client.server.app[SERVICES].config.store.sqlite_path
+    db = client.server.app[CONFIG].store.sqlite_path
     with sqlite3.connect(db) as conn:
         conn.execute("CREATE TRIGGER no_audit BEFORE INSERT ON audit_log "
                      "BEGIN SELECT RAISE(ABORT, 'audit disk full'); END")
@@ -390,7 +390,7 @@ async def test_audit_that_cannot_be_written_means_the_mutation_did_not_happen(cl
                                  headers=ticket_headers(alice, ticket))
     body = await assert_problem(response, 503, "audit_unavailable")
     assert "disk full" not in str(body)
-    store = client.server.app[SERVICES].store
+    store = client.server.app[STORE].require()
     assert (await store.get_ticket(ticket["id"])).state == "approved"
     assert await store.get_task("task-1") is None
 
@@ -489,8 +489,8 @@ async def test_a_ticket_redeemed_by_a_read_is_consumed_too(client):
 
     from service.authz.decision import Decision
 
-    services = client.server.app[SERVICES]
-    real = services.decide
+    engine = client.server.app[ENGINE]
+    real = engine.decide
 
     def decide(doc):
         if doc["action"] == "databases.list":
@@ -505,29 +505,29 @@ async def test_a_ticket_redeemed_by_a_read_is_consumed_too(client):
     bob = await step_up(client, await login(client, "bob"), "bob")
     await client.post(f"/api/v1/approvals/{ticket['id']}/reviews", json={"decision": "approve"},
                       headers=bearer(bob))
-    services.decide = decide
+    engine.decide = decide
     try:
         first = await client.get("/api/v1/databases?env=prod", headers=ticket_headers(alice, ticket))
         again = await client.get("/api/v1/databases?env=prod", headers=ticket_headers(alice, ticket))
     finally:
-        services.decide = real
+        engine.decide = real
     assert first.status == 200
     await assert_problem(again, 409, "ticket_consumed")
-    assert (await services.store.get_ticket(ticket["id"])).state == "consumed"
+    assert (await client.server.app[STORE].require().get_ticket(ticket["id"])).state == "consumed"
 
 
 async def test_ticket_requirements_are_decided_on_the_executing_requests_resource_kind(client):
     """Creating a ticket asks the policy about the target action with the same resource kind
     the executing request will present (both come from the action catalogue)."""
-    services = client.server.app[SERVICES]
-    real = services.decide
+    engine = client.server.app[ENGINE]
+    real = engine.decide
     seen: dict[str, set[str]] = {}
 
     def spy(doc):
         seen.setdefault(doc["action"], set()).add(doc["resource"]["kind"])
         return real(doc)
 
-    services.decide = spy
+    engine.decide = spy
     try:
         alice = await step_up(client, await login(client, "alice"), "alice")
         await client.post("/api/v1/approvals", headers=bearer(alice), json={
@@ -535,13 +535,12 @@ async def test_ticket_requirements_are_decided_on_the_executing_requests_resourc
             "resource": RESOURCE})
         await client.post("/api/v1/installer/actions", json=installer_body(), headers=bearer(alice))
     finally:
-        services.decide = real
+        engine.decide = real
     assert seen["installer.run.execute"] == {"installer_run"}
     assert seen["approvals.create"] == {"approval_ticket"}
 
 
 async def test_sweep_expires_tickets_with_audit_and_purges_housekeeping_rows(client):
-    services = client.server.app[SERVICES]
     alice = await step_up(client, await login(client, "alice"), "alice")
     response = await client.post(
         "/api/v1/approvals",
@@ -552,12 +551,13 @@ async def test_sweep_expires_tickets_with_audit_and_purges_housekeeping_rows(cli
     assert response.status == 201
     ticket = await response.json()
     now = clock.now()
-    store = services.store
-    await store.record_failure("mallory", now - 10 * services.config.authn.failure_window_s)
+    store = client.server.app[STORE].require()
+    await store.record_failure("mallory", now - 10 * client.server.app[CONFIG].authn.failure_window_s)
     await store.record_failure("mallory", now)
     assert await store.claim_once("test", "stale", now - 1, now - 100) is True
 
-    await sweep_once(services, now + 30 * 86400)  # past every pending/approval ttl
+    await expire_once(store, client.server.app[AUDIT], now + 30 * 86400)
+    await client.server.app[AUTHENTICATOR].purge(now + 30 * 86400)  # past every pending/approval ttl
 
     assert (await store.get_ticket(ticket["id"])).state == "expired"
     expiries = [e for e in await audit_entries(client) if e.get("ticket_event") == "expired"]
@@ -565,11 +565,10 @@ async def test_sweep_expires_tickets_with_audit_and_purges_housekeeping_rows(cli
     # the sweep ran "30 days later": every failure, claim and session was past keeping
     assert await store.count_failures("mallory", 0) == 0
     later = now + 30 * 86400
-    assert await store.purge_expired(later, later - services.config.authn.failure_window_s, later) == (
-        0, 0, 0
-    )
+    window = client.server.app[CONFIG].authn.failure_window_s
+    assert await store.purge_expired(later, later - window, later) == (0, 0, 0)
     # alice's token has not expired yet by the real clock, but its session is gone: refused
     refused = await client.get(f"/api/v1/approvals/{ticket['id']}", headers=bearer(alice))
     assert refused.status == 401 and (await refused.json())["code"] == "session_inactive"
-    count, broken = await services.audit.verify()
+    count, broken = await client.server.app[AUDIT].verify()
     assert broken is None and count >= 1

@@ -14,9 +14,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service.appkeys import ENGINE, STORE
 from service.approvals.binding import command_hash, resource_hash
 from service.authz.decision import Decision
-from service.keys import SERVICES
 from tests.auth import bearer, login, step_up
 
 RESOURCE = {"app": "web", "version": "3.0.0"}
@@ -78,7 +78,7 @@ class World:
                                             headers=bearer(self.tokens["bob"]))
             assert review.status == 200, await review.text()
         if kind == "consumed":
-            store = self.client.server.app[SERVICES].store
+            store = self.client.server.app[STORE].require()
             stored = await store.get_ticket(ticket["id"])
             await store.consume_ticket(
                 stored.id, nonce_hash=stored.nonce_hash, subject_id="alice", env=env,
@@ -97,8 +97,8 @@ async def test_no_prod_mutation_without_consumed_bound_ticket_and_step_up(client
     if world is None:
         world = client._world = World(client)
         await world.setup()
-    services = client.server.app[SERVICES]
-    real_decide = services.decide
+    engine = client.server.app[ENGINE]
+    real_decide = engine.decide
     drawn: Decision = scenario["decision"]
 
     def decide(doc: dict[str, Any]) -> Decision:
@@ -118,13 +118,13 @@ async def test_no_prod_mutation_without_consumed_bound_ticket_and_step_up(client
     body = {"task_id": task_id, "action": "installer.run.execute", "env": env,
             "resource": RESOURCE if scenario["body_resource"] == "same" else OTHER}
 
-    store = services.store
+    store = client.server.app[STORE].require()
     head_before, _ = await store.audit_head()
-    services.decide = decide  # type: ignore[method-assign]
+    engine.decide = decide  # type: ignore[method-assign]
     try:
         response = await client.post("/api/v1/installer/actions", json=body, headers=headers)
     finally:
-        services.decide = real_decide  # type: ignore[method-assign]
+        engine.decide = real_decide  # type: ignore[method-assign]
     head_after, _ = await store.audit_head()
     assert response.status != 500, await response.text()
 

@@ -6,29 +6,22 @@ from typing import Any
 
 from aiohttp import web
 
+from ..appkeys import AUTHENTICATOR, CONFIG, ENGINE, STORE
 from ..approvals.binding import resource_hash
-from ..approvals.tickets import decide_review, new_ticket, requirements, ticket_view
+from ..approvals.policy import reviewer_facts, ticket_requirements
+from ..approvals.tickets import decide_review, new_ticket, ticket_view
 from ..authn import stepup
 from ..authz import actions
-from ..authz.input import build_input
-from ..chain import Outcome, Run, Target, fresh_strong_auth, protected
-from ..errors import (
-    ApprovalRepositoryUnavailable,
-    Forbidden,
-    NotFound,
-    PolicyDenied,
-    SchemaValidationFailed,
-    StepUpRequired,
-)
-from ..keys import SERVICES
-from ..store.base import TicketRecord, Tx
-from .queries import query_int, query_str, strictest_env
+from ..chain import Outcome, Run, Target, Write, protected
+from ..errors import ApprovalRepositoryUnavailable, Forbidden, NotFound, SchemaValidationFailed
+from ..store.base import Store, TicketRecord, Tx
+from .queries import query_int, query_str
 
 routes = web.RouteTableDef()
 
 
 def _require_repository(request: web.Request) -> None:
-    if not request.app[SERVICES].approvals_enabled:
+    if not request.app[CONFIG].approvals.enabled:
         raise ApprovalRepositoryUnavailable(
             "no approval repository is configured (approvals.store: none)"
         )
@@ -46,7 +39,7 @@ async def _create_target(request: web.Request, body: Any) -> Target:
 
 async def _ticket_target(request: web.Request, body: Any) -> Target:
     _require_repository(request)
-    ticket = await _load(request, request.app[SERVICES].store)
+    ticket = await _load(request, request.app[STORE].require())
     return Target(
         resource=ticket.resource,
         env=ticket.env,
@@ -57,7 +50,7 @@ async def _ticket_target(request: web.Request, body: Any) -> Target:
     )
 
 
-async def _load(request: web.Request, source: Any) -> TicketRecord:
+async def _load(request: web.Request, source: Store | Tx) -> TicketRecord:
     ticket_id = request.match_info["id"]
     ticket = await source.get_ticket(ticket_id) if len(ticket_id) <= 64 else None
     if ticket is None:
@@ -67,9 +60,8 @@ async def _load(request: web.Request, source: Any) -> TicketRecord:
 
 @routes.post("/api/v1/approvals")
 @protected("approvals.create", target=_create_target, body="approval-request.schema.json")
-async def create_approval(run: Run) -> Outcome:
+async def create_approval(run: Write) -> Outcome:
     """Create a pending ticket bound to subject, env, resource hash, action (+ command hash)."""
-    services = run.request.app[SERVICES]
     body = run.body
     if body["action"] not in actions.ACTIONS:
         raise SchemaValidationFailed(
@@ -89,39 +81,21 @@ async def create_approval(run: Run) -> Outcome:
             code="command_hash_required",
             errors=[{"pointer": "/command_hash", "message": "required for agent and service callers"}],
         )
-    # What the ticket must satisfy comes from the policy's answer for the action it will
-    # authorize, asked for the subject who will run it.
     subject_kind = (
         run.principal.kind if body["subject_id"] == run.principal.subject_id
-        else services.subject_kind(body["subject_id"])
+        else _subject_kind(run.request, body["subject_id"])
     )
     if subject_kind is None:
         raise SchemaValidationFailed(
             "unknown subject", errors=[{"pointer": "/subject_id", "message": "no such identity"}]
         )
-    subject_input = {
-        "subject_id": body["subject_id"], "kind": subject_kind, "session_id": None,
-        "auth_time": None, "authn_method": None,
-        "step_up": {"verified": True, "at": None, "age_s": None},
-    }
     # The resource kind and hash the executing request will present (the kind from the catalogue;
     # the executing request's own id, e.g. a task id, is not bound by tickets and unknown here).
-    target = Target(body["resource"], body["env"])
-    decision = services.decide(
-        build_input(subject_input, body["action"],
-                    target.policy_resource(actions.get(body["action"])), body["env"],
-                    {"correlation_id": run.correlation_id, "command_hash": command_hash})
-    )
-    if decision.decision == "deny":
-        raise PolicyDenied(
-            "the subject may not perform the action this ticket is for",
-            code="subject_denied", reasons=list(decision.reasons),
-        )
-    config = services.config
-    req = requirements(
-        decision.approval,
-        default_ttl_s=config.approvals.default_ttl_s,
-        default_pending_ttl_s=config.approvals.pending_ttl_s,
+    req = ticket_requirements(
+        run.request.app[ENGINE], run.config, subject_id=body["subject_id"],
+        subject_kind=subject_kind, action=body["action"],
+        target=Target(body["resource"], body["env"]), command_hash=command_hash,
+        correlation_id=run.correlation_id,
     )
     if "ttl_s" in body and body["ttl_s"] < req.ttl_s:
         req = type(req)(req.quorum, req.require_groups, req.reviewer_roles, body["ttl_s"],
@@ -131,7 +105,6 @@ async def create_approval(run: Run) -> Outcome:
         action=body["action"], command_hash=command_hash, reason=body.get("reason"),
         requested_by=run.principal.subject_id, req=req, now=run.now,
     )
-    assert run.tx is not None
     await run.tx.create_ticket(ticket)
     return Outcome(
         201,
@@ -152,11 +125,11 @@ async def read_approval(run: Run) -> Outcome:
 
 async def _list_target(request: web.Request, body: Any) -> Target:
     _require_repository(request)
-    config = request.app[SERVICES].config
     env = query_str(request, "env", pattern=r"[a-z][a-z0-9-]{0,31}")
     # Without an env filter the list spans every environment, so it is authorized as the
     # strictest one (a production environment).
-    return Target(resource={"collection": "approvals"}, env=env or strictest_env(config))
+    return Target(resource={"collection": "approvals"},
+                  env=env or request.app[CONFIG].environments.strictest())
 
 
 @routes.get("/api/v1/approvals")
@@ -171,7 +144,7 @@ async def list_approvals(run: Run) -> Outcome:
     limit = query_int(request, "limit", default=50, low=1, high=200)
     cursor = query_str(request, "cursor", pattern=r"[A-Za-z0-9_:.-]{1,200}")
     try:
-        tickets, next_cursor = await request.app[SERVICES].store.list_tickets(
+        tickets, next_cursor = await run.store.list_tickets(
             state=state, env=env, subject_id=subject, limit=limit, before=cursor
         )
     except ValueError:  # the store could not decode the cursor: not one it issued
@@ -184,27 +157,25 @@ async def list_approvals(run: Run) -> Outcome:
 
 @routes.post("/api/v1/approvals/{id}/reviews")
 @protected("approvals.review", target=_ticket_target, body="approval-review.schema.json")
-async def review_approval(run: Run) -> Outcome:
+async def review_approval(run: Write) -> Outcome:
     """Approve or reject; separation of duties and group quorum are enforced in code."""
-    services = run.request.app[SERVICES]
-    tx: Tx = run.tx  # type: ignore[assignment]
-    ticket = await _load(run.request, tx)
-    window = services.config.authn.step_up_window_s
-    if services.config.is_production(ticket.env) and not fresh_strong_auth(run.principal, run.now, window):
-        raise _step_up(window)
-    facts = services.facts(run.principal.subject_id, "approvals.review")
+    ticket = await _load(run.request, run.tx)
+    if run.config.is_production(ticket.env):
+        stepup.require_fresh(run.principal, run.now, run.config.authn.step_up_window_s,
+                             "reviewing a production ticket needs a recent step-up authentication")
+    facts = reviewer_facts(run.request.app[ENGINE], run.principal.subject_id, "approvals.review")
     outcome = decide_review(
         ticket,
         reviewer=run.principal.subject_id,
         reviewer_kind=run.principal.kind,
-        reviewer_roles=facts["roles"],
-        reviewer_groups=facts["groups"],
+        reviewer_roles=facts.roles,
+        reviewer_groups=facts.groups,
         decision=run.body["decision"],
         reason=run.body.get("reason"),
         now=run.now,
     )
-    updated = await tx.add_review(ticket.id, outcome.review, outcome.new_state,
-                                  outcome.approved_expires_at, run.now)
+    updated = await run.tx.add_review(ticket.id, outcome.review, outcome.new_state,
+                                      outcome.approved_expires_at, run.now)
     return Outcome(200, ticket_view(updated), audit={
         "ticket_id": ticket.id,
         "ticket_event": f"review_{run.body['decision']}",
@@ -215,25 +186,20 @@ async def review_approval(run: Run) -> Outcome:
 
 @routes.post("/api/v1/approvals/{id}/revoke")
 @protected("approvals.revoke", target=_ticket_target)
-async def revoke_approval(run: Run) -> Outcome:
+async def revoke_approval(run: Write) -> Outcome:
     """Revoke a pending or approved ticket: its requester, or an admin."""
-    services = run.request.app[SERVICES]
-    tx: Tx = run.tx  # type: ignore[assignment]
-    ticket = await _load(run.request, tx)
-    if run.principal.subject_id != ticket.requested_by and "admin" not in services.facts(
-        run.principal.subject_id, "approvals.revoke"
-    )["roles"]:
+    ticket = await _load(run.request, run.tx)
+    if run.principal.subject_id != ticket.requested_by and "admin" not in reviewer_facts(
+        run.request.app[ENGINE], run.principal.subject_id, "approvals.revoke"
+    ).roles:
         raise Forbidden("only the ticket's requester or an admin can revoke it", code="not_requester")
-    updated = await tx.transition_ticket(ticket.id, ("pending", "approved"), "revoked", run.now,
-                                         run.principal.subject_id)
+    updated = await run.tx.transition_ticket(ticket.id, ("pending", "approved"), "revoked", run.now,
+                                             run.principal.subject_id)
     return Outcome(200, ticket_view(updated),
                    audit={"ticket_id": ticket.id, "ticket_event": "revoked"})
 
 
-def _step_up(window: int) -> StepUpRequired:
-    return StepUpRequired(
-        "reviewing a production ticket needs a recent step-up authentication",
-        headers={"WWW-Authenticate": stepup.challenge(
-            "reviewing a production ticket needs a recent step-up authentication", max_age=window)},
-    )
-
+def _subject_kind(request: web.Request, subject_id: str) -> str | None:
+    """The kind of a known, active identity (None for unknown or disabled)."""
+    identity = request.app[AUTHENTICATOR].identities.active(subject_id)
+    return identity.kind if identity is not None else None

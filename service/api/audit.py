@@ -6,15 +6,15 @@ from typing import Any
 
 from aiohttp import web
 
+from ..appkeys import CONFIG
 from ..chain import Outcome, Run, Target, protected
-from ..keys import SERVICES
-from .queries import query_int, strictest_env
+from .queries import query_int
 
 routes = web.RouteTableDef()
 
 
 async def _target(request: web.Request, body: Any) -> Target:
-    return Target(resource={"collection": "audit"}, env=strictest_env(request.app[SERVICES].config))
+    return Target(resource={"collection": "audit"}, env=request.app[CONFIG].environments.strictest())
 
 
 @routes.get("/api/v1/audit/records")
@@ -24,7 +24,7 @@ async def audit_records(run: Run) -> Outcome:
     request = run.request
     after = query_int(request, "after_seq", default=0, low=0, high=10**12)
     limit = query_int(request, "limit", default=100, low=1, high=1000)
-    records = await request.app[SERVICES].store.audit_range(after_seq=after, limit=limit)
+    records = await run.store.audit_range(after_seq=after, limit=limit)
     items = [{"seq": r.seq, "prev_hash": r.prev_hash, "hash": r.hash, **r.entry} for r in records]
     return Outcome(200, {
         "items": items,

@@ -12,22 +12,22 @@ from typing import Any
 from aiohttp import web
 
 from .. import clock
+from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, CONFIG, PRINCIPAL, STORE
 from ..authn.principal import Principal
 from ..authn.sessions import Authenticator, IssuedToken
+from ..body import read_json
 from ..chain import public
 from ..errors import ServiceUnavailable, Unauthorized
-from ..keys import AUTHN_ERROR, PRINCIPAL, SERVICES
-from .body import read_json
 
 routes = web.RouteTableDef()
 
 
 def _authenticator(request: web.Request) -> Authenticator:
-    authenticator = request.app[SERVICES].authenticator
-    if authenticator is None:
+    if not request.app[STORE].configured:
         raise ServiceUnavailable("authentication needs a store (store.backend is none)",
                                  code="authentication_unavailable")
-    return authenticator
+    # A configured store that is not connected yet answers 503 store_unavailable per call.
+    return request.app[AUTHENTICATOR]
 
 
 def _caller(request: web.Request) -> Principal:
@@ -72,7 +72,7 @@ async def create_session(request: web.Request) -> web.Response:
 async def current_session(request: web.Request) -> web.Response:
     """The caller's principal (the same document the policy sees)."""
     principal = _caller(request)
-    config = request.app[SERVICES].config
+    config = request.app[CONFIG]
     return web.json_response(principal.to_input(clock.now(), config.authn.step_up_window_s))
 
 

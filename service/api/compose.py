@@ -7,16 +7,15 @@ from typing import Any
 
 from aiohttp import web
 
+from ..appkeys import COMPOSE_RULES, CONFIG
 from ..chain import Outcome, Run, Target, protected
 from ..compose.preflight import evaluate
-from ..keys import SERVICES
-from .queries import strictest_env
 
 routes = web.RouteTableDef()
 
 
 async def _target(request: web.Request, body: Any) -> Target:
-    env = body.get("env") or strictest_env(request.app[SERVICES].config)
+    env = body.get("env") or request.app[CONFIG].environments.strictest()
     # The fields are the resource: the audit record's resource hash names exactly what was checked.
     return Target(resource=body["fields"], env=env)
 
@@ -33,7 +32,7 @@ async def compose_import(run: Run) -> Outcome:
         body["fields"],
         strict=bool(body.get("strict", False)),
         env=body.get("env"),
-        rules=run.request.app[SERVICES].compose_rules,
+        rules=run.request.app[COMPOSE_RULES],
     )
     return Outcome(200, report, audit={"compose_passed": report["passed"],
                                        "compose_revision": report.get("policy_revision")})

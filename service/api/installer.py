@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..chain import Outcome, Run, Target, protected
+from ..chain import Outcome, Target, Write, protected
 from ..clock import iso
 from ..tasks.tasks import INTENT_KIND
 
@@ -25,9 +25,8 @@ async def _target(request: web.Request, body: Any) -> Target:
 
 @routes.post("/api/v1/installer/actions")
 @protected("installer.run.execute", target=_target, body="installer-action.schema.json")
-async def installer_action(run: Run) -> Outcome:
+async def installer_action(run: Write) -> Outcome:
     """Append the run intent to the task's step events; 202 with the recorded event."""
-    assert run.tx is not None
     body = run.body
     task_id = body["task_id"]
     correlation_id = body.get("correlation_id", run.correlation_id)

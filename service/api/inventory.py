@@ -13,9 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
+from ..appkeys import CONFIG
 from ..chain import Outcome, Run, Target, protected
-from ..keys import CONFIG, SERVICES
-from .queries import query_str, strictest_env
+from .queries import query_str
 
 routes = web.RouteTableDef()
 
@@ -26,7 +26,7 @@ def _target(collection: str) -> Any:
     async def target(request: web.Request, body: Any) -> Target:
         env = query_str(request, "env", pattern=_ENV)
         return Target(resource={"collection": collection},
-                      env=env or strictest_env(request.app[SERVICES].config))
+                      env=env or request.app[CONFIG].environments.strictest())
 
     return target
 

@@ -7,10 +7,9 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from ..config import Config
 from ..errors import SchemaValidationFailed
 
-__all__ = ["query_int", "query_str", "strictest_env"]
+__all__ = ["query_int", "query_str"]
 
 
 def _invalid(name: str, message: str) -> SchemaValidationFailed:
@@ -51,11 +50,3 @@ def query_int(request: web.Request, name: str, *, default: int, low: int, high: 
     if not low <= value <= high:
         raise _invalid(name, f"must be between {low} and {high}")
     return value
-
-
-def strictest_env(config: Config) -> str:
-    """A production environment (the first configured), for reads that span environments."""
-    for name, production in config.environments.items():
-        if production:
-            return name
-    return next(iter(config.environments))

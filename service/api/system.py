@@ -3,66 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import __version__
+from ..appkeys import CONFIG, METRICS, STARTED_AT
 from ..chain import public
 from ..clock import iso
 from ..errors import ServiceUnavailable
-from ..keys import COMPONENTS, CONFIG, METRICS, STARTED_AT
+from ..health import READY_REQUIRES, aggregate, component_status, component_statuses
 
 routes = web.RouteTableDef()
-
-#: A component reporter returns a status object: at least ``{"status": ready|placeholder|degraded}``.
-Reporter = Callable[[], Awaitable[dict[str, Any]]]
-
-#: Components that must be ``ready`` for /readyz (when the application has them).
-READY_REQUIRES = ("config", "store", "policies")
-
-_PLACEHOLDER_DETAIL = {
-    "authn": "authentication is not configured in this build",
-    "authz": "the policy engine is not configured in this build",
-}
-
-
-def register_component(app: web.Application, name: str, reporter: Reporter) -> None:
-    """Make ``name`` visible in system/info (and /readyz when it is required)."""
-    app[COMPONENTS][name] = reporter
-
-
-async def component_statuses(app: web.Application) -> dict[str, dict[str, Any]]:
-    statuses: dict[str, dict[str, Any]] = {}
-    for name, reporter in app[COMPONENTS].items():
-        try:
-            statuses[name] = await reporter()
-        except Exception:
-            # A reporter that fails is itself a finding; its error text stays in our logs.
-            statuses[name] = {"status": "degraded", "detail": "status check failed"}
-    return statuses
-
-
-def aggregate(statuses: dict[str, dict[str, Any]]) -> str:
-    """``degraded`` if any component is; ``ready`` if all are; else ``placeholder``."""
-    values = [s.get("status") for s in statuses.values()]
-    if "degraded" in values:
-        return "degraded"
-    if values and all(v == "ready" for v in values):
-        return "ready"
-    return "placeholder"
-
-
-async def _component(request: web.Request, name: str) -> dict[str, Any]:
-    reporter = request.app[COMPONENTS].get(name)
-    if reporter is None:
-        return {"status": "placeholder", "detail": _PLACEHOLDER_DETAIL.get(name, "not configured")}
-    try:
-        return await reporter()
-    except Exception:
-        return {"status": "degraded", "detail": "status check failed"}
 
 
 @routes.get("/api/v1/system/info")
@@ -73,7 +26,7 @@ async def system_info(request: web.Request) -> web.Response:
     config = app[CONFIG]
     statuses = await component_statuses(app)
     for name in ("authn", "authz"):
-        statuses.setdefault(name, await _component(request, name))
+        statuses.setdefault(name, await component_status(app, name))
     started = app[STARTED_AT]
     store_desc = statuses.get("store", {}).get("describe", {})
     return web.json_response(
@@ -118,14 +71,14 @@ def _persistence(backend: str, describe: dict[str, Any]) -> dict[str, Any]:
 @public
 async def authn_status(request: web.Request) -> web.Response:
     """AuthN status object: issuer, key ids, lifetimes — never tokens or sessions."""
-    return web.json_response(await _component(request, "authn"))
+    return web.json_response(await component_status(request.app, "authn"))
 
 
 @routes.get("/api/v1/authz/status")
 @public
 async def authz_status(request: web.Request) -> web.Response:
     """AuthZ status object: revision, module count, reloads — never policy text or decisions."""
-    return web.json_response(await _component(request, "authz"))
+    return web.json_response(await component_status(request.app, "authz"))
 
 
 @routes.get("/healthz")

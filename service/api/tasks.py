@@ -9,13 +9,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ..chain import Outcome, Run, Target, protected
+from ..appkeys import CONFIG, CORRELATION_ID, STORE
+from ..chain import Outcome, Run, Target, Write, protected
 from ..errors import NotFound
-from ..keys import CORRELATION_ID, SERVICES
 from ..middleware.headers import apply_security_headers
-from ..store.base import Store, TaskRecord
+from ..store.base import Store, TaskRecord, Tx
 from ..tasks.tasks import EventView, next_state, task_view
-from .queries import query_int, strictest_env
+from .queries import query_int
 
 routes = web.RouteTableDef()
 
@@ -25,7 +25,7 @@ SSE_MAX_S = 300.0
 SSE_KEEPALIVE_S = 15.0
 
 
-async def _task(store: Any, request: web.Request) -> TaskRecord:
+async def _task(store: Store | Tx, request: web.Request) -> TaskRecord:
     task_id = request.match_info["id"]
     task = await store.get_task(task_id) if len(task_id) <= 128 else None
     if task is None:
@@ -34,10 +34,10 @@ async def _task(store: Any, request: web.Request) -> TaskRecord:
 
 
 async def _target(request: web.Request, body: Any) -> Target:
-    task = await _task(request.app[SERVICES].store, request)
+    task = await _task(request.app[STORE].require(), request)
     # Tasks span environments (each event names its own), so reading one is authorized as the
     # strictest environment.
-    return Target(resource={"task_id": task.id}, env=strictest_env(request.app[SERVICES].config),
+    return Target(resource={"task_id": task.id}, env=request.app[CONFIG].environments.strictest(),
                   id=task.id, owner=task.created_by, record=task)
 
 
@@ -54,8 +54,7 @@ async def read_task(run: Run) -> Outcome:
 async def task_events(run: Run) -> Outcome:
     """Events after ``after_seq`` as JSON, or a live SSE stream with ``Accept: text/event-stream``
     (resumable with ``Last-Event-ID``)."""
-    request = run.request
-    store = request.app[SERVICES].store
+    request, store = run.request, run.store
     task_id = request.match_info["id"]
     if "text/event-stream" in request.headers.get("Accept", ""):
         last = request.headers.get("Last-Event-ID", "")
@@ -104,9 +103,8 @@ async def _stream(request: web.Request, store: Store, task_id: str, after: int) 
 
 @routes.post("/api/v1/tasks/{id}/events")
 @protected("tasks.report", target=_target, body="task-event.schema.json")
-async def report_event(run: Run) -> Outcome:
+async def report_event(run: Write) -> Outcome:
     """Executors report started / progress / succeeded / failed; state follows from events."""
-    assert run.tx is not None
     task = await _task(run.tx, run.request)
     body = run.body
     change = next_state(task, body["kind"], body.get("progress"), body.get("result"))

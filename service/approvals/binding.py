@@ -4,6 +4,10 @@
   ``resource`` value — string or object — so any client can compute it.
 - ``command_hash``: ``sha256:`` + hex SHA-256 of the UTF-8 bytes of the exact command line.
 - ``nonce``: 256 random bits, returned once to the ticket's creator; the store keeps only its hash.
+
+``mismatched(ticket, binding)`` is the one comparison of a ticket with what a request presents:
+the chain's pre-check uses it to answer before opening a transaction, and the store uses it to
+say why its conditional UPDATE (the authority) did not match.
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ import hashlib
 import hmac
 import re
 import secrets
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import rfc8785
 
 __all__ = [
     "HASH_PATTERN",
+    "Binding",
+    "BoundTicket",
     "command_hash",
     "hash_nonce",
+    "mismatched",
     "new_nonce",
     "nonce_matches",
     "resource_hash",
@@ -50,3 +58,59 @@ def hash_nonce(nonce: str) -> str:
 def nonce_matches(nonce: str, nonce_hash: str) -> bool:
     """Constant-time comparison of a presented nonce with the stored hash."""
     return hmac.compare_digest(hash_nonce(nonce), nonce_hash)
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """What a request presents for a ticket: the hash of its nonce and the request's bindings.
+
+    ``command_hash`` is the request's ``Command-Hash`` (None when absent); a ticket that binds
+    no command accepts any.
+    """
+
+    nonce_hash: str
+    subject_id: str
+    env: str
+    action: str
+    resource_hash: str
+    command_hash: str | None
+
+
+class BoundTicket(Protocol):
+    """The bound fields of a stored ticket (``store.base.TicketRecord`` has them)."""
+
+    @property
+    def nonce_hash(self) -> str: ...
+    @property
+    def subject_id(self) -> str: ...
+    @property
+    def env(self) -> str: ...
+    @property
+    def action(self) -> str: ...
+    @property
+    def resource_hash(self) -> str: ...
+    @property
+    def command_hash(self) -> str | None: ...
+
+
+def mismatched(ticket: BoundTicket, binding: Binding) -> tuple[str, ...]:
+    """The names of the bindings ``binding`` does not satisfy (empty: it fits the ticket).
+
+    Every field is compared in constant time (the nonce hash must be; the others cost nothing
+    extra). The nonce comes first, so callers can answer an unknown ticket and a wrong nonce
+    alike.
+    """
+    fields = [
+        name
+        for name in ("nonce_hash", "subject_id", "env", "action", "resource_hash")
+        if not _same(getattr(ticket, name), getattr(binding, name))
+    ]
+    if ticket.command_hash is not None and not _same(ticket.command_hash, binding.command_hash):
+        fields.append("command_hash")
+    return tuple(fields)
+
+
+def _same(stored: str | None, presented: str | None) -> bool:
+    if stored is None or presented is None:
+        return stored is presented
+    return hmac.compare_digest(stored.encode(), presented.encode())

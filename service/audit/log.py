@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,18 @@ MAX_BATCH = 256
 class AuditLog:
     """Appends and reads the hash-chained audit log kept in the store."""
 
-    def __init__(self, store: Store, jsonl_path: Path | None = None):
-        self.store = store
+    def __init__(self, store: Store | Callable[[], Store], jsonl_path: Path | None = None):
+        # A callable resolves the store per call (the service's link, which raises
+        # StoreUnavailable while the store is not connected); tools and tests pass a store.
+        self._store = store if callable(store) else (lambda: store)
         self.jsonl_path = jsonl_path
         self._sink_lock = asyncio.Lock()
         self._pending: list[tuple[dict[str, Any], asyncio.Future[AuditRecord]]] = []
         self._flusher: asyncio.Task[None] | None = None
+
+    @property
+    def store(self) -> Store:
+        return self._store()
 
     async def append(self, entry: dict[str, Any], tx: Tx | None = None) -> AuditRecord:
         """Seal and append ``entry`` (scrubbed of credentials): in ``tx`` when given, else in the

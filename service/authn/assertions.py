@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .errors import ClaimsInvalid, UnknownKey
-from .keys import thumbprint
+from .keyring import thumbprint
 from .tokens import ASSERTION_TYP, check_audience, check_time, encode, parse, require_string
 
 __all__ = ["ASSERTION_CLAIMS", "MAX_ASSERTION_TTL_S", "Assertion", "make_assertion", "verify"]

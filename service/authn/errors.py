@@ -3,6 +3,7 @@
 ::
 
     AuthnError                       authn_error
+    ├── Unauthenticated              unauthenticated       (or the presented token's code)
     ├── InvalidCredentials           invalid_credentials   (login: one answer for every failure)
     ├── Throttled                    throttled             (retry_after_s)
     ├── InvalidToken                 invalid_token
@@ -40,6 +41,19 @@ class AuthnError(Exception):
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or self.message)
+
+
+class Unauthenticated(AuthnError):
+    """A protected action was asked for without a valid identity; ``code`` is the presented
+    token's error code when there was one (``token_expired``, ...), else ``unauthenticated``."""
+
+    code = "unauthenticated"
+    message = "valid credentials are required"
+
+    def __init__(self, code: str | None = None) -> None:
+        super().__init__()
+        if code:
+            self.code = code
 
 
 class InvalidCredentials(AuthnError):
@@ -168,6 +182,8 @@ class StepUpRequired(AuthnError):
     code = "insufficient_user_authentication"
     message = "a recent step-up authentication is required"
 
-    def __init__(self, challenge: str) -> None:
+    def __init__(self, challenge: str, message: str | None = None) -> None:
         super().__init__()
         self.challenge = challenge
+        if message is not None:
+            self.message = message

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .. import schemas
 from . import passwords, totp
-from .keys import load_public_key
+from .keyring import load_public_key
 from .principal import KINDS, Kind
 
 __all__ = ["SCHEMA", "IdentitiesError", "Identity", "IdentityDirectory", "load", "parse"]

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..config import AuthnConfig
 from ..store.base import Conflict, NotFound, SessionRecord, Store
 from . import assertions, passwords, totp
 from .errors import (
@@ -29,50 +30,19 @@ from .errors import (
 )
 from .identities import IdentityDirectory
 from .identities import load as load_identities
-from .keys import ALG, KeyRing
+from .keyring import ALG, KeyRing
 from .principal import Principal
-from .stepup import ACR_STEP_UP, AMR_STEP_UP
-from .tokens import MAX_ACCESS_TTL_S, AccessTokens
+from .stepup import ACR_STEP_UP, AMR_STEP_UP, METHOD_ASSERTION
+from .tokens import AccessTokens
 
-__all__ = ["Authenticator", "AuthnSettings", "IssuedToken", "create_authenticator"]
+__all__ = ["Authenticator", "IssuedToken", "create_authenticator"]
 
 METHOD_PASSWORD = "password"  # noqa: S105 - a method name, not a secret
-METHOD_ASSERTION = "private_key_jwt"
 STEP_UP_METHOD = "totp"
+#: Expired sessions are kept this long (a day) for whoever investigates an incident, then purged.
+#: No token outlives its session, and a missing session is refused like an expired one.
+SESSION_RETENTION_S = 86400.0
 _MAX_SUBJECT = 256
-
-
-@dataclass(frozen=True, slots=True)
-class AuthnSettings:
-    """AuthN settings (the ``authn`` config section, read once at the edge)."""
-
-    issuer: str
-    audience: str
-    token_ttl_s: int = 600
-    step_up_window_s: int = 300
-    clock_skew_s: int = 30
-    session_ttl_s: int = 8 * 3600
-    max_failures: int = 5
-    failure_window_s: int = 900
-    max_failures_per_addr: int = 50
-    token_cache_size: int = 4096
-
-    def __post_init__(self) -> None:
-        if not 0 < self.token_ttl_s <= MAX_ACCESS_TTL_S:
-            raise ValueError(f"token_ttl_s must be 1..{MAX_ACCESS_TTL_S}")
-        if self.max_failures < 1 or self.max_failures_per_addr < 1 or self.failure_window_s < 1:
-            raise ValueError("throttle limits must be positive")
-
-    @classmethod
-    def from_config(cls, section: Any) -> AuthnSettings:
-        """Settings from the ``authn`` config section (any object with these attributes)."""
-        names = [f for f in cls.__dataclass_fields__ if hasattr(section, f)]
-        return cls(**{name: getattr(section, name) for name in names})
-
-    @property
-    def key_retain_s(self) -> int:
-        """How long a retired signing key keeps verifying: the longest token life plus skew."""
-        return MAX_ACCESS_TTL_S + self.clock_skew_s
 
 
 class IssuedToken(NamedTuple):
@@ -86,12 +56,14 @@ class Authenticator:
 
     def __init__(
         self,
-        store: Store,
+        store: Store | Callable[[], Store],
         identities: IdentityDirectory,
         keys: KeyRing,
-        settings: AuthnSettings,
+        settings: AuthnConfig,
     ) -> None:
-        self.store = store
+        # A callable resolves the store per call (the service's link, which raises
+        # StoreUnavailable while the store is not connected); tests pass a store.
+        self._store = store if callable(store) else (lambda: store)
         self.identities = identities
         self.keys = keys
         self.settings = settings
@@ -103,6 +75,10 @@ class Authenticator:
             clock_skew_s=settings.clock_skew_s,
             cache_size=settings.token_cache_size,
         )
+
+    @property
+    def store(self) -> Store:
+        return self._store()
 
     # -- logins --------------------------------------------------------------------------------
 
@@ -244,6 +220,13 @@ class Authenticator:
             return False
         return await self.store.revoke_session(principal.session_id, now)
 
+    async def purge(self, now: float) -> tuple[int, int, int]:
+        """Forget one-time claims past their expiry, login failures older than the throttling
+        window and sessions expired more than ``SESSION_RETENTION_S`` ago; returns the counts."""
+        return await self.store.purge_expired(
+            now, now - self.settings.failure_window_s, now - SESSION_RETENTION_S
+        )
+
     # -- status --------------------------------------------------------------------------------
 
     def status(self, now: float) -> dict[str, Any]:
@@ -323,7 +306,7 @@ def create_authenticator(
     *,
     identities_path: Path,
     keys_dir: Path,
-    settings: AuthnSettings,
+    settings: AuthnConfig,
     now: float,
 ) -> Authenticator:
     """Load the identities file and open (or create) the key ring; blocking, call at startup."""

@@ -1,22 +1,25 @@
-"""Step-up (RFC 9470): the freshness check and the ``WWW-Authenticate`` challenge.
+"""Step-up (RFC 9470): the one freshness rule and the one ``WWW-Authenticate`` challenge.
 
-Only humans step up (TOTP on top of the password session); services and agents authenticate with
-a key and cannot, so an action that needs a fresh step-up is never theirs to run.
+People step up (TOTP on top of the password session). Services and agents cannot: for them a
+fresh key-based login counts instead, because their signed assertion is a proof of possession
+of their key; they log in again with a new assertion rather than step up.
 """
 
 from __future__ import annotations
 
 import re
 
-from .errors import StepUpRequired, StepUpUnavailable
+from .errors import StepUpRequired
 from .principal import Principal
 
-__all__ = ["ACR_STEP_UP", "AMR_STEP_UP", "challenge", "is_fresh", "require_fresh"]
+__all__ = ["ACR_STEP_UP", "AMR_STEP_UP", "METHOD_ASSERTION", "challenge", "require_fresh"]
 
 #: ``acr`` of a session that stepped up; the value the challenge asks for in ``acr_values``.
 ACR_STEP_UP = "urn:controlplane:acr:mfa"
 #: ``amr`` after a step-up (RFC 8176 §2: password, one-time password, multiple factors).
 AMR_STEP_UP = ("pwd", "otp", "mfa")
+#: ``authn_method`` of a session opened with a signed assertion (services and agents).
+METHOD_ASSERTION = "private_key_jwt"
 _UNSAFE = re.compile(r"[^\x20-\x7e]")
 
 
@@ -43,18 +46,22 @@ def challenge(
     return "Bearer " + ", ".join(params)
 
 
-def is_fresh(principal: Principal, now: float, window_s: float) -> bool:
-    """True when a human principal stepped up within ``window_s`` seconds."""
-    return principal.kind == "human" and principal.step_up_verified(now, window_s)
-
-
-def require_fresh(principal: Principal, now: float, window_s: float) -> None:
-    """Raise unless ``principal`` holds a fresh step-up.
-
-    ``StepUpUnavailable`` for services, agents and anonymous callers (no challenge would help);
-    ``StepUpRequired`` with the RFC 9470 challenge for humans.
-    """
-    if principal.kind != "human":
-        raise StepUpUnavailable()
-    if not principal.step_up_verified(now, window_s):
-        raise StepUpRequired(challenge(max_age=int(window_s)))
+def require_fresh(
+    principal: Principal,
+    now: float,
+    window_s: float,
+    description: str = "this action needs a recent step-up authentication",
+) -> None:
+    """Raise ``StepUpRequired`` (with the RFC 9470 challenge) unless ``principal`` holds a fresh
+    strong authentication: a step-up within ``window_s`` for people; for services and agents, a
+    key-based login within ``window_s``. Anonymous callers never pass."""
+    if principal.kind == "human":
+        fresh = principal.step_up_verified(now, window_s)
+    else:
+        fresh = (
+            principal.is_authenticated
+            and principal.authn_method == METHOD_ASSERTION
+            and now - principal.auth_time <= window_s
+        )
+    if not fresh:
+        raise StepUpRequired(challenge(description, max_age=int(window_s)), description)

@@ -39,7 +39,7 @@ from .errors import (
     TokenTypeMismatch,
     UnknownKey,
 )
-from .keys import ALG, KeyRing
+from .keyring import ALG, KeyRing
 from .principal import KINDS
 
 __all__ = [

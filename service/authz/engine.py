@@ -50,6 +50,7 @@ from service.authz.regotest import (
     vet,
 )
 from service.authz.source import Snapshot, SourceError, fingerprint, read_snapshot
+from service.config import Environments
 
 __all__ = [
     "DEFAULT_ENVIRONMENTS",
@@ -122,7 +123,9 @@ class PolicyEngine:
     ) -> None:
         self.policies_dir = Path(policies_dir)
         self.data_dir = Path(data_dir) if data_dir is not None else self.policies_dir / "data"
-        self.environments = dict(environments)
+        self.environments = (
+            environments if isinstance(environments, Environments) else Environments(environments)
+        )
         self.mask_fields = frozenset(mask_fields)
         unknown = self.mask_fields - set(LOG_FIELDS)
         if unknown:
@@ -301,7 +304,7 @@ class PolicyEngine:
     def _enforce(self, decision: Decision, action: actions.Action, env: str) -> Decision:
         upgraded = enforce_production_rule(
             decision, ticketed=action.needs_ticket_in_production,
-            production=self.environments.get(env, True),
+            production=self.environments.is_production(env),
         )
         if upgraded is not decision:
             self._counts["upgraded"] += 1

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..authn import identities, passwords, totp
-from ..authn.keys import load_public_key
+from ..authn.keyring import load_public_key
 
 __all__ = ["register", "run"]
 

@@ -13,9 +13,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from .. import clock
+from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, PRINCIPAL, STORE
 from ..authn.errors import InvalidToken
 from ..authn.principal import ANONYMOUS
-from ..keys import AUTHN_ERROR, PRINCIPAL, SERVICES
 from ..store.base import StoreUnavailable
 
 log = logging.getLogger("controlplane.authn")
@@ -40,10 +40,11 @@ def setup_authn(app: web.Application) -> None:
         """Verify the bearer token, if any, and attach who is calling."""
         request[PRINCIPAL] = ANONYMOUS
         token = bearer_token(request)
-        authenticator = request.app[SERVICES].authenticator
-        if token is not None and authenticator is not None:
+        if token is not None and request.app[STORE].configured:
             try:
-                request[PRINCIPAL] = await authenticator.authenticate_bearer(token, clock.now())
+                request[PRINCIPAL] = await request.app[AUTHENTICATOR].authenticate_bearer(
+                    token, clock.now()
+                )
             except InvalidToken as exc:
                 request[AUTHN_ERROR] = exc.code
             except StoreUnavailable:

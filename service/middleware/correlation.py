@@ -8,7 +8,7 @@ import uuid
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from ..keys import CORRELATION_ID
+from ..appkeys import CORRELATION_ID
 from ..logs import correlation_id_var
 
 HEADER = "X-Correlation-ID"

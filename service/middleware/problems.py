@@ -7,8 +7,8 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from ..appkeys import CORRELATION_ID
 from ..errors import InternalError, problem_response, to_problem
-from ..keys import CORRELATION_ID
 
 log = logging.getLogger("controlplane.http")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiohttp import web
 
-from service.api.body import read_json
+from service.body import read_json
 from service.app import create_app
 from tests.problems import assert_problem
 

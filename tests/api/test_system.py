@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from service.api.system import register_component
+from service.health import register_component
 from service.app import create_app
 from tests.problems import assert_problem
 
@@ -85,11 +85,12 @@ async def test_unreachable_store_starts_degraded_and_not_ready(make_client):
     assert info["components"]["store"]["status"] == "degraded"
     body = await assert_problem(await client.get("/readyz"), 503, "not_ready")
     assert body["components"] == {"store": "degraded"}
-    # Protected actions fail closed while the store is away; login too.
+    # Protected actions fail closed while the store is away; login too, with the same answer:
+    # the cause is the store, not the credentials.
     await assert_problem(await client.get("/api/v1/databases"), 503, "store_unavailable")
     response = await client.post("/api/v1/authn/sessions",
                                  json={"subject_id": "alice", "password": "x"})
-    await assert_problem(response, 503, "authentication_unavailable")
+    await assert_problem(response, 503, "store_unavailable")
 
 
 async def test_healthz(client):

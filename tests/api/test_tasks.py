@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from service.keys import SERVICES
+from service.appkeys import STORE
 from tests.auth import bearer, login
 from tests.problems import assert_problem
 
@@ -117,5 +117,5 @@ async def test_concurrent_reports_keep_sequence_gap_free(client):
         for i in range(20)
     ))
     assert all(r.status == 201 for r in responses)
-    events = await client.server.app[SERVICES].store.list_events("build-1", 0, 100)
+    events = await client.server.app[STORE].require().list_events("build-1", 0, 100)
     assert [e.seq for e in events] == list(range(1, 23))

@@ -15,8 +15,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from service.authn import identities, passwords, totp
 from service.authn.identities import IdentityDirectory
-from service.authn.keys import KeyRing
-from service.authn.sessions import Authenticator, AuthnSettings
+from service.authn.keyring import KeyRing
+from service.authn.sessions import Authenticator
+from service.config import AuthnConfig
 from service.store import Store, open_store
 
 NOW = 1_700_000_000.0
@@ -90,10 +91,11 @@ def directory() -> IdentityDirectory:
 
 
 @pytest.fixture
-def settings() -> AuthnSettings:
-    return AuthnSettings(
+def settings() -> AuthnConfig:
+    return AuthnConfig(
         issuer=ISSUER,
         audience=AUDIENCE,
+        identities=Path("unused.yaml"),
         token_ttl_s=600,
         step_up_window_s=300,
         clock_skew_s=30,
@@ -118,13 +120,13 @@ async def store(store_url: str) -> AsyncIterator[Store]:
 
 
 @pytest.fixture
-def keyring(tmp_path: Path, settings: AuthnSettings) -> KeyRing:
+def keyring(tmp_path: Path, settings: AuthnConfig) -> KeyRing:
     return KeyRing.open(tmp_path / "keys", retain_s=settings.key_retain_s, now=NOW)
 
 
 @pytest.fixture
 def auth(
-    store: Store, directory: IdentityDirectory, keyring: KeyRing, settings: AuthnSettings
+    store: Store, directory: IdentityDirectory, keyring: KeyRing, settings: AuthnConfig
 ) -> Authenticator:
     return Authenticator(store, directory, keyring, settings)
 
@@ -142,7 +144,7 @@ async def peer(
     store_url: str,
     tmp_path: Path,
     directory: IdentityDirectory,
-    settings: AuthnSettings,
+    settings: AuthnConfig,
     auth: Authenticator,
 ) -> AsyncIterator[Peer]:
     other_store = await open_store(store_url)

@@ -10,7 +10,7 @@ import pytest
 
 from service.authn import identities, passwords
 from service.authn.identities import IdentitiesError
-from service.authn.keys import public_jwk
+from service.authn.keyring import public_jwk
 
 from .conftest import SERVICE_KEYS, identities_document
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +20,8 @@ from service.authn.errors import (
     StepUpUnavailable,
     Throttled,
 )
-from service.authn.sessions import Authenticator, AuthnSettings, create_authenticator
+from service.authn.sessions import Authenticator, create_authenticator
+from service.config import AuthnConfig, load
 from service.store import Store
 
 from .conftest import ISSUER, NOW, PASSWORDS, SERVICE_KEYS, TOTP_SECRETS, Peer, decode_part
@@ -244,7 +244,7 @@ async def test_revocation_is_seen_by_another_instance_at_once(
 
 
 async def test_token_never_outlives_its_session(
-    store: Store, directory: Any, keyring: Any, settings: AuthnSettings
+    store: Store, directory: Any, keyring: Any, settings: AuthnConfig
 ) -> None:
     short = Authenticator(
         store, directory, keyring, dataclasses.replace(settings, session_ttl_s=120)
@@ -373,11 +373,10 @@ async def test_status_reveals_no_tokens_or_sessions(auth: Authenticator) -> None
 
 
 async def test_dev_example_end_to_end(store: Store, tmp_path: Path) -> None:
-    section = SimpleNamespace(
-        issuer=ISSUER, audience="aud", token_ttl_s=300, step_up_window_s=120, clock_skew_s=10,
-        session_ttl_s=3600, max_failures=5, failure_window_s=900, identities="ignored",
-    )  # fmt: skip
-    settings = AuthnSettings.from_config(section)
+    settings = load(None, {}, base_dir=REPO, overrides={"authn": {
+        "issuer": ISSUER, "audience": "aud", "token_ttl_s": 300, "step_up_window_s": 120,
+        "clock_skew_s": 10, "session_ttl_s": 3600, "max_failures": 5, "failure_window_s": 900,
+    }}).authn
     assert (settings.token_ttl_s, settings.clock_skew_s) == (300, 10)
     auth = create_authenticator(
         store,

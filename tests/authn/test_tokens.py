@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from service.authn import assertions
 from service.authn.errors import InvalidToken
-from service.authn.keys import KeyRing, public_jwk
+from service.authn.keyring import KeyRing, public_jwk
 from service.authn.sessions import Authenticator
 from service.authn.tokens import ACCESS_CLAIMS, MAX_TOKEN_BYTES
 

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from aiohttp import web
 
-from service.keys import CORRELATION_ID
+from service.appkeys import CORRELATION_ID
 from service.middleware.correlation import HEADER, correlation_id_for, setup_correlation
 
 

@@ -16,8 +16,7 @@ from typing import Any
 
 from .. import clock
 from .. import config as config_mod
-from ..authn.keys import KeyRing
-from ..authn.sessions import AuthnSettings
+from ..authn.keyring import KeyRing
 
 
 def register(sub: Any) -> None:
@@ -33,10 +32,8 @@ def register(sub: Any) -> None:
 
 def _ring(args: argparse.Namespace) -> KeyRing:
     config = config_mod.load(args.config or os.environ.get("CONTROLPLANE_CONFIG"), os.environ)
-    settings = AuthnSettings(issuer=config.authn.issuer, audience=config.authn.audience,
-                             token_ttl_s=config.authn.token_ttl_s,
-                             clock_skew_s=config.authn.clock_skew_s)
-    return KeyRing.open(config.state_dir / "keys", retain_s=settings.key_retain_s, now=clock.now())
+    return KeyRing.open(config.state_dir / "keys", retain_s=config.authn.key_retain_s,
+                        now=clock.now())
 
 
 def rotate(args: argparse.Namespace) -> int:

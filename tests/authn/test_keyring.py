@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from service.authn.keys import KeyRing, KeyRingError, load_public_key, thumbprint
+from service.authn.keyring import KeyRing, KeyRingError, load_public_key, thumbprint
 
 from .conftest import NOW
 
@@ -79,7 +79,7 @@ def test_tampered_key_file_is_refused(tmp_path: Path) -> None:
 _WORKER = """
 import sys
 from pathlib import Path
-from service.authn.keys import KeyRing
+from service.authn.keyring import KeyRing
 ring = KeyRing.open(Path(sys.argv[1]), retain_s=930, now=1.0)
 print(ring.signing_key().kid)
 """

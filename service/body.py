@@ -7,8 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import MalformedJSON, UnsupportedMediaType
-from ..schemas import validate
+from .errors import MalformedJSON, UnsupportedMediaType
+from .schemas import validate
 
 __all__ = ["read_json"]
 

@@ -1,0 +1,60 @@
+"""Every typed key for application and request state (aiohttp ``AppKey``/``RequestKey``).
+
+Each app key is set by the one startup context that opens its value (listed in order in
+``app.py``); handlers and the chain read them, nothing else sets them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from .authn.principal import Principal
+from .config import Config
+
+if TYPE_CHECKING:
+    from .audit.log import AuditLog
+    from .authn.sessions import Authenticator
+    from .authz.engine import PolicyEngine
+    from .compose.preflight import RuleSet
+    from .health import Reporter
+    from .storelink import StoreLink
+
+__all__ = [
+    "AUDIT",
+    "AUTHENTICATOR",
+    "AUTHN_ERROR",
+    "COMPONENTS",
+    "COMPOSE_RULES",
+    "CONFIG",
+    "CORRELATION_ID",
+    "ENGINE",
+    "METRICS",
+    "PRINCIPAL",
+    "STARTED_AT",
+    "STORE",
+]
+
+CONFIG = web.AppKey("config", Config)
+STARTED_AT = web.AppKey("started_at", float)
+#: Metrics registry and instruments (``service.middleware.metrics.Metrics``).
+METRICS = web.AppKey("metrics", Any)
+#: Per-component status reporters for /readyz and system/info (``service.health``).
+COMPONENTS: web.AppKey[dict[str, Reporter]] = web.AppKey("components")
+#: The policy engine (compiled revision, hot reload).
+ENGINE: web.AppKey[PolicyEngine] = web.AppKey("engine")
+#: The compose preflight rule set.
+COMPOSE_RULES: web.AppKey[RuleSet] = web.AppKey("compose_rules")
+#: The store as this worker sees it: connected, or not (yet), with the reason.
+STORE: web.AppKey[StoreLink] = web.AppKey("store")
+#: The audit log over the store.
+AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
+#: Logins, bearer tokens, step-up (identities and signing keys loaded at startup).
+AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
+
+CORRELATION_ID = web.RequestKey("correlation_id", str)
+#: Who is calling: a Principal, or ANONYMOUS. Set by the authn middleware on every request.
+PRINCIPAL = web.RequestKey("principal", Principal)
+#: The stable code of a presented token that failed verification (for the chain's 401).
+AUTHN_ERROR = web.RequestKey("authn_error", str)

@@ -1,0 +1,145 @@
+"""Stage 5 of the chain (Audit): exactly one sealed record per run, on every exit path.
+
+``recording(...)`` is an async context manager around a whole run. The chain tells it what it
+learns as the run goes (target, decision, presented ticket, consumption); ``executed(outcome,
+tx)`` appends the record of a run that executed, inside the run's transaction when it has one,
+so a mutation, its ticket consumption and its record commit together. Any exception that leaves
+the block becomes a problem, and the record of the run that did not execute is written outside
+any transaction (the transaction rolled back). A record that cannot be written answers 503; for
+a mutation that means it did not happen. The JSON-lines mirror is written after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from .. import clock
+from ..authn.principal import Principal
+from ..authz.actions import Action
+from ..authz.decision import Decision
+from ..errors import Problem, ServiceUnavailable, to_problem
+from ..run import Outcome, Target
+from ..store.base import AuditRecord, StoreError, Tx
+from .log import AuditLog
+
+__all__ = ["Recording", "recording"]
+
+log = logging.getLogger("controlplane.chain")
+
+
+class Recording:
+    """The audit entry of one run, filled in stage by stage."""
+
+    def __init__(self, audit: AuditLog, entry: dict[str, Any]) -> None:
+        self._audit = audit
+        self.entry = entry
+        self._record: AuditRecord | None = None
+
+    def target(self, target: Target, action: Action) -> None:
+        self.entry.update(env=target.env, resource_hash=target.hash,
+                          resource_kind=action.resource_kind)
+
+    def decided(self, decision: Decision) -> None:
+        self.entry["decision"] = {
+            "result": decision.decision,
+            "reasons": list(decision.reasons),
+            "decision_id": decision.decision_id,
+        }
+        self.entry["policy_revision"] = decision.revision
+
+    def ticket(self, ticket_id: str | None) -> None:
+        """The ticket the request presented (recorded whether or not it is redeemed)."""
+        if ticket_id is not None:
+            self.entry["ticket_id"] = ticket_id
+
+    def consumed(self) -> None:
+        self.entry["ticket_consumed"] = True
+
+    async def executed(self, outcome: Outcome, tx: Tx | None) -> None:
+        """Append the record of a run that executed (in ``tx`` when given: it commits with it)."""
+        self.entry.update(outcome.audit, outcome="executed", status=outcome.status)
+        self._record = await _append(self._audit, self.entry, tx)
+
+    async def _failed(self, problem: Problem) -> None:
+        self.entry.update(outcome=_outcome_name(problem), status=problem.status,
+                          error=problem.instance_code)
+        self.entry.pop("ticket_consumed", None)  # rolled back with the transaction
+        self._record = await _append(self._audit, self.entry, None)
+
+
+@asynccontextmanager
+async def recording(
+    audit: AuditLog,
+    principal: Principal,
+    action: Action,
+    *,
+    correlation_id: str,
+    method: str,
+    path: str,
+    now: float,
+) -> AsyncIterator[Recording]:
+    """Record one run: yields the ``Recording``; on an exception, records the refusal or failure
+    and raises it as a ``Problem``; in every case mirrors the committed record."""
+    rec = Recording(audit, {
+        "at": clock.iso(now),
+        "correlation_id": correlation_id,
+        "principal": _principal_entry(principal),
+        "action": action.name,
+        "method": method,
+        "path": path,
+    })
+    try:
+        yield rec
+    except Exception as exc:
+        problem = to_problem(exc)
+        if problem.status >= 500 and not isinstance(exc, Problem):
+            # The cause stays in our log under the correlation id; the client sees only the id.
+            log.error("chain run failed", exc_info=exc)
+        await rec._failed(problem)
+        await _mirror(audit, rec)
+        raise problem from None
+    if rec._record is None:
+        # A run that left the block without executing or failing is a bug in the chain: refuse
+        # it rather than answer without a record.
+        raise ServiceUnavailable("the run was not recorded; nothing was executed",
+                                 code="audit_unavailable")
+    await _mirror(audit, rec)
+
+
+async def _mirror(audit: AuditLog, rec: Recording) -> None:
+    if rec._record is not None:
+        await audit.mirror(rec._record)
+
+
+def _principal_entry(principal: Principal) -> dict[str, Any]:
+    if not principal.is_authenticated:
+        return {"subject_id": None, "kind": "anonymous", "session_id": None}
+    return {"subject_id": principal.subject_id, "kind": principal.kind,
+            "session_id": principal.session_id}
+
+
+def _outcome_name(problem: Problem) -> str:
+    if problem.status == 401:
+        return "unauthenticated" if problem.instance_code != "step_up_required" else "step_up_required"
+    if problem.instance_code == "approval_required":
+        return "approval_required"
+    if problem.instance_code == "denied":
+        return "denied"
+    if problem.status in (403, 409):
+        return "rejected"
+    if problem.status >= 500:
+        return "failed"
+    return "invalid"
+
+
+async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None) -> AuditRecord:
+    """Append the run's record; if it cannot be written, the run fails (a mutation rolls back)."""
+    try:
+        return await audit.append(entry, tx)
+    except StoreError as exc:
+        log.error("audit record could not be written", extra={"fields": {"error": type(exc).__name__}})
+        raise ServiceUnavailable("the audit log is unavailable; nothing was executed",
+                                 code="audit_unavailable") from None

@@ -1,0 +1,122 @@
+"""Component status: one reporter per component, read by system/info, the status surfaces and
+``/readyz``.
+
+A reporter returns a status object, at least ``{"status": ready|placeholder|degraded}``, and never
+a token, a session, a DSN, a raw policy or a per-subject decision (hard rule 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from . import clock
+from .appkeys import AUTHENTICATOR, COMPONENTS, COMPOSE_RULES, CONFIG, ENGINE, STORE
+from .store.base import StoreError
+
+__all__ = [
+    "READY_REQUIRES",
+    "Reporter",
+    "aggregate",
+    "component_status",
+    "component_statuses",
+    "register_component",
+    "setup_health",
+]
+
+#: A component reporter returns a status object: at least ``{"status": ready|placeholder|degraded}``.
+Reporter = Callable[[], Awaitable[dict[str, Any]]]
+
+#: Components that must be ``ready`` for /readyz (when the application has them).
+READY_REQUIRES = ("config", "store", "policies")
+
+_PLACEHOLDER_DETAIL = {
+    "authn": "authentication is not configured in this build",
+    "authz": "the policy engine is not configured in this build",
+}
+
+
+def register_component(app: web.Application, name: str, reporter: Reporter) -> None:
+    """Make ``name`` visible in system/info (and /readyz when it is required)."""
+    app[COMPONENTS][name] = reporter
+
+
+async def component_statuses(app: web.Application) -> dict[str, dict[str, Any]]:
+    """Every registered component's status object."""
+    return {name: await _report(reporter) for name, reporter in app[COMPONENTS].items()}
+
+
+async def component_status(app: web.Application, name: str) -> dict[str, Any]:
+    """One component's status object (a placeholder when it is not part of this application)."""
+    reporter = app[COMPONENTS].get(name)
+    if reporter is None:
+        return {"status": "placeholder", "detail": _PLACEHOLDER_DETAIL.get(name, "not configured")}
+    return await _report(reporter)
+
+
+async def _report(reporter: Reporter) -> dict[str, Any]:
+    try:
+        return await reporter()
+    except Exception:
+        # A reporter that fails is itself a finding; its error text stays in our logs.
+        return {"status": "degraded", "detail": "status check failed"}
+
+
+def aggregate(statuses: dict[str, dict[str, Any]]) -> str:
+    """``degraded`` if any component is; ``ready`` if all are; else ``placeholder``."""
+    values = [s.get("status") for s in statuses.values()]
+    if "degraded" in values:
+        return "degraded"
+    if values and all(v == "ready" for v in values):
+        return "ready"
+    return "placeholder"
+
+
+def setup_health(app: web.Application) -> None:
+    """Register the reporters of the components ``app.py`` opens (they read the app keys when
+    asked, so a reporter registered before its component opened reports it once it has)."""
+    app[COMPONENTS] = {}
+
+    async def config() -> dict[str, Any]:
+        return {"status": "ready", "mode": app[CONFIG].mode}
+
+    async def policies() -> dict[str, Any]:
+        status = app[ENGINE].status()
+        return {"status": status.get("status", "degraded"), "revision": status.get("revision")}
+
+    async def authz() -> dict[str, Any]:
+        return app[ENGINE].status()
+
+    async def store() -> dict[str, Any]:
+        link = app[STORE]
+        if link.store is None:
+            if link.configured:
+                return {"status": "degraded", "detail": "store unreachable; retrying"}
+            return {"status": "placeholder", "detail": "no store configured (store.backend: none)"}
+        try:
+            await link.store.ping()
+        except StoreError:
+            return {"status": "degraded", "detail": "store unreachable",
+                    "describe": await link.store.describe()}
+        return {"status": "ready", "describe": await link.store.describe()}
+
+    async def authn() -> dict[str, Any]:
+        if app[STORE].store is None:
+            return {"status": "placeholder", "detail": "authentication needs a store"}
+        return {"status": "ready", **app[AUTHENTICATOR].status(clock.now())}
+
+    async def approvals() -> dict[str, Any]:
+        if not app[CONFIG].approvals.enabled or app[STORE].store is None:
+            return {"status": "placeholder", "detail": "no approval repository configured"}
+        return {"status": "ready"}
+
+    async def compose() -> dict[str, Any]:
+        rules = app[COMPOSE_RULES]
+        return {"status": "ready", "rules": len(rules.rules), "policy_revision": rules.revision}
+
+    for name, reporter in (("config", config), ("policies", policies), ("authz", authz),
+                           ("store", store), ("authn", authn), ("approvals", approvals),
+                           ("compose", compose)):
+        register_component(app, name, reporter)

@@ -1,0 +1,101 @@
+"""The data of one chain run: what a request acts on, what Execute may use, what it returns.
+
+Kept apart from ``chain.py`` so the stages (``authz.decide``, ``approvals.redeem``,
+``audit.recording``) can take these types without importing the chain that calls them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from .approvals.binding import resource_hash
+from .authn.principal import Principal
+from .authz import actions
+from .authz.decision import Decision
+from .config import Config
+from .store.base import Store, TicketRecord, Tx
+
+__all__ = ["Outcome", "Protection", "Run", "Target", "TargetOf", "Write"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request acts on: the resource value (hashed for bindings) and the environment."""
+
+    resource: Any
+    env: str
+    id: str | None = None
+    owner: str | None = None  # the subject a resource belongs to (a ticket's subject)
+    attributes: dict[str, Any] | None = None
+    #: The stored record the target was read from (a ticket, a task), for handlers that only
+    #: read it. Writers re-read inside their transaction.
+    record: Any = field(default=None, compare=False, repr=False)
+
+    @functools.cached_property
+    def hash(self) -> str:
+        """``sha256:`` of the RFC 8785 canonical JSON of the resource (computed once)."""
+        return resource_hash(self.resource)
+
+    def policy_resource(self, action: actions.Action) -> dict[str, Any]:
+        """The ``resource`` member of the policy input (its kind is the action's, from the
+        catalogue)."""
+        doc: dict[str, Any] = {"id": self.id, "kind": action.resource_kind, "hash": self.hash}
+        if self.owner is not None:
+            doc["owner"] = self.owner
+        if self.attributes:
+            doc["attributes"] = self.attributes
+        return doc
+
+
+@dataclass
+class Run:
+    """Everything a read's Execute step may use."""
+
+    request: web.Request
+    config: Config
+    store: Store
+    principal: Principal
+    body: Any
+    target: Target
+    decision: Decision
+    correlation_id: str
+    now: float
+    ticket: TicketRecord | None = None
+
+
+@dataclass
+class Write(Run):
+    """A mutating run: ``tx`` is the transaction that also consumes the ticket and commits the
+    audit record. Write through it, never through ``store``."""
+
+    tx: Tx = field(kw_only=True)
+
+
+@dataclass
+class Outcome:
+    """The Execute step's result: the response, and what the audit record should add."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    audit: dict[str, Any] = field(default_factory=dict)
+    #: For streamed responses (server-sent events): produces the response after audit commits.
+    stream: Callable[[], Awaitable[web.StreamResponse]] | None = None
+
+
+#: Reads a request's target; may await the store (e.g. the ticket a review is about).
+TargetOf = Callable[[web.Request, Any], Awaitable[Target]]
+
+
+@dataclass(frozen=True)
+class Protection:
+    """A route's declaration: its catalogue action, body schema and how to read its target."""
+
+    action: actions.Action
+    target: TargetOf
+    body_schema: str | None

@@ -1,0 +1,91 @@
+"""The store as one worker sees it: connected, or not (yet), and why.
+
+A worker whose store is unreachable at start-up starts degraded instead of not at all: status
+surfaces stay up to say why, ``/readyz`` answers 503, protected actions 503, and the store is
+retried in the background. Everything that needs the store asks the link for it per call, so
+the moment it connects every component uses it, and no component holds a store that is not there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from .appkeys import CONFIG, STORE
+from .config import Config
+from .store import open_store
+from .store.base import Store, StoreError, StoreUnavailable
+
+__all__ = ["CONNECT_RETRY_S", "StoreLink", "setup_store"]
+
+log = logging.getLogger("controlplane.store")
+
+CONNECT_RETRY_S = 2.0
+
+
+class StoreLink:
+    """The worker's store, once it answers."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self.store: Store | None = None
+        #: Why there is no store (never a DSN: the backend and error class only).
+        self.error: str | None = None
+
+    @property
+    def configured(self) -> bool:
+        return self._config.store.backend != "none"
+
+    def require(self) -> Store:
+        """The store; ``StoreUnavailable`` (503 ``store_unavailable``) while there is none."""
+        if self.store is None:
+            raise StoreUnavailable(
+                "no store is configured (store.backend is none)" if not self.configured
+                else "the store is not connected"
+            )
+        return self.store
+
+    async def connect(self) -> bool:
+        """Open the store; False (and the reason kept) when unreachable."""
+        url = self._config.store.url
+        assert url is not None
+        try:
+            store = await open_store(url.reveal(), schema=self._config.store.postgres_schema)
+        except StoreError as exc:
+            self.error = str(exc)
+            log.error("store unavailable: %s", exc)
+            return False
+        self.store, self.error = store, None
+        return True
+
+    async def retry(self) -> None:
+        """Retry until the store answers (each failure is logged by ``connect``)."""
+        while not await self.connect():
+            await asyncio.sleep(CONNECT_RETRY_S)
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+
+
+def setup_store(app: web.Application) -> None:
+    """Open the store on start-up (or keep retrying in the background); close it on shutdown."""
+
+    async def store_ctx(app: web.Application) -> AsyncIterator[None]:
+        link = app[STORE] = StoreLink(app[CONFIG])
+        retrying: asyncio.Task[None] | None = None
+        if link.configured and not await link.connect():
+            retrying = asyncio.create_task(link.retry())
+        try:
+            yield
+        finally:
+            if retrying is not None:
+                retrying.cancel()
+                await asyncio.gather(retrying, return_exceptions=True)
+            await link.close()
+
+    app.cleanup_ctx.append(store_ctx)
