@@ -22,7 +22,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_ready(url: str, timeout: float = 20.0) -> None:
+def wait_ready(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll ``url`` until it answers 200 (the server's readiness signal), at most ``timeout``
+    seconds; fail at once if ``proc`` exits first (it will never be ready)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -31,9 +33,13 @@ def wait_ready(url: str, timeout: float = 20.0) -> None:
                     return
         except OSError:
             pass
+        if proc is not None and proc.poll() is not None:
+            log = getattr(proc, "log_path", None)
+            tail = log.read_text(errors="replace")[-2000:] if log is not None else ""
+            raise RuntimeError(f"server exited ({proc.returncode}) before {url} was ready:\n{tail}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url} not ready after {timeout}s")
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
 @contextmanager
@@ -65,7 +71,7 @@ def serve(
     proc.log_path = log_path  # type: ignore[attr-defined]
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(base + "/healthz")
+        wait_ready(base + "/healthz", proc=proc)
         yield base, proc
     finally:
         if proc.poll() is None:

@@ -134,16 +134,19 @@ async def test_sigkill_mid_burst_loses_nothing_acknowledged(tmp_path):
             await caller.login("bob", step)
             tickets = await approved_tickets(caller, 60)
 
+            ten_acknowledged = asyncio.Event()
+
             async def fire(i: int, ticket: dict) -> None:
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     status, body = await caller.call("POST", "/api/v1/installer/actions", "alice",
                                                      **installer(f"kill-{i}", ticket))
                     if status == 202:
                         acknowledged.append(body)
+                        if len(acknowledged) >= 10:
+                            ten_acknowledged.set()
 
             burst = [asyncio.create_task(fire(i, t)) for i, t in enumerate(tickets)]
-            while len(acknowledged) < 10:
-                await asyncio.sleep(0.005)
+            await asyncio.wait_for(ten_acknowledged.wait(), timeout=60)
             os.kill(proc.pid, signal.SIGKILL)
             await asyncio.gather(*burst)
         proc.wait(timeout=10)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import queue
+import signal
 import sqlite3
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -170,21 +172,34 @@ def test_tail_follow_prints_new_records(sqlite_service: tuple[str, Path]) -> Non
     follower = subprocess.Popen(
         [sys.executable, "-c",
          "import sys; from service.cli.audit import run; raise SystemExit(run(sys.argv[1:]))",
-         "tail", "-n", "0", "-f", "--interval", "0.1", "--max-seconds", "4"],
+         "tail", "-n", "1", "-f", "--interval", "0.1", "--max-seconds", "60"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={"PATH": "/usr/bin:/bin", "CONTROLPLANE_STATE_DIR": str(db.parent)},
     )
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in follower.stdout or ()],
+                              daemon=True)
+    reader.start()
     try:
-        time.sleep(1.5)  # let it start and read the head before the new records exist
+        # Readiness: the head record (-n 1) is printed once the follower has read the head, so
+        # the records written next are new to it.
+        seen = [json.loads(lines.get(timeout=30))["seq"]]
         activity(base, reads=2)
-        out, err = follower.communicate(timeout=30)
+        while len(seen) < 3:
+            seen.append(json.loads(lines.get(timeout=30))["seq"])
+        follower.send_signal(signal.SIGINT)  # Ctrl-C is how -f ends: exit 0
+        _, err = follower.communicate(timeout=30)
+        reader.join(timeout=30)
+        while not lines.empty():
+            seen.append(json.loads(lines.get())["seq"])
     finally:
         if follower.poll() is None:
             follower.kill()
             follower.wait()
     assert follower.returncode == 0, err
-    new = [json.loads(line)["seq"] for line in out.splitlines()]
-    assert new and new[0] == head + 1 and new == list(range(head + 1, head + 1 + len(new)))
+    assert seen[0] == head, "the follower's first line is the head record"
+    new = seen[1:]
+    assert new[0] == head + 1 and new == list(range(head + 1, head + 1 + len(new)))
     assert len(new) >= 2
 
 
