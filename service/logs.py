@@ -18,16 +18,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from .redaction import is_secret_field
+
 __all__ = ["configure", "correlation_id_var", "mask"]
 
 correlation_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "correlation_id", default=None
 )
 
-_SECRET_NAME = re.compile(
-    r"(pass(word)?|secret|token|otp|nonce|dsn|authorization|cookie|private|assertion|api[_-]?key)",
-    re.IGNORECASE,
-)
 # URLs with credentials (scheme://user:pass@host) are masked wherever they appear in text.
 _URL_CREDENTIALS = re.compile(r"([a-z][a-z0-9+.-]*://)([^/@\s:]+):([^/@\s]+)@", re.IGNORECASE)
 MASK = "***"
@@ -42,7 +40,7 @@ def mask(value: Any, extra_names: Iterable[str] = ()) -> Any:
 def _mask(value: Any, names: set[str]) -> Any:
     if isinstance(value, dict):
         return {
-            k: (MASK if (_SECRET_NAME.search(str(k)) or str(k).lower() in names) else _mask(v, names))
+            k: (MASK if (is_secret_field(k) or str(k).lower() in names) else _mask(v, names))
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):

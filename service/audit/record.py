@@ -14,15 +14,11 @@ from typing import Any
 
 import rfc8785
 
+from ..redaction import is_secret_field
 from ..store.base import AUDIT_GENESIS_HASH, AuditRecord
 
 __all__ = ["Break", "seal", "verify"]
 
-# Never stored in an audit entry, whatever a caller passes: audit is read by many, and a token,
-# password, OTP or nonce in it would be a credential leak.
-FORBIDDEN_KEYS = frozenset(
-    {"token", "access_token", "password", "otp", "nonce", "assertion", "authorization", "secret"}
-)
 
 
 def seal(seq: int, prev_hash: str, entry: dict[str, Any]) -> str:
@@ -38,7 +34,9 @@ def scrub(entry: dict[str, Any]) -> dict[str, Any]:
 
 def _scrub(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _scrub(v) for k, v in value.items() if str(k).lower() not in FORBIDDEN_KEYS}
+        # Never stored, whatever a caller passes: audit is read by many, and a token, password,
+        # OTP or nonce in it would be a credential leak.
+        return {k: _scrub(v) for k, v in value.items() if not is_secret_field(k)}
     if isinstance(value, list):
         return [_scrub(v) for v in value]
     return value
