@@ -1,0 +1,95 @@
+"""The package's shape, pinned: no import cycle, and the chain hands each Execute step what its
+action needs (a transaction exactly for mutating actions)."""
+
+from __future__ import annotations
+
+import ast
+import typing
+from pathlib import Path
+
+import pytest
+
+from service.api import routes as api_routes
+from service.chain import Run, Write
+
+SERVICE = Path(__file__).resolve().parent.parent / "service"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the service modules it imports at import time (TYPE_CHECKING blocks and
+    imports inside functions do not count: they cannot make an import cycle)."""
+    modules = {}
+    for path in SERVICE.rglob("*.py"):
+        parts = path.relative_to(SERVICE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                candidates = [target, *(f"{target}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                candidates = [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name].update(c for c in candidates if c in modules and c != name)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle() -> None:
+    graph = _module_graph()
+    assert graph.get("service.chain"), "the graph reader found nothing"
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def _protected_routes() -> list[pytest.param]:
+    found = []
+    for module in api_routes._MODULES:
+        for route in module.routes:
+            handler = getattr(route, "handler", None)
+            if getattr(handler, "protection", None) is not None:
+                found.append(pytest.param(handler, id=f"{route.method} {route.path}"))
+    return found
+
+
+@pytest.mark.parametrize("handler", _protected_routes())
+def test_execute_steps_of_mutating_actions_take_a_write(handler: typing.Any) -> None:
+    """A mutating action's Execute step is typed to receive a ``Write`` (its transaction), a
+    read's a ``Run``; the chain builds a ``Write`` exactly for mutating actions (and for reads
+    that redeem a ticket, which a ``Run`` parameter accepts)."""
+    hints = typing.get_type_hints(handler.execute)
+    param = next(v for k, v in hints.items() if k != "return")
+    want = Write if handler.protection.action.mutating else Run
+    assert param is want
