@@ -29,7 +29,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from service.authz.engine import PolicyEngine  # noqa: E402
-from service.rego import ACCELERATED  # noqa: E402
 
 SUBJECTS = [
     ("alice", "human"),
@@ -203,10 +202,9 @@ def main() -> int:
             args.decisions,
             args.reps,
         )
-    builder = "C input builder" if ACCELERATED else "ctypes input builder"
     print(
         f"shipped policy logic (decide p50 - engine floor p50): {small['p50'] - floor['p50']:.1f} us;"
-        f" engine floor {floor['p50']:.1f} us ({builder})"
+        f" engine floor {floor['p50']:.1f} us"
     )
     print(
         f"large/small p50 ratio: {large['p50'] / small['p50']:.2f} (target <= 1.5); "

@@ -4,8 +4,11 @@ regopy wraps a native library with sharp edges, so they are all handled here:
 - ``Output.expressions()`` on an error output aborts the whole process (a C++ ``std::logic_error``),
   so a query reads results only from the output's JSON text, after ``regoOutputOk``;
 - an undefined result is an ``ok`` output whose text is ``undefined`` and has no results;
-- setting input node by node is ~4x cheaper than from JSON text, and the per-node calls are made
-  from C when the optional accelerator (``service/_regonative.c``) is built;
+- setting input node by node is ~4x cheaper than from JSON text; ``_push`` makes those calls
+  through regopy's own ctypes bindings, to a bounded depth (``service.limits.MAX_JSON_DEPTH``);
+- everything used here beyond regopy's public API (``rego_shared``, the ``rego*`` functions and
+  their ctypes signatures, ``_impl``) is asserted by tests/authz/test_rego_private_api.py, and
+  pyproject.toml pins regopy to the minor version those tests passed with;
 - the hot path (``Bundle.query``) calls the native library directly: one output read, no
   ``Output``/``Result`` objects, the input handle freed right after ``regoSetInput`` copied it;
 - an ``Interpreter`` is not safe to share between threads: a ``Bundle`` owns one and serialises
@@ -18,14 +21,17 @@ import ctypes
 import json
 import re
 import threading
-import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import regopy
 
-__all__ = ["Bundle", "RegoCompileError", "RegoEvalError", "Undefined", "compile_bundle"]
+from service.limits import MAX_JSON_DEPTH
+
+__all__ = [
+    "Bundle", "InputTooDeep", "RegoCompileError", "RegoEvalError", "Undefined", "compile_bundle",
+]
 
 
 class RegoCompileError(Exception):
@@ -33,7 +39,15 @@ class RegoCompileError(Exception):
 
 
 class RegoEvalError(Exception):
-    """Evaluation failed (runtime error, missing plan)."""
+    """Evaluation failed (runtime error, missing plan, an input that cannot be converted)."""
+
+
+class InputTooDeep(ValueError):
+    """An input document nests arrays/objects deeper than ``MAX_JSON_DEPTH`` (the top level is 1).
+
+    A ``ValueError`` like every other unconvertible input, so ``Bundle.query`` reports it as a
+    ``RegoEvalError`` ("input cannot be converted") and the engine fails closed.
+    """
 
 
 class _UndefinedType:
@@ -146,6 +160,8 @@ def query_once(modules: Iterable[Module], data: Mapping[str, Any], query: str) -
     return results[0].expressions[0]
 
 
+# regopy's ctypes bindings of the native library: not its public API, so every name and ctypes
+# signature used from here is asserted by tests/authz/test_rego_private_api.py.
 _native = regopy.rego_shared.rego
 _IN_STR, _IN_INT, _IN_FLOAT, _IN_BOOL, _IN_NULL = (
     _native.regoInputString, _native.regoInputInt, _native.regoInputFloat,
@@ -154,62 +170,32 @@ _IN_ITEM, _IN_OBJECT, _IN_ARRAY = (
     _native.regoInputObjectItem, _native.regoInputObject, _native.regoInputArray)
 
 
-def _address(function: Any) -> int:
-    return ctypes.cast(function, ctypes.c_void_p).value or 0
-
-
-_accelerator: types.ModuleType | None
-try:
-    from service import _regonative
-except ImportError:  # built without a C compiler: the Python functions below do the same work
-    _accelerator = None
-else:
-    _regonative.bind(*(_address(f) for f in (
-        _IN_STR, _IN_INT, _IN_FLOAT, _IN_BOOL, _IN_NULL, _IN_ITEM, _IN_OBJECT, _IN_ARRAY)))
-    _accelerator = _regonative
-
-#: True when input documents are built by the C accelerator (service/_regonative.c).
-ACCELERATED = _accelerator is not None
-
-
 def _input_handle(value: Mapping[str, Any]) -> int:
-    """A new native input handle holding ``value``; the caller frees it (``regoFreeInput``).
-
-    Input conversion is one native call per JSON node, the largest Python-side cost of a
-    decision: the C accelerator makes those calls from C; ``_push`` is the reference
-    implementation and the fallback for values the accelerator does not take (e.g. a Mapping
-    that is not a dict).
-    """
+    """A new native input handle holding ``value``; the caller frees it (``regoFreeInput``)."""
     handle = _native.regoNewInput()
     if not handle:
         raise MemoryError("regoNewInput failed")
     try:
-        if _accelerator is not None:
-            try:
-                _accelerator.build(handle, value)
-                return int(handle)
-            except TypeError:
-                # a partial document may sit on the handle: start over on a fresh one
-                _native.regoFreeInput(handle)
-                handle = 0
-                handle = _native.regoNewInput()
-                if not handle:
-                    raise MemoryError("regoNewInput failed") from None
         _push(handle, dict(value))
-        return int(handle)
     except BaseException:
-        if handle:
-            _native.regoFreeInput(handle)
+        _native.regoFreeInput(handle)
         raise
+    return int(handle)
 
 
 def _push(handle: int, value: Any) -> None:
     """Push ``value`` onto ``handle`` with ctypes: one native call per node, regopy's own
-    sequence (``regopy.Input(value)`` at ~60% of its cost). Strings with NUL are refused: a C
-    string truncates them, and the policy would see another value than the service."""
+    sequence (``regopy.Input(value)`` at ~60% of its cost).
+
+    Refused (``ValueError``, ``TypeError``, ``OverflowError``): strings with NUL (a C string
+    truncates them, and the policy would see another value than the service), non-string object
+    keys, integers outside the 64-bit range (ctypes would wrap them around), types JSON does not
+    have, and arrays/objects nested deeper than ``MAX_JSON_DEPTH`` (``InputTooDeep``; the top-level
+    value is depth 1, scalars add no depth), so conversion never meets the recursion limit.
+    """
     status = 0
 
-    def add(v: Any) -> None:
+    def add(v: Any, depth: int) -> None:
         nonlocal status
         t = type(v)
         if t is str:
@@ -218,6 +204,8 @@ def _push(handle: int, value: Any) -> None:
                 raise ValueError("NUL character in input string")
             status |= _IN_STR(handle, _quoted(raw))
         elif t is dict:
+            if depth > MAX_JSON_DEPTH:
+                raise InputTooDeep(f"input nests deeper than {MAX_JSON_DEPTH} arrays/objects")
             for k, x in v.items():
                 if type(k) is not str:
                     raise ValueError("input object keys must be strings")
@@ -225,12 +213,14 @@ def _push(handle: int, value: Any) -> None:
                 if b"\0" in raw:
                     raise ValueError("NUL character in input key")
                 status |= _IN_STR(handle, _quoted(raw))
-                add(x)
+                add(x, depth + 1)
                 status |= _IN_ITEM(handle)
             status |= _IN_OBJECT(handle, len(v))
         elif t is list or t is tuple:
+            if depth > MAX_JSON_DEPTH:
+                raise InputTooDeep(f"input nests deeper than {MAX_JSON_DEPTH} arrays/objects")
             for x in v:
-                add(x)
+                add(x, depth + 1)
             status |= _IN_ARRAY(handle, len(v))
         elif t is bool:
             status |= _IN_BOOL(handle, v)
@@ -243,11 +233,11 @@ def _push(handle: int, value: Any) -> None:
         elif v is None:
             status |= _IN_NULL(handle)
         elif isinstance(v, Mapping):
-            add(dict(v))
+            add(dict(v), depth)
         else:
             raise TypeError(f"cannot convert {t.__name__} to rego input")
 
-    add(value)
+    add(value, 1)
     if status:
         raise ValueError("the native library refused the input")
 

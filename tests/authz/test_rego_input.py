@@ -1,20 +1,26 @@
 """service.rego's input conversion and result reading around regopy's quirks.
 
-The C accelerator and the Python converter agree with each other and with the document, and
-refuse the same inputs (as evaluation errors, never a crash). regopy writes result strings into
-JSON text without escaping quotes, backslashes or control characters, so the echo round trip
-below draws strings without them; what happens with them is tested separately."""
+The converter gives the policy exactly the document, and refuses what it cannot convert (as
+evaluation errors, never a crash), including anything nested deeper than
+``service.limits.MAX_JSON_DEPTH``. regopy writes result strings into JSON text without escaping
+quotes, backslashes or control characters, so the echo round trip below draws strings without
+them; what happens with them is tested separately. The private regopy API the converter uses is
+asserted in test_rego_private_api.py."""
 
 from __future__ import annotations
 
-import os
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service import rego
+from service.authz.decision import POLICY_ERROR
+from service.limits import MAX_JSON_DEPTH
+
+from .conftest import doc as authz_doc
 
 ECHO = rego.compile_bundle(
     [rego.Module("echo.rego", "package echo\nimport rego.v1\nresult := input\n")], {}, ["echo/result"]
@@ -40,84 +46,112 @@ documents = st.dictionaries(
 )
 
 
-def echo(doc, *, accelerated: bool):
-    saved = rego._accelerator
-    if not accelerated:
-        rego._accelerator = None
-    try:
-        return ECHO.query("echo/result", doc)
-    finally:
-        rego._accelerator = saved
+def echo(doc: Any) -> Any:
+    return ECHO.query("echo/result", doc)
 
 
-needs_accelerator = pytest.mark.skipif(
-    not rego.ACCELERATED and os.environ.get("CI") != "true",
-    reason="service._regonative is not built here (no C compiler); the Python converter is used",
-)
-
-
-def test_the_native_accelerator_is_built_in_ci():
-    # `make test` installs the project with its optional C accelerator; CI must have it.
-    if os.environ.get("CI") != "true" and not rego.ACCELERATED:
-        pytest.skip("not in CI and service._regonative is not built here")
-    assert rego.ACCELERATED
-
-
-@needs_accelerator
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
-def test_both_converters_give_the_policy_the_same_document(doc):
-    assert echo(doc, accelerated=True) == echo(doc, accelerated=False) == doc
+def test_the_policy_sees_the_document(doc):
+    assert echo(doc) == doc
 
 
-@pytest.mark.parametrize("accelerated", [True, False])
-def test_floats_tuples_and_mappings_convert(accelerated):
-    if accelerated and not rego.ACCELERATED:
-        pytest.skip("service._regonative is not built here")
+def test_floats_tuples_and_mappings_convert():
     doc = {"f": 1.5, "t": ("a", 2), "m": MappingProxyType({"k": [True, None]}), "neg": -0.25}
-    assert echo(doc, accelerated=accelerated) == {
-        "f": 1.5, "t": ["a", 2], "m": {"k": [True, None]}, "neg": -0.25
-    }
+    assert echo(doc) == {"f": 1.5, "t": ["a", 2], "m": {"k": [True, None]}, "neg": -0.25}
 
 
-@pytest.mark.parametrize("accelerated", [True, False])
 @pytest.mark.parametrize(
     "bad",
     [
         {"s": "alice\x00admin"},  # a C string would truncate it to "alice"
         {"k\x00": 1},
         {"n": 2**64},
+        {"n": 2**63},
+        {"n": -(2**63) - 1},
         {"b": b"bytes"},
         {"s": {1, 2}},
         {1: "non-string key"},
     ],
-    ids=["nul-value", "nul-key", "int-overflow", "bytes", "set", "int-key"],
+    ids=["nul-value", "nul-key", "int-overflow", "int-2**63", "int-underflow", "bytes", "set", "int-key"],
 )
-def test_unconvertible_input_is_an_evaluation_error(bad, accelerated):
-    if accelerated and not rego.ACCELERATED:
-        pytest.skip("service._regonative is not built here")
+def test_unconvertible_input_is_an_evaluation_error(bad):
     with pytest.raises(rego.RegoEvalError, match="input cannot be converted"):
-        echo(bad, accelerated=accelerated)
+        echo(bad)
     # and the bundle still answers afterwards (no half-built input left behind)
-    assert echo({"ok": True}, accelerated=accelerated) == {"ok": True}
+    assert echo({"ok": True}) == {"ok": True}
 
 
-def test_deep_nesting_is_refused_by_the_accelerator_not_crashed_on():
-    if not rego.ACCELERATED:
-        pytest.skip("service._regonative is not built here")
-    deep: dict = {}
-    node = deep
-    for _ in range(200):
-        node["x"] = {}
-        node = node["x"]
-    with pytest.raises(rego.RegoEvalError, match="nests too deeply"):
-        echo(deep, accelerated=True)
+def test_the_64_bit_integer_bounds_convert():
+    assert echo({"n": [2**63 - 1, -(2**63)]}) == {"n": [2**63 - 1, -(2**63)]}
 
 
-@pytest.mark.parametrize("accelerated", [True, False])
-def test_quotes_inside_strings_reach_the_policy_unchanged(accelerated):
-    if accelerated and not rego.ACCELERATED:
-        pytest.skip("service._regonative is not built here")
+def nested(depth: int, *, leaf: Any = 1, kind: str = "object") -> dict[str, Any]:
+    """A top-level object holding ``depth`` arrays/objects in all (itself included)."""
+    value: Any = leaf
+    for _ in range(depth - 1):
+        value = {"x": value} if kind == "object" else [value]
+    return {"x": value}
+
+
+@pytest.mark.parametrize("kind", ["object", "array"])
+def test_nesting_up_to_the_depth_limit_converts(kind):
+    # scalars add no depth; the top-level object is depth 1
+    for leaf in (1, "s", None, 1.5):
+        deepest = nested(MAX_JSON_DEPTH, leaf=leaf, kind=kind)
+        assert echo(deepest) == deepest
+    empty_at_the_limit = nested(MAX_JSON_DEPTH - 1, leaf=[], kind=kind)
+    assert echo(empty_at_the_limit) == empty_at_the_limit
+
+
+@pytest.mark.parametrize("leaf", [[], {}])
+def test_an_empty_container_past_the_limit_counts(leaf):
+    with pytest.raises(rego.RegoEvalError, match="nests deeper"):
+        echo(nested(MAX_JSON_DEPTH, leaf=leaf))
+
+
+@pytest.mark.parametrize("kind", ["object", "array"])
+@pytest.mark.parametrize("extra", [1, 2, 1000, 100_000])
+def test_nesting_beyond_the_depth_limit_is_an_evaluation_error(kind, extra):
+    with pytest.raises(rego.RegoEvalError, match=f"input cannot be converted: input nests deeper than "
+                       f"{MAX_JSON_DEPTH} arrays/objects"):
+        echo(nested(MAX_JSON_DEPTH + extra, kind=kind))
+    assert echo({"ok": True}) == {"ok": True}
+
+
+def test_depth_counts_mappings_and_tuples_too():
+    value: Any = 1
+    for i in range(MAX_JSON_DEPTH):
+        value = MappingProxyType({"x": value}) if i % 2 else (value,)
+    with pytest.raises(rego.RegoEvalError, match="nests deeper"):
+        echo({"x": value})
+
+
+def test_a_cyclic_document_is_refused_by_the_depth_limit():
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = cyclic
+    with pytest.raises(rego.RegoEvalError, match="nests deeper"):
+        echo(cyclic)
+
+
+def test_the_depth_error_is_a_value_error_the_query_reports_as_an_evaluation_error():
+    assert issubclass(rego.InputTooDeep, ValueError)
+    handle = rego._native.regoNewInput()
+    try:
+        with pytest.raises(rego.InputTooDeep):
+            rego._push(handle, nested(MAX_JSON_DEPTH + 1))
+    finally:
+        rego._native.regoFreeInput(handle)
+
+
+def test_the_engine_denies_a_too_deep_input_with_policy_error(shipped):
+    deep = authz_doc()
+    deep["resource"]["labels"] = nested(MAX_JSON_DEPTH)
+    decision = shipped.decide(deep)
+    assert (decision.decision, decision.reasons) == ("deny", (POLICY_ERROR,))
+
+
+def test_quotes_inside_strings_reach_the_policy_unchanged():
     counts = rego.compile_bundle(
         [rego.Module("c.rego", "package c\nimport rego.v1\nn := [count(s) | some s in input.s]\n")],
         {},
@@ -126,20 +160,14 @@ def test_quotes_inside_strings_reach_the_policy_unchanged(accelerated):
     # regopy strips one pair of enclosing quotes ('"admin"' would reach the policy as admin);
     # compose files carry such values (environment: - USER="admin").
     values = ['"admin"', '""', '"a"b"', 'a"b', '"x', 'x"', '"', "a\\b", "it's"]
-    saved = rego._accelerator
-    if not accelerated:
-        rego._accelerator = None
-    try:
-        assert counts.query("c/n", {"s": values}) == [len(v) for v in values]
-        keys = rego.compile_bundle(
-            [rego.Module("k.rego", "package k\nimport rego.v1\nn := [count(key) | input.o[key]]\n")],
-            {},
-            ["k/n"],
-        )
-        assert sorted(keys.query("k/n", {"o": dict.fromkeys(values, 1)})) == sorted(map(len, values))
-        assert echo({"s": "alice"}, accelerated=accelerated) == {"s": "alice"}
-    finally:
-        rego._accelerator = saved
+    assert counts.query("c/n", {"s": values}) == [len(v) for v in values]
+    keys = rego.compile_bundle(
+        [rego.Module("k.rego", "package k\nimport rego.v1\nn := [count(key) | input.o[key]]\n")],
+        {},
+        ["k/n"],
+    )
+    assert sorted(keys.query("k/n", {"o": dict.fromkeys(values, 1)})) == sorted(map(len, values))
+    assert echo({"s": "alice"}) == {"s": "alice"}
 
 
 INJECTABLE = (
