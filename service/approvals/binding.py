@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import rfc8785
 
 __all__ = [
+    "BINDING_FIELDS",
     "HASH_PATTERN",
     "Binding",
     "BoundTicket",
@@ -58,6 +59,10 @@ def hash_nonce(nonce: str) -> str:
 def nonce_matches(nonce: str, nonce_hash: str) -> bool:
     """Constant-time comparison of a presented nonce with the stored hash."""
     return hmac.compare_digest(hash_nonce(nonce), nonce_hash)
+
+
+#: The fields a ticket is bound to, in the order ``mismatched`` compares them.
+BINDING_FIELDS = ("nonce_hash", "subject_id", "env", "action", "resource_hash", "command_hash")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +107,7 @@ def mismatched(ticket: BoundTicket, binding: Binding) -> tuple[str, ...]:
     """
     fields = [
         name
-        for name in ("nonce_hash", "subject_id", "env", "action", "resource_hash")
+        for name in BINDING_FIELDS[:-1]
         if not _same(getattr(ticket, name), getattr(binding, name))
     ]
     if ticket.command_hash is not None and not _same(ticket.command_hash, binding.command_hash):

@@ -147,6 +147,5 @@ async def consume(tx: Tx, redemption: Redemption, now: float, correlation_id: st
     return await tx.consume_ticket(
         ticket.id, nonce_hash=bound.nonce_hash, subject_id=bound.subject_id, env=bound.env,
         action=bound.action, resource_hash=bound.resource_hash,
-        # A ticket that binds no command accepts any; the UPDATE compares the ticket's own.
-        command_hash=ticket.command_hash, now=now, correlation_id=correlation_id,
+        command_hash=bound.command_hash, now=now, correlation_id=correlation_id,
     )

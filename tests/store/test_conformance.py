@@ -356,7 +356,6 @@ async def test_consume_unknown(store: Store) -> None:
         pytest.param("resource_hash", "sha256:" + "11" * 32, COMMAND_HASH, id="resource"),
         pytest.param("command_hash", "sha256:" + "22" * 32, COMMAND_HASH, id="command-other"),
         pytest.param("command_hash", None, COMMAND_HASH, id="command-missing"),
-        pytest.param("command_hash", COMMAND_HASH, None, id="command-unbound"),
     ],
 )
 async def test_consume_binding_mismatch(
@@ -368,6 +367,14 @@ async def test_consume_binding_mismatch(
     assert (exc.value.reason, exc.value.fields) == ("ticket_binding_mismatch", (field,))
     assert await store.get_ticket("t-1") == rec  # nothing consumed
     assert (await store.consume_ticket("t-1", **binding(rec))).state == "consumed"
+
+
+async def test_a_ticket_that_binds_no_command_accepts_any(store: Store) -> None:
+    """The request's Command-Hash matters only when the ticket binds one (the same rule as the
+    chain's pre-check: approvals.binding.mismatched)."""
+    rec = await approved_ticket(store, command_hash=None)
+    consumed = await store.consume_ticket("t-1", **binding(rec, command_hash=COMMAND_HASH))
+    assert consumed.state == "consumed"
 
 
 async def test_binding_mismatch_names_every_field(store: Store) -> None:

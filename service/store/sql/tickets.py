@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import json
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
+from ...approvals.binding import BINDING_FIELDS, Binding, mismatched
 from ...approvals.states import TICKET_TRANSITIONS
 from ..base import Conflict, NotFound, ReviewRecord, TicketRecord
 from .core import MAX_LIST_LIMIT, Query, Row, Unit, opt_float
@@ -91,14 +92,7 @@ def _decode_cursor(cursor: str) -> tuple[float, str]:
         raise ValueError("invalid ticket list cursor") from exc
 
 
-def _same(stored: Any, presented: Any) -> bool:
-    if stored is None or presented is None:
-        return stored is presented
-    # Constant-time for the nonce hash; harmless for the other bindings.
-    return hmac.compare_digest(str(stored).encode(), str(presented).encode())
-
-
-def _refusal(id: str, current: Row | None, presented: dict[str, Any], now: float) -> Exception:
+def _refusal(id: str, current: Row | None, presented: Binding, now: float) -> Exception:
     """Why ``consume_ticket`` matched no row, from the ticket as it is now."""
     if current is None:
         return NotFound("ticket", id)
@@ -111,10 +105,10 @@ def _refusal(id: str, current: Row | None, presented: dict[str, Any], now: float
         return Conflict("ticket_expired", current_state=state)
     if state != "approved":
         return Conflict("ticket_not_approved", current_state=state)
-    mismatched = tuple(
-        name for name, value in presented.items() if not _same(current[name], value)
-    )
-    return Conflict("ticket_binding_mismatch", current_state=state, fields=mismatched)
+    # The same comparison the chain's pre-check makes (approvals.binding.mismatched).
+    bound = SimpleNamespace(**{name: current[name] for name in BINDING_FIELDS})
+    return Conflict("ticket_binding_mismatch", current_state=state,
+                    fields=mismatched(bound, presented))
 
 
 class TicketSql(Unit):
@@ -275,7 +269,8 @@ class TicketSql(Unit):
                 "consumed_correlation_id = ? "
                 "WHERE id = ? AND state = 'approved' AND expires_at > ? AND nonce_hash = ? "
                 "AND subject_id = ? AND env = ? AND action = ? AND resource_hash = ? "
-                f"AND command_hash {q.dialect.not_distinct} ? "
+                # A ticket that binds no command accepts any (approvals.binding.mismatched).
+                "AND (command_hash IS NULL OR command_hash = ?) "
                 f"RETURNING {_COLUMNS}",
                 now, correlation_id, id, now, nonce_hash, subject_id, env, action, resource_hash,
                 command_hash,
@@ -284,14 +279,7 @@ class TicketSql(Unit):
                 return (await _tickets(q, [row]))[0]
             # Miss: re-read only to say why. Nothing here can change the outcome.
             current = await q.one(f"SELECT {_COLUMNS} FROM tickets WHERE id = ?", id)
-            presented = {
-                "nonce_hash": nonce_hash,
-                "subject_id": subject_id,
-                "env": env,
-                "action": action,
-                "resource_hash": resource_hash,
-                "command_hash": command_hash,
-            }
+            presented = Binding(nonce_hash, subject_id, env, action, resource_hash, command_hash)
             raise _refusal(id, current, presented, now)
 
     async def expire_tickets(self, now: float) -> list[TicketRecord]:
