@@ -6,7 +6,7 @@ Each app key is set by the one startup context that opens its value (listed in o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .authz.engine import PolicyEngine
     from .compose.preflight import RuleSet
     from .health import Reporter
+    from .middleware.metrics import Metrics
     from .storelink import StoreLink
 
 __all__ = [
@@ -38,8 +39,8 @@ __all__ = [
 
 CONFIG = web.AppKey("config", Config)
 STARTED_AT = web.AppKey("started_at", float)
-#: Metrics registry and instruments (``service.middleware.metrics.Metrics``).
-METRICS = web.AppKey("metrics", Any)
+#: Metrics registry and instruments.
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 #: Per-component status reporters for /readyz and system/info (``service.health``).
 COMPONENTS: web.AppKey[dict[str, Reporter]] = web.AppKey("components")
 #: The policy engine (compiled revision, hot reload).

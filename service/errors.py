@@ -271,8 +271,9 @@ def _domain_problem(exc: BaseException) -> Problem | None:
         if exc.reason in _FORBIDDEN_CONFLICTS:
             return TicketBindingMismatch("the ticket is bound to another request",
                                          fields=list(exc.fields))
-        extra = {"state": exc.current_state} if exc.current_state else {}
-        return Conflict(str(exc), code=exc.reason, **extra)
+        if exc.current_state:
+            return Conflict(str(exc), code=exc.reason, state=exc.current_state)
+        return Conflict(str(exc), code=exc.reason)
     if isinstance(exc, authn.Throttled):
         return TooManyRequests(exc.retry_after_s, code="login_throttled")
     if isinstance(exc, authn.StepUpRequired):

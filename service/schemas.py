@@ -81,12 +81,13 @@ def _message(error: ValidationError) -> str:
     # jsonschema messages quote the offending instance, which may be large or sensitive
     # (a password in a wrong-type field): describe the constraint instead.
     validator_name = str(error.validator)
-    value = error.validator_value
+    value: Any = error.validator_value
     if validator_name == "required":
         missing = [p for p in value if isinstance(error.instance, dict) and p not in error.instance]
         return f"missing required property: {', '.join(missing) or '?'}"
     if validator_name == "additionalProperties" and isinstance(error.instance, dict):
-        allowed = set((error.schema.get("properties") or {}).keys())
+        schema: Any = error.schema
+        allowed = set((schema.get("properties") or {}).keys())
         extra = sorted(k for k in error.instance if k not in allowed)
         return f"unknown property: {', '.join(extra[:10])}"
     if validator_name == "type":

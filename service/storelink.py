@@ -63,8 +63,10 @@ class StoreLink:
 
     async def retry(self) -> None:
         """Retry until the store answers (each failure is logged by ``connect``)."""
-        while not await self.connect():
+        while True:
             await asyncio.sleep(CONNECT_RETRY_S)
+            if await self.connect():
+                return
 
     async def close(self) -> None:
         if self.store is not None:

@@ -23,13 +23,14 @@ __all__ = ["Break", "seal", "verify"]
 
 def seal(seq: int, prev_hash: str, entry: dict[str, Any]) -> str:
     """The hash of record ``seq`` holding ``entry`` after ``prev_hash`` (the store's ``Seal``)."""
-    doc = {"seq": seq, "prev_hash": prev_hash, "entry": entry}
+    doc: dict[str, Any] = {"seq": seq, "prev_hash": prev_hash, "entry": entry}
     return "sha256:" + hashlib.sha256(rfc8785.dumps(doc)).hexdigest()
 
 
 def scrub(entry: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``entry`` without credential-bearing keys, at any depth."""
-    return _scrub(entry)
+    scrubbed: dict[str, Any] = _scrub(entry)
+    return scrubbed
 
 
 def _scrub(value: Any) -> Any:

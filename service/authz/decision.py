@@ -144,7 +144,7 @@ def _check_approval(approval: Mapping[str, Any]) -> None:
         # bool is an int subclass: a quorum of True must not pass as 1.
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise MalformedDecision(f"approval.{key} has the wrong type")
-        if want is list and not all(isinstance(v, str) for v in value):
+        if isinstance(value, list) and not all(isinstance(v, str) for v in value):
             raise MalformedDecision(f"approval.{key} must list strings")
     quorum = approval.get("quorum")
     if not isinstance(quorum, int) or quorum < 1:

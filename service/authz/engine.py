@@ -255,8 +255,10 @@ class PolicyEngine:
         return decision
 
     def _evaluate(
-        self, current: _Revision | None, input_doc: Mapping[str, Any], decision_id: str
+        self, current: _Revision | None, input_doc: Any, decision_id: str
     ) -> tuple[Decision, str | None]:
+        # ``input_doc`` is typed Any on purpose: callers outside the service (the CLI, tests)
+        # pass whatever they read, and anything that is not an object fails closed here.
         if current is None:
             return deny(POLICY_ERROR, "", decision_id), "no policy revision loaded"
         if not isinstance(input_doc, Mapping):
@@ -328,8 +330,8 @@ class PolicyEngine:
 
     def _log(self, input_doc: Mapping[str, Any], decision: Decision, duration_us: int) -> None:
         doc = input_doc if isinstance(input_doc, Mapping) else {}
-        principal = doc.get("principal") if isinstance(doc.get("principal"), Mapping) else {}
-        resource = doc.get("resource") if isinstance(doc.get("resource"), Mapping) else {}
+        principal: Mapping[str, Any] = _mapping(doc.get("principal"))
+        resource: Mapping[str, Any] = _mapping(doc.get("resource"))
         fields = {
             "decision_id": decision.decision_id,
             "revision": decision.revision,
@@ -386,6 +388,10 @@ class PolicyEngine:
                 "capacity": self.cache_size,
             },
         }
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _project(projection: Projection, stripped: dict[str, Any]) -> dict[str, Any]:

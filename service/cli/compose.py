@@ -30,8 +30,9 @@ FORMATS = ("table", "json", "junit", "sarif")
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``compose`` command group (``check``, ``normalize``) to ``subparsers``."""
-    parser = subparsers.add_parser("compose", help="Docker Compose preflight",
-                                   description=__doc__.splitlines()[0])
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "compose", help="Docker Compose preflight", description=__doc__.splitlines()[0]
+    )
     commands = parser.add_subparsers(dest="compose_command", metavar="COMMAND", required=True)
 
     check = commands.add_parser("check", help="check compose files against the preflight rules")

@@ -137,4 +137,4 @@ def _forget_worker_metrics(pid: int | None) -> None:
         return
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(pid)
+    multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]  # untyped upstream

@@ -578,7 +578,7 @@ def _env_files(value: Any, where: str) -> list[dict[str, Any]]:
         if isinstance(item, str):
             out.append({"path": item, "required": True})
         elif isinstance(item, dict) and item.get("path"):
-            ref = {"path": str(item["path"]),
+            ref: dict[str, object] = {"path": str(item["path"]),
                    "required": _bool(item.get("required", True), f"{where}/{index}/required")}
             if ref["required"] is None:
                 ref["required"] = True
@@ -930,7 +930,7 @@ def _finish(model: dict[str, Any]) -> dict[str, Any]:
     model.setdefault("services", {})
     for svc in model["services"].values():
         svc.pop("extends", None)
-    ordered = {k: model[k] for k in ("name", "services", "networks", "volumes", "secrets",
-                                     "configs") if k in model}
+    ordered: dict[str, Any] = {k: model[k] for k in ("name", "services", "networks", "volumes",
+                                                     "secrets", "configs") if k in model}
     ordered.update({k: v for k, v in model.items() if k not in ordered})
     return ordered

@@ -36,7 +36,7 @@ class Metrics:
         if not self.multiprocess:
             return self.registry
         registry = CollectorRegistry()
-        MultiProcessCollector(registry)
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # untyped upstream
         return registry
 
     @classmethod

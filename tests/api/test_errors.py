@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from aiohttp import web
 
-from service.body import read_json
 from service.app import create_app
+from service.body import read_json
 from tests.problems import assert_problem
 
 

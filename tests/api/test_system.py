@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from service.health import register_component
 from service.app import create_app
+from service.health import register_component
 from tests.problems import assert_problem
 
 
