@@ -572,3 +572,26 @@ async def test_sweep_expires_tickets_with_audit_and_purges_housekeeping_rows(cli
     assert refused.status == 401 and (await refused.json())["code"] == "session_inactive"
     count, broken = await client.server.app[AUDIT].verify()
     assert broken is None and count >= 1
+
+
+async def test_refused_redemptions_are_audited_with_the_presented_ticket_id(client):
+    """A presented ticket that is refused (mismatched, consumed) is named in the run's record."""
+    alice = await step_up(client, await login(client, "alice"), "alice")
+    ticket = await approved_ticket(client, alice)
+    mismatched = installer_body(resource={"app": "web", "version": "9.9.9"})
+    refused = await client.post("/api/v1/installer/actions", json=mismatched,
+                                headers=ticket_headers(alice, ticket))
+    await assert_problem(refused, 403, "ticket_binding_mismatch")
+    ok = await client.post("/api/v1/installer/actions", json=installer_body(),
+                           headers=ticket_headers(alice, ticket))
+    assert ok.status == 202
+    replayed = await client.post("/api/v1/installer/actions", json=installer_body(),
+                                 headers=ticket_headers(alice, ticket))
+    await assert_problem(replayed, 409, "ticket_consumed")
+    runs = [e for e in await audit_entries(client) if e["action"] == "installer.run.execute"]
+    assert [(e["outcome"], e.get("error"), e.get("ticket_id")) for e in runs] == [
+        ("rejected", "ticket_binding_mismatch", ticket["id"]),
+        ("executed", None, ticket["id"]),
+        ("rejected", "ticket_consumed", ticket["id"]),
+    ]
+    assert [e.get("ticket_consumed") for e in runs] == [None, True, None]
