@@ -126,12 +126,49 @@ class Environments(Mapping[str, bool]):
 
 
 @dataclass(frozen=True)
+class StreamsConfig:
+    """Live event streams (server-sent events): how many may be open, and how they are kept."""
+
+    #: Open streams per worker, all principals together; one more is a 429 too_many_streams.
+    max_total: int
+    #: Open streams per worker for one principal (subject).
+    max_per_principal: int
+    #: A comment line is sent this often on every open stream.
+    heartbeat_s: float
+    #: The stream's session is checked again this often; a logged-out session ends it.
+    session_check_s: float
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "max_total": 200,
+        "max_per_principal": 5,
+        "heartbeat_s": 15,
+        "session_check_s": 2,
+    }
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> StreamsConfig:
+        return cls(
+            max_total=int(raw["max_total"]),
+            max_per_principal=int(raw["max_per_principal"]),
+            heartbeat_s=float(raw["heartbeat_s"]),
+            session_check_s=float(raw["session_check_s"]),
+        )
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str
     port: int
     workers: int
     max_body_bytes: int
     shutdown_timeout_s: float
+    #: A connection must send a complete request head within this many seconds of connecting
+    #: (or of its previous response), or it is closed. Also the idle keep-alive timeout.
+    header_timeout_s: float
+    #: Header fields per request, and bytes of one request head (request line and fields).
+    max_header_fields: int
+    max_header_bytes: int
+    streams: StreamsConfig
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "host": "127.0.0.1",
@@ -139,6 +176,10 @@ class ServerConfig:
         "workers": 1,
         "max_body_bytes": 1024 * 1024,
         "shutdown_timeout_s": 10,
+        "header_timeout_s": 10,
+        "max_header_fields": 100,
+        "max_header_bytes": 256 * 1024,
+        "streams": StreamsConfig.DEFAULTS,
     }
 
     @classmethod
@@ -149,6 +190,10 @@ class ServerConfig:
             workers=int(raw["workers"]),
             max_body_bytes=int(raw["max_body_bytes"]),
             shutdown_timeout_s=float(raw["shutdown_timeout_s"]),
+            header_timeout_s=float(raw["header_timeout_s"]),
+            max_header_fields=int(raw["max_header_fields"]),
+            max_header_bytes=int(raw["max_header_bytes"]),
+            streams=StreamsConfig.from_raw(raw["streams"]),
         )
 
 
@@ -158,11 +203,15 @@ class StoreConfig:
     sqlite_path: Path
     postgres_dsn: Secret | None
     postgres_schema: str | None
+    #: The deadline of every store call (a transaction, a ping, the wait for a group commit):
+    #: past it the call fails with StoreUnavailable (503 store_unavailable).
+    timeout_s: float = 5.0
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "backend": "sqlite",
         "sqlite": {"path": None},
         "postgres": {"dsn": None, "schema": None},
+        "timeout_s": 5,
     }
 
     @classmethod
@@ -179,6 +228,7 @@ class StoreConfig:
             sqlite_path=resolve(sqlite_path) if sqlite_path else state_dir / "controlplane.db",
             postgres_dsn=Secret(dsn) if dsn else None,
             postgres_schema=raw["postgres"].get("schema"),
+            timeout_s=float(raw["timeout_s"]),
         )
 
     @property
