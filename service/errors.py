@@ -18,6 +18,7 @@ Problem                              status  code
 ├── UnsupportedMediaType             415     unsupported_media_type
 ├── SchemaValidationFailed           422     schema_validation_failed (+ errors: [{pointer, message}])
 ├── TooManyRequests                  429     rate_limited (+ Retry-After)
+│   └── TooManyStreams               429     too_many_streams (+ Retry-After)
 ├── InternalError                    500     internal_error
 └── ServiceUnavailable               503     service_unavailable
     └── ApprovalRepositoryUnavailable 503    approval_repository_unavailable
@@ -59,6 +60,7 @@ __all__ = [
     "StepUpRequired",
     "TicketBindingMismatch",
     "TooManyRequests",
+    "TooManyStreams",
     "Unauthorized",
     "UnsupportedMediaType",
     "problem_response",
@@ -181,6 +183,12 @@ class TooManyRequests(Problem):
         retry = str(max(1, int(retry_after_s)))
         kwargs.setdefault("headers", {"Retry-After": retry})
         super().__init__(detail or f"retry after {retry} seconds", **kwargs)
+
+
+class TooManyStreams(TooManyRequests):
+    """Live event streams are capped per principal and per worker."""
+
+    code = "too_many_streams"
 
 
 class InternalError(Problem):
