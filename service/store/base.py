@@ -28,6 +28,7 @@ from ..approvals.states import TicketState
 
 __all__ = [
     "AUDIT_GENESIS_HASH",
+    "AuditCheckpoint",
     "AuditOps",
     "AuditRecord",
     "Conflict",
@@ -192,6 +193,21 @@ class AuditRecord:
     entry: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class AuditCheckpoint:
+    """A signed statement "record ``seq`` of the chain has hash ``head_hash``" (``audit.checkpoint``).
+
+    ``at`` is the RFC 3339 text that was signed, kept verbatim (not a float: it is signed data);
+    ``sig`` is the base64url Ed25519 signature by audit key ``kid``. The store only keeps them.
+    """
+
+    seq: int
+    head_hash: str
+    at: str
+    kid: str
+    sig: str
+
+
 # ------------------------------------------------------------------------------------ protocols
 
 
@@ -285,6 +301,14 @@ class AuditOps(Protocol):
     ) -> list[AuditRecord]: ...
     async def audit_range(self, after_seq: int = 0, limit: int = 100) -> list[AuditRecord]: ...
     async def audit_head(self) -> tuple[int, str]: ...
+
+    # Signed checkpoints: at most one per seq. ``add`` returns False (and changes nothing) when
+    # that seq already has one, so workers checkpointing the same record are harmless.
+    async def add_audit_checkpoint(self, checkpoint: AuditCheckpoint) -> bool: ...
+    async def audit_checkpoints(
+        self, after_seq: int = 0, limit: int = 100
+    ) -> list[AuditCheckpoint]: ...
+    async def latest_audit_checkpoint(self) -> AuditCheckpoint | None: ...
 
 
 class Tx(SessionOps, TicketOps, TaskOps, AuditOps, Protocol):

@@ -497,6 +497,29 @@ async def test_audit_seal_failure_appends_nothing(store: Store) -> None:
     assert (second.seq, second.prev_hash) == (2, first.hash)
 
 
+async def test_audit_checkpoints_one_per_seq_in_order(store: Store) -> None:
+    from service.store.base import AuditCheckpoint
+
+    assert await store.latest_audit_checkpoint() is None
+    assert await store.audit_checkpoints() == []
+    cps = [AuditCheckpoint(seq, f"sha256:{seq:064x}", f"2026-01-01T00:00:0{seq}.000Z", "kid-1",
+                           f"sig-{seq}") for seq in (5, 2, 9)]
+    for cp in cps:
+        assert await store.add_audit_checkpoint(cp) is True
+    # Another worker checkpointing the same record: harmless, the first one stays.
+    again = AuditCheckpoint(5, "sha256:" + "f" * 64, "2026-01-01T00:00:08.000Z", "kid-2", "other")
+    assert await store.add_audit_checkpoint(again) is False
+    ordered = sorted(cps, key=lambda c: c.seq)
+    assert await store.audit_checkpoints() == ordered
+    assert await store.audit_checkpoints(after_seq=2, limit=1) == [ordered[1]]
+    assert await store.latest_audit_checkpoint() == ordered[-1]
+    async with store.transaction() as tx:
+        assert await tx.add_audit_checkpoint(AuditCheckpoint(11, "sha256:" + "1" * 64, "t", "k", "s"))
+        assert (await tx.latest_audit_checkpoint() or again).seq == 11
+    with pytest.raises(ValueError):
+        await store.audit_checkpoints(limit=0)
+
+
 # ------------------------------------------------------------------------------- transactions
 
 

@@ -1,4 +1,5 @@
-"""The audit hash chain in SQL: the single ``audit_head`` row links and serialises appends."""
+"""The audit hash chain in SQL: the single ``audit_head`` row links and serialises appends; the
+``audit_checkpoints`` table keeps the signed checkpoints (one per seq)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..base import AuditRecord, Seal, StoreError
-from .core import MAX_LIST_LIMIT, Unit, dump_json
+from ..base import AuditCheckpoint, AuditRecord, Seal, StoreError
+from .core import MAX_LIST_LIMIT, Row, Unit, dump_json
 
 __all__ = ["AuditSql"]
 
 _INSERT = "INSERT INTO audit_log (seq, prev_hash, hash, entry) VALUES (?, ?, ?, ?)"
+_CHECKPOINT_COLUMNS = "seq, head_hash, at, kid, sig"
 
 
 class AuditSql(Unit):
@@ -79,4 +81,38 @@ class AuditSql(Unit):
         if row is None:
             raise StoreError("audit head row missing")
         return int(row["seq"]), str(row["hash"])
+
+    async def add_audit_checkpoint(self, checkpoint: AuditCheckpoint) -> bool:
+        async with self._unit(write=True) as q:
+            row = await q.one(
+                f"INSERT INTO audit_checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (seq) DO NOTHING RETURNING seq",
+                checkpoint.seq, checkpoint.head_hash, checkpoint.at, checkpoint.kid, checkpoint.sig,
+            )  # fmt: skip
+        return row is not None
+
+    async def audit_checkpoints(
+        self, after_seq: int = 0, limit: int = 100
+    ) -> list[AuditCheckpoint]:
+        if limit < 1:
+            raise ValueError("limit must be positive")
+        async with self._unit(write=False) as q:
+            rows = await q.all(
+                f"SELECT {_CHECKPOINT_COLUMNS} FROM audit_checkpoints WHERE seq > ? "
+                "ORDER BY seq LIMIT ?",
+                after_seq, min(limit, MAX_LIST_LIMIT),
+            )  # fmt: skip
+        return [_checkpoint(r) for r in rows]
+
+    async def latest_audit_checkpoint(self) -> AuditCheckpoint | None:
+        async with self._unit(write=False) as q:
+            row = await q.one(
+                f"SELECT {_CHECKPOINT_COLUMNS} FROM audit_checkpoints ORDER BY seq DESC LIMIT 1"
+            )
+        return None if row is None else _checkpoint(row)
+
+
+def _checkpoint(row: Row) -> AuditCheckpoint:
+    return AuditCheckpoint(seq=int(row["seq"]), head_hash=str(row["head_hash"]), at=str(row["at"]),
+                           kid=str(row["kid"]), sig=str(row["sig"]))
 
