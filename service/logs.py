@@ -5,6 +5,13 @@ correlation id of the request being served (a context variable set by the correl
 middleware) and any ``extra={"fields": {...}}`` the caller attached. Field names that look like
 secrets (token, password, secret, otp, nonce, dsn, authorization, ...) are masked whatever
 the caller passes, and configured names can be added (``logging.mask_fields``).
+
+Text is scrubbed too, in every string the formatter writes (the message, the traceback in
+``exc``, stack info, every field value): credentials in URLs, ``Authorization``/``Cookie``
+header values, ``Bearer`` tokens, JWS compact tokens (``eyJ...``) and ``name=value`` or
+``name: value`` pairs whose name is a secret field name. Library loggers that may log request
+data (aiohttp's) also get a filter that scrubs their records in place, so that no handler
+(a test's log capture included) ever sees the clear text.
 """
 
 from __future__ import annotations
@@ -15,20 +22,52 @@ import logging
 import re
 import sys
 import time
+import traceback
 from collections.abc import Iterable
 from typing import Any
 
 from .redaction import is_secret_field
 
-__all__ = ["configure", "correlation_id_var", "mask"]
+__all__ = ["ScrubFilter", "configure", "correlation_id_var", "install_scrubbing", "mask", "scrub"]
 
 correlation_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "correlation_id", default=None
 )
 
+MASK = "***"
+
 # URLs with credentials (scheme://user:pass@host) are masked wherever they appear in text.
 _URL_CREDENTIALS = re.compile(r"([a-z][a-z0-9+.-]*://)([^/@\s:]+):([^/@\s]+)@", re.IGNORECASE)
-MASK = "***"
+# Header lines whose whole value is a credential: everything up to the end of the line or of
+# the quoted string holding it (a header line in an exception message is a bytes repr, in
+# which a CR, LF or NUL is spelled \r, \n or \x00 and does not end the value).
+_CREDENTIAL_HEADER = re.compile(
+    r"\b((?:proxy-)?authorization|(?:set-)?cookie)(\s*[\"']?\s*[:=]\s*[\"']?)[^\n\"']*",
+    re.IGNORECASE,
+)
+# An HTTP authentication scheme followed by its credentials, anywhere.
+_SCHEME_CREDENTIALS = re.compile(r"\b(bearer|basic|digest)\s+[^\s\"',;]+", re.IGNORECASE)
+# JWS/JWE compact serialisations: a base64url JSON header ("eyJ") and at least one more part.
+_JOSE = re.compile(r"\beyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_.-]*")
+# name=value / name: value / "name": "value" where the name is a secret field name.
+_NAMED_VALUE = re.compile(
+    r"(?P<name>[A-Za-z][A-Za-z0-9_.-]*)(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\s\"'&,;)}\]]+)"
+)
+
+
+def _named(match: re.Match[str]) -> str:
+    if not is_secret_field(match["name"]) or match["value"] == MASK:
+        return match[0]
+    return f"{match['name']}{match['sep']}{MASK}"
+
+
+def scrub(text: str) -> str:
+    """``text`` with every credential-looking substring replaced by ``***``."""
+    text = _URL_CREDENTIALS.sub(r"\1\2:***@", text)
+    text = _CREDENTIAL_HEADER.sub(r"\1\2" + MASK, text)
+    text = _SCHEME_CREDENTIALS.sub(r"\1 " + MASK, text)
+    text = _JOSE.sub(MASK, text)
+    return _NAMED_VALUE.sub(_named, text)
 
 
 def mask(value: Any, extra_names: Iterable[str] = ()) -> Any:
@@ -46,12 +85,62 @@ def _mask(value: Any, names: set[str]) -> Any:
     if isinstance(value, (list, tuple)):
         return [_mask(v, names) for v in value]
     if isinstance(value, str):
-        return _URL_CREDENTIALS.sub(r"\1\2:***@", value)
-    return value
+        return scrub(value)
+    if isinstance(value, (bytes, bytearray)):
+        return scrub(repr(bytes(value)))
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return scrub(str(value))
+
+
+def _message(record: logging.LogRecord) -> str:
+    try:
+        return record.getMessage()
+    except Exception:  # a caller's bad format string must not lose the line
+        return f"{record.msg!s} {record.args!r}"
+
+
+def _traceback(record: logging.LogRecord) -> str | None:
+    if record.exc_text:
+        return record.exc_text
+    if record.exc_info and record.exc_info[0] is not None:
+        return "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+    return None
+
+
+class ScrubFilter(logging.Filter):
+    """Rewrite a record in place: its message and traceback text scrubbed (``scrub``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "_scrubbed", False):
+            return True
+        record.msg, record.args = scrub(_message(record)), ()
+        tb = _traceback(record)
+        if tb is not None:
+            # Formatters use exc_text when it is set, instead of formatting exc_info again.
+            record.exc_text = scrub(tb)
+        if record.stack_info:
+            record.stack_info = scrub(record.stack_info)
+        record._scrubbed = True
+        return True
+
+
+#: Loggers of libraries that may put request data (header lines, URLs) into a record.
+SCRUBBED_LOGGERS = ("aiohttp.server", "aiohttp.access", "aiohttp.web", "aiohttp.internal",
+                    "aiohttp.client", "asyncio")
+_FILTER = ScrubFilter()
+
+
+def install_scrubbing() -> None:
+    """Add the scrubbing filter to the library loggers (idempotent)."""
+    for name in SCRUBBED_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
 
 
 class JSONFormatter(logging.Formatter):
-    """One JSON object per line."""
+    """One JSON object per line; every string in it scrubbed."""
 
     def __init__(self, mask_fields: Iterable[str] = ()):
         super().__init__()
@@ -63,18 +152,21 @@ class JSONFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "msg": _URL_CREDENTIALS.sub(r"\1\2:***@", record.getMessage()),
+            "msg": scrub(_message(record)),
         }
         cid = getattr(record, "correlation_id", None) or correlation_id_var.get()
         if cid:
-            doc["correlation_id"] = cid
+            doc["correlation_id"] = scrub(str(cid))
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             doc.update(_mask(fields, self._names))
-        if record.exc_info:
+        tb = _traceback(record)
+        if tb is not None:
             # Stack traces stay in the process's own log, never in a response.
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
+            doc["exc"] = scrub(tb)
+        if record.stack_info:
+            doc["stack"] = scrub(record.stack_info)
+        return json.dumps(doc, default=lambda v: scrub(str(v)))
 
 
 def configure(level: str = "INFO", mask_fields: Iterable[str] = ()) -> None:
@@ -88,3 +180,4 @@ def configure(level: str = "INFO", mask_fields: Iterable[str] = ()) -> None:
     handler._controlplane = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level)
+    install_scrubbing()

@@ -80,3 +80,63 @@ async def test_production_mode_warns_about_dev_identities(make_client, json_log)
     assert (await client.get("/healthz")).status == 200
     warnings = [json.loads(line) for line in json_log.getvalue().splitlines()]
     assert any(w["level"] == "WARNING" and "DEVELOPMENT identities" in w["msg"] for w in warnings)
+
+
+# A JWS-shaped fake token: the header line aiohttp's parser quotes when a CR, LF or NUL breaks it.
+FAKE_JWS = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJhbGljZSJ9.c2VjcmV0LXNpZ25hdHVyZQ"
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param(f"b'Authorization: Bearer {FAKE_JWS[:30]}\\r{FAKE_JWS[30:]}'", id="cr-in-value"),
+    pytest.param(f"b'Authorization: Bearer {FAKE_JWS[:30]}\\x00{FAKE_JWS[30:]}'", id="nul-in-value"),
+    pytest.param(f"b'Autho\\x00rization: Bearer {FAKE_JWS[:30]}\\n{FAKE_JWS[30:]}'", id="nul-in-name"),
+    pytest.param(f"proxy-authorization: Basic {SECRET}", id="basic"),
+    pytest.param(f"{{'Cookie': 'sid={SECRET}; theme=dark'}}", id="cookie-dict"),
+    pytest.param(f"GET /api/v1/x?access_token={SECRET}&page=2 HTTP/1.1", id="query"),
+    pytest.param(f'{{"client_secret": "{SECRET}"}}', id="json"),
+    pytest.param(f"X-Api-Key: {SECRET}", id="api-key-header"),
+    pytest.param(f"token {FAKE_JWS} rejected", id="bare-jws"),
+])
+def test_scrub_masks_credentials_in_any_text(text):
+    from service.logs import scrub
+
+    out = scrub(text)
+    assert SECRET not in out and FAKE_JWS[30:] not in out and "c2VjcmV0" not in out, out
+    assert "***" in out
+
+
+def test_scrub_keeps_ordinary_text():
+    from service.logs import scrub
+
+    for text in ("token_too_large for alice; code: token_malformed", "compose_passed=True",
+                 "purged 3 expired one-time claims", "GET /api/v1/tasks/build-1 HTTP/1.1"):
+        assert scrub(text) == text
+
+
+def test_formatter_scrubs_message_exception_and_fields():
+    try:
+        raise ValueError(f"Invalid header value char: b'Authorization: Bearer {FAKE_JWS}'")
+    except ValueError:
+        import sys
+
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1,
+                               "Error handling %s", (f"Bearer {FAKE_JWS}",), exc_info)
+    record.fields = {"header": f"Authorization: Bearer {FAKE_JWS}", "list": [FAKE_JWS]}
+    line = JSONFormatter().format(record)
+    doc = json.loads(line)
+    assert "ValueError" in doc["exc"] and "Traceback" in doc["exc"]
+    assert FAKE_JWS[30:] not in line and "c2VjcmV0" not in line
+
+
+def test_library_records_are_scrubbed_before_any_handler(caplog):
+    from service.logs import install_scrubbing
+
+    install_scrubbing()
+    with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+        try:
+            raise ValueError(f"b'Authorization: Bearer {FAKE_JWS[:25]}\\r{FAKE_JWS[25:]}'")
+        except ValueError:
+            logging.getLogger("aiohttp.server").exception("from %s", f"Bearer {FAKE_JWS}")
+    assert caplog.records and "ValueError" in caplog.text
+    assert FAKE_JWS[25:] not in caplog.text and "c2VjcmV0" not in caplog.text
