@@ -19,6 +19,7 @@ Problem                              status  code
 ├── SchemaValidationFailed           422     schema_validation_failed (+ errors: [{pointer, message}])
 ├── TooManyRequests                  429     rate_limited (+ Retry-After)
 │   └── TooManyStreams               429     too_many_streams (+ Retry-After)
+├── RequestHeaderFieldsTooLarge      431     header_fields_too_large (answered by the HTTP edge)
 ├── InternalError                    500     internal_error
 └── ServiceUnavailable               503     service_unavailable
     └── ApprovalRepositoryUnavailable 503    approval_repository_unavailable
@@ -55,6 +56,7 @@ __all__ = [
     "PayloadTooLarge",
     "PolicyDenied",
     "Problem",
+    "RequestHeaderFieldsTooLarge",
     "SchemaValidationFailed",
     "ServiceUnavailable",
     "StepUpRequired",
@@ -189,6 +191,13 @@ class TooManyStreams(TooManyRequests):
     """Live event streams are capped per principal and per worker."""
 
     code = "too_many_streams"
+
+
+class RequestHeaderFieldsTooLarge(Problem):
+    """A request head over the header limits (``service.edge``): too many fields, a field too
+    long, or too many bytes in all."""
+
+    status, code, title = 431, "header_fields_too_large", "Request Header Fields Too Large"
 
 
 class InternalError(Problem):
