@@ -16,6 +16,7 @@ from . import clock
 from .api import routes as api_routes
 from .appkeys import AUDIT, AUTHENTICATOR, COMPOSE_RULES, CONFIG, ENGINE, STARTED_AT, STORE
 from .approvals.expiry import expire_once
+from .audit.checkpointer import checkpointing
 from .audit.log import AuditLog
 from .authn import identities
 from .authn.keyring import KeyRing
@@ -75,6 +76,7 @@ def create_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(_policies)
     setup_store(app)
     app.cleanup_ctx.append(_audit)
+    app.cleanup_ctx.append(_audit_checkpoints)  # signed checkpoints of the chain; a last one on stop
     app.cleanup_ctx.append(_authenticator)
     app.cleanup_ctx.append(_housekeeping)
 
@@ -103,8 +105,17 @@ async def _policies(app: web.Application) -> AsyncIterator[None]:
 
 async def _audit(app: web.Application) -> AsyncIterator[None]:
     """AUDIT: the hash-chained log over the store (and its JSON-lines mirror)."""
-    app[AUDIT] = AuditLog(app[STORE].require, app[CONFIG].audit_jsonl_path)
+    app[AUDIT] = AuditLog(app[STORE].require, app[CONFIG].audit.jsonl_path)
     yield
+
+
+async def _audit_checkpoints(app: web.Application) -> AsyncIterator[None]:
+    """Every N records or T seconds, sign (seq, head hash) with the audit key (audit.keys_dir)."""
+    if app[CONFIG].store.backend == "none":
+        yield
+        return
+    async with checkpointing(app[AUDIT], app[CONFIG].audit):
+        yield
 
 
 async def _authenticator(app: web.Application) -> AsyncIterator[None]:

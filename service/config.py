@@ -27,6 +27,7 @@ from .authn.tokens import MAX_ACCESS_TTL_S
 from .schemas import ValidationFailed, validate
 
 __all__ = [
+    "AuditConfig",
     "AuthnConfig",
     "Config",
     "ConfigError",
@@ -323,6 +324,32 @@ class ApprovalsConfig:
 
 
 @dataclass(frozen=True)
+class AuditConfig:
+    """The ``audit`` section: the JSON-lines mirror and the signed checkpoints' cadence and key."""
+
+    jsonl_path: Path | None
+    #: A checkpoint at least every this many records ...
+    checkpoint_records: int
+    #: ... or this many seconds after a record no checkpoint covers yet, whichever comes first.
+    checkpoint_interval_s: float
+    #: The audit signing keys (never in the database): ``<state_dir>/audit-keys`` by default.
+    keys_dir: Path
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {"jsonl_path": None, "checkpoint_records": 100,
+                                          "checkpoint_interval_s": 60, "keys_dir": None}
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve, state_dir: Path) -> AuditConfig:
+        jsonl, keys = raw.get("jsonl_path"), raw.get("keys_dir")
+        return cls(
+            jsonl_path=resolve(jsonl) if jsonl else None,
+            checkpoint_records=int(raw["checkpoint_records"]),
+            checkpoint_interval_s=float(raw["checkpoint_interval_s"]),
+            keys_dir=resolve(keys) if keys else state_dir / "audit-keys",
+        )
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: str
     access_log: bool
@@ -392,7 +419,7 @@ class Config:
     environments: Environments
     authn: AuthnConfig
     approvals: ApprovalsConfig
-    audit_jsonl_path: Path | None
+    audit: AuditConfig
     logging: LoggingConfig
     inventory: InventoryConfig
     source: str | None = None  # the file it came from, for messages
@@ -419,7 +446,7 @@ DEFAULTS: dict[str, Any] = {
     "environments": Environments.DEFAULTS,
     "authn": AuthnConfig.DEFAULTS,
     "approvals": ApprovalsConfig.DEFAULTS,
-    "audit": {"jsonl_path": None},
+    "audit": AuditConfig.DEFAULTS,
     "logging": LoggingConfig.DEFAULTS,
     "inventory": InventoryConfig.DEFAULTS,
 }
@@ -512,7 +539,6 @@ def _build(raw: dict[str, Any], base: Path, source: str | None) -> Config:
 
     state_dir = resolve(raw["state_dir"])
     store = StoreConfig.from_raw(raw["store"], resolve, state_dir)
-    jsonl = raw["audit"].get("jsonl_path")
     return Config(
         mode=raw["mode"],
         state_dir=state_dir,
@@ -522,7 +548,7 @@ def _build(raw: dict[str, Any], base: Path, source: str | None) -> Config:
         environments=Environments.from_raw(raw["environments"]),
         authn=AuthnConfig.from_raw(raw["authn"], resolve),
         approvals=ApprovalsConfig.from_raw(raw["approvals"], store.backend),
-        audit_jsonl_path=resolve(jsonl) if jsonl else None,
+        audit=AuditConfig.from_raw(raw["audit"], resolve, state_dir),
         logging=LoggingConfig.from_raw(raw["logging"]),
         inventory=InventoryConfig.from_raw(raw["inventory"]),
         source=source,

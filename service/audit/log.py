@@ -6,6 +6,10 @@ change nothing (reads, refusals) are group-committed: they queue while a commit 
 the next commit writes them all, so a durable commit is shared by many requests instead of
 paid by each. Every caller still waits until its own record is committed. The optional
 JSON-lines sink is written after commit; it is a copy for log shippers, the store is the record.
+
+Committed records are also handed to the worker's checkpointer (``audit.checkpointer``), which
+signs checkpoints of them; ``verify_signed`` checks the chain against those signed checkpoints
+and against anchors kept outside the database (``audit.checkpoint``).
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from ..store.base import AUDIT_GENESIS_HASH, AuditRecord, Store, Tx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from ..store.base import AUDIT_GENESIS_HASH, AuditCheckpoint, AuditRecord, Store, Tx
+from .checkpoint import Verification, signature_ok, to_doc
 from .record import Break, scrub, seal, verify
 
 __all__ = ["AuditLog"]
@@ -27,6 +34,13 @@ log = logging.getLogger("controlplane.audit")
 
 #: The most records one group commit writes; more wait for the next one.
 MAX_BATCH = 256
+_PAGE = 500
+
+
+class CommitObserver(Protocol):
+    """Told of every record this worker committed (the checkpointer)."""
+
+    def committed(self, record: AuditRecord) -> None: ...
 
 
 class AuditLog:
@@ -40,6 +54,8 @@ class AuditLog:
         self._sink_lock = asyncio.Lock()
         self._pending: list[tuple[dict[str, Any], asyncio.Future[AuditRecord]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        #: Set by the checkpointer of a serving worker; tools and tests leave it None.
+        self.observer: CommitObserver | None = None
 
     @property
     def store(self) -> Store:
@@ -72,13 +88,22 @@ class AuditLog:
                     future.set_result(record)
 
     async def mirror(self, record: AuditRecord) -> None:
-        """Copy a committed record to the JSON-lines sink (best effort: the store is the record)."""
+        """After commit: copy the record to the JSON-lines sink (best effort: the store is the
+        record) and tell the checkpointer."""
+        if self.observer is not None:
+            self.observer.committed(record)
+        await self._sink(
+            {"seq": record.seq, "prev_hash": record.prev_hash, "hash": record.hash, **record.entry}
+        )
+
+    async def mirror_checkpoint(self, checkpoint: AuditCheckpoint) -> None:
+        """Copy a stored checkpoint to the JSON-lines sink (its line is a valid anchor file)."""
+        await self._sink(to_doc(checkpoint))
+
+    async def _sink(self, doc: dict[str, Any]) -> None:
         if self.jsonl_path is None:
             return
-        line = json.dumps(
-            {"seq": record.seq, "prev_hash": record.prev_hash, "hash": record.hash, **record.entry},
-            separators=(",", ":"),
-        )
+        line = json.dumps(doc, separators=(",", ":"))
         async with self._sink_lock:
             try:
                 await asyncio.to_thread(_append_line, self.jsonl_path, line)
@@ -95,37 +120,126 @@ class AuditLog:
                 return
             after_seq = batch[-1].seq
 
+    async def checkpoints(self, after_seq: int = 0) -> AsyncIterator[AuditCheckpoint]:
+        """Every stored checkpoint after ``after_seq``, in seq order."""
+        while True:
+            batch = await self.store.audit_checkpoints(after_seq=after_seq, limit=_PAGE)
+            for checkpoint in batch:
+                yield checkpoint
+            if len(batch) < _PAGE:
+                return
+            after_seq = batch[-1].seq
+
     async def verify(self) -> tuple[int, Break | None]:
-        """Walk the whole chain; return (records verified, first break or None).
+        """Walk the whole chain (links and hashes only); return (records verified, first break).
 
         The head is read first: records appended during the walk are verified too, and a chain
         that ends before the recorded head (rows deleted from the end) is a break as well.
         """
-        head_seq, head_hash = await self.store.audit_head()
-        checked, broken = await self._walk()
-        if broken is None and head_seq > 0:
+        head = await self.store.audit_head()
+        checked, broken, _ = await self._walk(lambda record: None)
+        return checked, broken or await self._head_break(head, checked)
+
+    async def verify_signed(
+        self, keys: Mapping[str, Ed25519PublicKey], anchors: Sequence[AuditCheckpoint] = ()
+    ) -> Verification:
+        """Walk the chain against every stored checkpoint and every anchor (``keys``: the public
+        audit keys by kid). Each must carry a valid signature and name the hash the chain has at
+        its seq; the newest one that does, with the chain intact up to it, is the verified head,
+        and the records after it are unverifiable. The walk stops at the first record that
+        contradicts the chain or a signed head: nothing after it can be vouched for."""
+        result = Verification()
+        head = await self.store.audit_head()
+        signed: dict[int, list[tuple[str, str]]] = {}  # seq -> [(head hash, "checkpoint"|"anchor")]
+
+        def admit(checkpoint: AuditCheckpoint, kind: str) -> None:
+            prefix = "" if kind == "checkpoint" else "anchor_"
+            key = keys.get(checkpoint.kid)
+            if key is None:
+                result.problems.append(Break(checkpoint.seq, prefix + "unknown_key",
+                                             f"{kind} signed by key {checkpoint.kid}, which is "
+                                             "not an audit key here"))
+            elif not signature_ok(checkpoint, key):
+                result.problems.append(Break(checkpoint.seq, prefix + "bad_signature",
+                                             f"the {kind}'s signature does not verify"))
+            else:
+                signed.setdefault(checkpoint.seq, []).append((checkpoint.head_hash, kind))
+
+        async for checkpoint in self.checkpoints():
+            admit(checkpoint, "checkpoint")
+        for anchor in anchors:
+            admit(anchor, "anchor")
+
+        def confirm(record: AuditRecord) -> Break | None:
+            claims = signed.get(record.seq, ())
+            for digest, kind in claims:
+                if digest != record.hash:
+                    return Break(record.seq, f"{kind}_mismatch",
+                                 f"a signed {kind} names another hash for this record: the "
+                                 "records up to it were changed")
+            for _, kind in claims:
+                result.checkpoints += kind == "checkpoint"
+                result.anchors += kind == "anchor"
+            if claims:
+                result.verified_seq, result.verified_hash = record.seq, record.hash
+            return None
+
+        checked, broken, last = await self._walk(confirm)
+        result.records = checked
+        walked = broken is None
+        broken = broken or await self._head_break(head, checked)
+        if broken is not None:
+            result.problems.append(broken)
+        if walked:
+            for seq in sorted(s for s in signed if s > last):
+                for _, kind in signed[seq]:
+                    result.problems.append(Break(
+                        seq, f"{kind}_beyond_end",
+                        f"a signed {kind} names record {seq} but the chain ends at {last}: "
+                        f"records {last + 1}..{seq} were removed"))
+        result.end_seq = max(head[0], last)
+        return result
+
+    async def _head_break(self, head: tuple[int, str], checked: int) -> Break | None:
+        """A chain that ends before the head row, or whose record there has another hash."""
+        head_seq, head_hash = head
+        if head_seq > 0:
             at_head = await self.store.audit_range(after_seq=head_seq - 1, limit=1)
             if checked < head_seq or not at_head or at_head[0].seq != head_seq:
-                return checked, Break(checked + 1, "missing")
+                return Break(checked + 1, "missing")
             if at_head[0].hash != head_hash:
-                return checked, Break(head_seq, "head_mismatch")
-        return checked, broken
+                return Break(head_seq, "head_mismatch")
+        return None
 
-    async def _walk(self) -> tuple[int, Break | None]:
+    async def _walk(
+        self, check: Callable[[AuditRecord], Break | None]
+    ) -> tuple[int, Break | None, int]:
+        """Verify links and hashes in seq order, then ``check`` each verified record; stop at the
+        first break of either. Returns (records verified, the break, the last verified seq)."""
         checked = 0
         prev = (0, AUDIT_GENESIS_HASH)
         page: list[AuditRecord] = []
-        async for record in self.records():
+
+        def take(page: list[AuditRecord]) -> Break | None:
+            nonlocal checked, prev
+            n, broken = verify(page, start=prev)
+            for record in page[:n]:
+                found = check(record)
+                if found is not None:
+                    return found
+                checked += 1
+                prev = (record.seq, record.hash)
+            return broken
+
+        async for record in self.records(page=_PAGE):
             page.append(record)
-            if len(page) == 500:
-                n, broken = verify(page, start=prev)
-                checked += n
+            if len(page) == _PAGE:
+                broken = take(page)
                 if broken:
-                    return checked, broken
-                prev = (page[-1].seq, page[-1].hash)
+                    return checked, broken, prev[0]
                 page = []
-        n, broken = verify(page, start=prev)
-        return checked + n, broken
+        broken = take(page)
+        return checked, broken, prev[0]
 
 
 def _append_line(path: Path, line: str) -> None:

@@ -48,10 +48,16 @@ class Break:
     """The first record whose link or hash does not verify."""
 
     seq: int
-    reason: str  # hash_mismatch | prev_hash_mismatch | seq_gap | missing | head_mismatch
+    # Of the chain: hash_mismatch | prev_hash_mismatch | seq_gap | missing | head_mismatch.
+    # Against signed checkpoints and anchors (``audit.checkpoint``): checkpoint_mismatch,
+    # checkpoint_beyond_end, bad_signature, unknown_key, anchor_mismatch, anchor_beyond_end,
+    # anchor_bad_signature, anchor_unknown_key.
+    reason: str
+    detail: str = ""
 
     def __str__(self) -> str:
-        return f"record {self.seq}: {self.reason}"
+        text = f"record {self.seq}: {self.reason}"
+        return f"{text} ({self.detail})" if self.detail else text
 
 
 def verify(

@@ -1,7 +1,9 @@
-"""``cpctl audit verify | tail``: the chain of a real service's store, then the same store tampered with.
+"""``cpctl audit verify | checkpoint | tail | keys``: the chain of a real service's store, then the
+same store tampered with.
 
-The service writes records; the test edits the stored rows directly (``sqlite3`` / ``asyncpg``), as
-someone with database access would, and ``cpctl audit verify`` must name the first broken record.
+The service writes records and signs checkpoints of them; the test edits the stored rows directly
+(``sqlite3`` / ``asyncpg``), as someone with database access would, and ``cpctl audit verify`` must
+name the first broken record. Rewrites that recompute the chain: tests/audit/test_tamper.py.
 """
 
 from __future__ import annotations
@@ -72,16 +74,80 @@ def seqs(db: Path) -> list[int]:
         return [row[0] for row in conn.execute("SELECT seq FROM audit_log ORDER BY seq")]
 
 
-def test_verify_ok_on_a_fresh_chain(
-    sqlite_service: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+def test_verify_while_running_then_after_a_clean_stop(
+    tmp_path: Path, env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, db = sqlite_service
-    n = len(seqs(db))
-    assert n >= 3
+    state = tmp_path / "state"
+    env.setenv("CONTROLPLANE_STATE_DIR", str(state))
+    with serve(state) as (_, _proc):
+        activity(_)
+        n = len(seqs(state / "controlplane.db"))
+        assert n >= 3
+        # Fewer than audit.checkpoint_records records, within the interval: not signed yet.
+        code, result = verify(capsys)
+        assert code == 3 and result["status"] == "unanchored" and result["problems"] == []
+        assert result["unverifiable"] == {"first": 1, "last": n} and result["verified_head"] is None
+    # A clean stop signs the head: the whole chain verifies.
     assert audit.run(["verify"]) == 0
-    assert capsys.readouterr().out.strip() == f"audit chain ok: {n} records verified (head seq {n})"
+    head = json.loads(sqlite3.connect(state / "controlplane.db").execute(
+        "SELECT json_object('seq', seq, 'hash', hash) FROM audit_head").fetchone()[0])
+    assert capsys.readouterr().out.strip() == (
+        f"audit chain ok: {n} records verified (head seq {n}); "
+        f"signed head: seq {n} {head['hash']} (1 checkpoints)")
     code, result = verify(capsys)
-    assert code == 0 and result == {"ok": True, "verified": n, "head_seq": n, "break": None}
+    assert code == 0 and result == {
+        "ok": True, "status": "ok", "verified": n, "head_seq": n, "break": None, "problems": [],
+        "verified_head": head, "unverifiable": None, "checkpoints": 1, "anchors": 0}
+
+
+def test_checkpoints_every_n_records_mirrored_and_anchored(
+    tmp_path: Path, env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """audit.checkpoint_records=2: the running service signs as it goes, mirrors each checkpoint
+    to the JSON-lines file, and an anchor taken from it verifies; a rotated key keeps verifying."""
+    state, mirror = tmp_path / "state", tmp_path / "audit.jsonl"
+    env.setenv("CONTROLPLANE_STATE_DIR", str(state))
+    settings = {"CONTROLPLANE_AUDIT__CHECKPOINT_RECORDS": "2",
+                "CONTROLPLANE_AUDIT__JSONL_PATH": str(mirror)}
+    with serve(state, env=settings) as (base, _):
+        activity(base, reads=5)
+        db = state / "controlplane.db"
+        for _ in range(200):  # written in the background after the commits
+            with sqlite3.connect(db) as conn:
+                if conn.execute("SELECT count(*) FROM audit_checkpoints").fetchone()[0] >= 2:
+                    break
+            threading.Event().wait(0.05)
+        assert (state / "audit-keys").stat().st_mode & 0o777 == 0o700
+        key_files = list((state / "audit-keys").glob("*.audit-key.json"))
+        assert len(key_files) == 1 and key_files[0].stat().st_mode & 0o777 == 0o600
+        assert not list((state / "keys").glob("*.audit-key.json"))  # not a token key
+        capsys.readouterr()
+        assert audit.run(["keys", "rotate"]) == 0
+        rotated = json.loads(capsys.readouterr().out)
+        activity(base, reads=4)
+    lines = [json.loads(line) for line in mirror.read_text().splitlines()]
+    checkpoints = [line for line in lines if line.get("purpose") == "controlplane-audit-checkpoint"]
+    assert len(checkpoints) >= 3
+    assert {c["kid"] for c in checkpoints} == {k["kid"] for k in rotated["keys"]}
+    assert "private_key" not in json.dumps(rotated) and "d" not in rotated["keys"][0]
+    # The mirror itself, shipped off the host, is an anchor file; so is `audit checkpoint --out`.
+    anchor = tmp_path / "anchor.json"
+    assert audit.run(["checkpoint", "--out", str(anchor)]) == 0
+    assert json.loads(anchor.read_text())["seq"] == len(seqs(db))
+    code, result = verify(capsys, "--anchor", str(mirror), "--anchor", str(anchor))
+    assert code == 0 and result["anchors"] == len(checkpoints) + 1
+    assert result["checkpoints"] >= len(checkpoints)
+    # The public keys, kept elsewhere, verify without the state dir's key files.
+    capsys.readouterr()
+    assert audit.run(["keys", "list"]) == 0
+    jwks = tmp_path / "audit-keys.json"
+    jwks.write_text(capsys.readouterr().out)
+    assert len(json.loads(jwks.read_text())["keys"]) == 2
+    env.setenv("CONTROLPLANE_AUDIT__KEYS_DIR", str(tmp_path / "elsewhere"))
+    assert audit.run(["verify"]) == 2  # no key ring there: cannot check the signatures
+    assert "no audit key directory" in capsys.readouterr().err
+    code, result = verify(capsys, "--keys", str(jwks))
+    assert code == 0 and result["ok"]
 
 
 def _edit_entry(conn: sqlite3.Connection, seq: int) -> None:
@@ -268,19 +334,21 @@ def test_verify_names_the_tampered_postgres_row(tmp_path: Path, env: pytest.Monk
             activity(base)
             for name, value in store_env.items():
                 env.setenv(name, value)
-            code, result = verify(capsys)
-            assert code == 0 and result["ok"] and result["verified"] >= 3
-            tampered = asyncio.run(_pg_tamper(dsn, schema))
-            assert audit.run(["verify"]) == 1
-            assert f"record {tampered}: hash_mismatch" in capsys.readouterr().out
-            # The same store named by a config file instead of the environment.
-            for name in store_env:
-                env.delenv(name)
-            config = tmp_path / "pg.yaml"
-            config.write_text(yaml.safe_dump(
-                {"store": {"backend": "postgres", "postgres": {"dsn": dsn, "schema": schema}}}
-            ))
-            code, result = verify(capsys, "--config", str(config))
-            assert code == 1 and result["break"] == {"seq": tampered, "reason": "hash_mismatch"}
+        env.setenv("CONTROLPLANE_STATE_DIR", str(tmp_path / "state"))  # the audit keys
+        code, result = verify(capsys)
+        assert code == 0 and result["ok"] and result["verified"] >= 3
+        assert result["verified_head"]["seq"] == result["head_seq"]
+        tampered = asyncio.run(_pg_tamper(dsn, schema))
+        assert audit.run(["verify"]) == 1
+        assert f"record {tampered}: hash_mismatch" in capsys.readouterr().out
+        # The same store named by a config file instead of the environment.
+        for name in store_env:
+            env.delenv(name)
+        config = tmp_path / "pg.yaml"
+        config.write_text(yaml.safe_dump(
+            {"store": {"backend": "postgres", "postgres": {"dsn": dsn, "schema": schema}}}
+        ))
+        code, result = verify(capsys, "--config", str(config))
+        assert code == 1 and result["break"] == {"seq": tampered, "reason": "hash_mismatch"}
     finally:
         asyncio.run(pg.drop_schema(dsn, schema))

@@ -1,0 +1,113 @@
+"""Writing signed checkpoints: every N records or T seconds, by whichever worker, never in a request.
+
+Each worker signs only records it committed itself (the log tells it after each commit), never
+a head it merely read from the database: a row someone wrote into the database directly is not
+signed on its say-so. A checkpoint is due when this worker's newest record is ``N`` past the
+newest stored checkpoint (checked after a commit), or when a record of its own has gone
+uncovered for ``T`` seconds (a timer), and once more on shutdown, so a cleanly stopped service
+leaves its chain signed to the end. The write runs in the background after the commit: its
+failure is logged and retried at the next chance, and never fails the request whose record is
+already committed. Workers checkpointing the same record store it once (one per seq).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from .. import clock
+from ..config import AuditConfig
+from ..store.base import AuditCheckpoint, AuditRecord, StoreError
+from .checkpoint import sign
+from .keys import AuditKeys
+from .log import AuditLog
+
+__all__ = ["Checkpointer", "checkpointing"]
+
+log = logging.getLogger("controlplane.audit")
+
+
+class Checkpointer:
+    """One worker's checkpoints of the records it committed (see the module docstring)."""
+
+    def __init__(self, audit: AuditLog, keys: AuditKeys, *, every_records: int,
+                 every_s: float) -> None:
+        self.audit, self.keys = audit, keys
+        self.every_records, self.every_s = every_records, every_s
+        self._latest: AuditRecord | None = None  # the newest record this worker committed
+        self._covered = 0  # the newest seq a stored checkpoint is known to cover
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    def committed(self, record: AuditRecord) -> None:
+        """A record this worker committed; starts a checkpoint when ``N`` records are uncovered."""
+        if self._latest is None or record.seq > self._latest.seq:
+            self._latest = record
+        if record.seq - self._covered >= self.every_records and (
+            self._task is None or self._task.done()
+        ):
+            self._task = asyncio.create_task(self._quietly(force=False))
+
+    async def checkpoint(self, now: float, *, force: bool = True) -> AuditCheckpoint | None:
+        """Sign and store a checkpoint of this worker's newest record, unless a stored one
+        covers it (or, without ``force``, one less than ``N`` records before it). Returns the
+        checkpoint this call stored, if any."""
+        async with self._lock:
+            latest = self._latest
+            if latest is None or latest.seq <= self._covered:
+                return None
+            stored = await self.audit.store.latest_audit_checkpoint()
+            if stored is not None:
+                self._covered = max(self._covered, stored.seq)
+            if latest.seq <= self._covered or (
+                not force and latest.seq - self._covered < self.every_records
+            ):
+                return None
+            checkpoint = sign(self.keys.signing_key(), latest.seq, latest.hash, now)
+            added = await self.audit.store.add_audit_checkpoint(checkpoint)
+            self._covered = max(self._covered, latest.seq)
+        if not added:
+            return None  # another worker signed the same record first
+        await self.audit.mirror_checkpoint(checkpoint)
+        return checkpoint
+
+    async def _quietly(self, *, force: bool) -> None:
+        try:
+            await self.checkpoint(clock.now(), force=force)
+        except StoreError as exc:
+            log.warning("audit checkpoint not written: store unavailable",
+                        extra={"fields": {"error": type(exc).__name__}})
+        except Exception:
+            log.exception("audit checkpoint not written")
+
+    async def run(self) -> None:
+        """The timer: every ``T`` seconds, a checkpoint if a record of ours is uncovered."""
+        while True:
+            await asyncio.sleep(self.every_s)
+            await self._quietly(force=True)
+
+    async def close(self) -> None:
+        """Finish a checkpoint in flight, then the last one (shutdown)."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._quietly(force=True)
+
+
+@contextlib.asynccontextmanager
+async def checkpointing(audit: AuditLog, config: AuditConfig) -> AsyncIterator[Checkpointer]:
+    """Open the audit key ring (creating the first key), attach a checkpointer to ``audit``,
+    run its timer; on exit, write the last checkpoint and detach."""
+    keys = await asyncio.to_thread(AuditKeys.open, config.keys_dir, now=clock.now())
+    checkpointer = Checkpointer(audit, keys, every_records=config.checkpoint_records,
+                                every_s=config.checkpoint_interval_s)
+    audit.observer = checkpointer
+    timer = asyncio.create_task(checkpointer.run())
+    try:
+        yield checkpointer
+    finally:
+        timer.cancel()
+        await asyncio.gather(timer, return_exceptions=True)
+        await checkpointer.close()
+        audit.observer = None
