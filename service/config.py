@@ -265,11 +265,19 @@ class AuthnConfig:
     step_up_window_s: int = 300
     clock_skew_s: int = 30
     session_ttl_s: int = 28800
-    #: Failed logins (or OTP codes) per subject within ``failure_window_s`` before 429.
+    #: Failed logins per (subject, client address), and failed OTP codes per subject, within a
+    #: ``failure_window_s`` window (opened by the first failure) before 429 until it ends.
     max_failures: int = 5
     failure_window_s: int = 300
     #: Failed logins per client address within the window (many people may share one address).
     max_failures_per_addr: int = 50
+    #: Per subject from every address there is no lockout, only a slowdown: from this many
+    #: failures within the window on, each failure makes the subject's next attempt wait
+    #: ``subject_delay_base_s``, doubling per failure up to ``subject_delay_max_s`` (429 with
+    #: Retry-After meanwhile); a correct password resets it.
+    subject_delay_after: int = 10
+    subject_delay_base_s: int = 1
+    subject_delay_max_s: int = 30
     #: Verified access tokens remembered per worker (their signature is not checked again).
     token_cache_size: int = 4096
 
@@ -284,14 +292,21 @@ class AuthnConfig:
         "max_failures": 5,
         "failure_window_s": 300,
         "max_failures_per_addr": 50,
+        "subject_delay_after": 10,
+        "subject_delay_base_s": 1,
+        "subject_delay_max_s": 30,
         "token_cache_size": 4096,
     }
 
     def __post_init__(self) -> None:
         if not 0 < self.token_ttl_s <= MAX_ACCESS_TTL_S:
             raise ConfigError(f"authn.token_ttl_s must be 1..{MAX_ACCESS_TTL_S}")
-        if min(self.max_failures, self.max_failures_per_addr, self.failure_window_s) < 1:
+        if min(self.max_failures, self.max_failures_per_addr, self.failure_window_s,
+               self.subject_delay_after, self.subject_delay_base_s) < 1:
             raise ConfigError("authn: throttle limits must be positive")
+        if not self.subject_delay_base_s <= self.subject_delay_max_s <= self.failure_window_s:
+            raise ConfigError("authn: subject_delay_base_s <= subject_delay_max_s <= "
+                              "failure_window_s is required")
 
     @property
     def key_retain_s(self) -> int:

@@ -15,6 +15,7 @@ from service import clock
 from service.appkeys import AUDIT, AUTHENTICATOR, CONFIG, ENGINE, STORE
 from service.approvals.binding import command_hash, resource_hash
 from service.approvals.expiry import expire_once
+from service.store.base import ThrottleRule
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
 
@@ -552,8 +553,9 @@ async def test_sweep_expires_tickets_with_audit_and_purges_housekeeping_rows(cli
     ticket = await response.json()
     now = clock.now()
     store = client.server.app[STORE].require()
-    await store.record_failure("mallory", now - 10 * client.server.app[CONFIG].authn.failure_window_s)
-    await store.record_failure("mallory", now)
+    window = client.server.app[CONFIG].authn.failure_window_s
+    await store.reserve_attempt([ThrottleRule("stale", window, 5)], now - 10 * window)
+    await store.reserve_attempt([ThrottleRule("mallory", window, 5)], now)
     assert await store.claim_once("test", "stale", now - 1, now - 100) is True
 
     await expire_once(store, client.server.app[AUDIT], now + 30 * 86400)
@@ -563,9 +565,8 @@ async def test_sweep_expires_tickets_with_audit_and_purges_housekeeping_rows(cli
     expiries = [e for e in await audit_entries(client) if e.get("ticket_event") == "expired"]
     assert [e["ticket_id"] for e in expiries] == [ticket["id"]]
     # the sweep ran "30 days later": every failure, claim and session was past keeping
-    assert await store.count_failures("mallory", 0) == 0
+    assert await store.count_failures("mallory", now, window) == 0
     later = now + 30 * 86400
-    window = client.server.app[CONFIG].authn.failure_window_s
     assert await store.purge_expired(later, later - window, later) == (0, 0, 0)
     # alice's token has not expired yet by the real clock, but its session is gone: refused
     refused = await client.get(f"/api/v1/approvals/{ticket['id']}", headers=bearer(alice))

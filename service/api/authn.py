@@ -91,7 +91,9 @@ async def step_up(request: web.Request) -> web.Response:
     """Verify a TOTP code (once) and return a fresh token carrying ``acr``/``amr``."""
     principal = _caller(request)
     body = await read_json(request, "authn-step-up.schema.json")
-    issued = await _authenticator(request).step_up(principal, body["otp"], clock.now())
+    issued = await _authenticator(request).step_up(
+        principal, body["otp"], clock.now(), _client_addr(request)
+    )
     return web.json_response(_token_body(issued), status=201)
 
 

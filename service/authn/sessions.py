@@ -1,22 +1,46 @@
 """The authenticator: logins, bearer-token authentication, step-up and revocation over the store.
 
 Every failed login is one ``InvalidCredentials`` whatever the cause (unknown subject, wrong
-password, disabled identity, bad or replayed assertion), throttled per subject and per client
-address through the store's failure counters. A request costs one signature check (or a cache hit)
-and one indexed session read; the session is never cached, so revocation is seen at once by every
-worker and replica that shares the store.
+password, disabled identity, bad or replayed assertion). A request costs one signature check (or a
+cache hit) and one indexed session read; the session is never cached, so revocation is seen at
+once by every worker and replica that shares the store.
+
+Throttling (per-source lockout plus a progressive per-subject delay, as mainstream IdPs do).
+Before a password, assertion or OTP code is verified, the attempt reserves one failure on each of
+its keys in the store, all or none, each with one conditional upsert: parallel attempts on any
+worker or replica are counted one by one, so at most the budget is ever evaluated. A success
+gives the reservation back; a failure keeps it. The keys of a password login:
+
+* ``(subject, client address)``: ``max_failures`` per window, then a lockout of that source for
+  that subject until the window (opened by its first failure) ends;
+* client address: ``max_failures_per_addr`` per window across subjects (spraying), a lockout;
+  a success releases only its own reservation, so it cannot launder others' failures;
+* subject, from every address: never a lockout, only a slowdown. From ``subject_delay_after``
+  failures in a window on, each failure makes the subject's next attempt wait
+  ``subject_delay_base_s``, doubling per failure up to ``subject_delay_max_s`` (429 with
+  Retry-After meanwhile). So an address with no failures for the subject waits at most
+  ``subject_delay_max_s``, and a correct password resets the subject's count.
+
+Assertions are throttled per client address only (a forged assertion cannot guess a key, and
+counting per claimed subject would let anyone lock a service out); OTP codes per subject
+(``max_failures``: only a holder of the subject's session can guess them). Every failed login,
+OTP failure, replay and throttle decision is one structured ``controlplane.authn`` log event
+with the subject, the client address and the reason, never the secret. An attempt cancelled
+between reserving and verifying keeps its reservation (fail closed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..config import AuthnConfig
-from ..store.base import Conflict, NotFound, SessionRecord, Store
+from ..store.base import Conflict, NotFound, SessionRecord, Store, ThrottleRule
 from . import assertions, passwords, totp
 from .errors import (
     InvalidCredentials,
@@ -43,6 +67,8 @@ STEP_UP_METHOD = "totp"
 #: No token outlives its session, and a missing session is refused like an expired one.
 SESSION_RETENTION_S = 86400.0
 _MAX_SUBJECT = 256
+
+log = logging.getLogger("controlplane.authn")
 
 
 class IssuedToken(NamedTuple):
@@ -87,10 +113,25 @@ class Authenticator:
     ) -> IssuedToken:
         """Password login of a human; raises ``InvalidCredentials`` or ``Throttled``."""
         subject = subject_id[:_MAX_SUBJECT] if isinstance(subject_id, str) else ""
-        counters = [(f"login:subject:{subject}", self.settings.max_failures)]
+        settings = self.settings
+        window = float(settings.failure_window_s)
+        source = ThrottleRule(
+            f"login:source:{subject}|{client_addr or '-'}", window, settings.max_failures
+        )
+        subject_rule = ThrottleRule(
+            f"login:subject:{subject}",
+            window,
+            delay_after=settings.subject_delay_after,
+            delay_base_s=settings.subject_delay_base_s,
+            delay_max_s=settings.subject_delay_max_s,
+        )
+        rules = [source, subject_rule]
         if client_addr:
-            counters.append((f"login:addr:{client_addr}", self.settings.max_failures_per_addr))
-        await self._check_throttle(counters, now)
+            rules.append(
+                ThrottleRule(f"login:addr:{client_addr}", window, settings.max_failures_per_addr)
+            )
+        context = {"kind": "login", "method": METHOD_PASSWORD, "subject": subject}
+        await self._reserve(rules, now, client_addr, context)
         identity = self.identities.get(subject)
         reason = "bad_password"
         if identity is None:
@@ -108,10 +149,14 @@ class Authenticator:
             encoded or self.identities.dummy_password_hash,
         )
         if identity is None or encoded is None or not ok:
-            await self._record_failure(counters, now)
+            _log_failure("authn.login_failed", "login failed", reason, client_addr, context)
             raise InvalidCredentials(reason)
-        # Only the subject counter resets: a valid login must not launder an address's failures.
-        await self.store.clear_failures(counters[0][0])
+        # The source and the subject start afresh; the address only gets its reservation back
+        # (a valid login must not launder an address's failures on other subjects).
+        await self.store.clear_failures(source.key)
+        await self.store.clear_failures(subject_rule.key)
+        if client_addr:
+            await self.store.release_failure(rules[2].key, now)
         return await self._open_session(identity.subject_id, "human", METHOD_PASSWORD, now)
 
     async def login_assertion(
@@ -122,10 +167,17 @@ class Authenticator:
         Throttled per client address only: a forged assertion cannot guess a key, and counting
         per claimed subject would let anyone lock a service out.
         """
-        counters = []
+        rules = []
         if client_addr:
-            counters.append((f"login:addr:{client_addr}", self.settings.max_failures_per_addr))
-        await self._check_throttle(counters, now)
+            rules.append(
+                ThrottleRule(
+                    f"login:addr:{client_addr}",
+                    float(self.settings.failure_window_s),
+                    self.settings.max_failures_per_addr,
+                )
+            )
+        context: dict[str, Any] = {"kind": "login", "method": METHOD_ASSERTION, "subject": None}
+        await self._reserve(rules, now, client_addr, context)
         try:
             verified = assertions.verify(
                 assertion,
@@ -135,8 +187,9 @@ class Authenticator:
                 clock_skew_s=self.settings.clock_skew_s,
             )
         except InvalidToken as exc:
-            await self._record_failure(counters, now)
+            _log_failure("authn.login_failed", "login failed", exc.code, client_addr, context)
             raise InvalidCredentials(exc.code) from exc
+        context["subject"] = verified.subject_id
         # The jti is remembered until the assertion could no longer pass the exp check.
         fresh = await self.store.claim_once(
             "assertion_jti",
@@ -146,8 +199,11 @@ class Authenticator:
         )
         identity = self.identities.active(verified.subject_id)
         if not fresh or identity is None:
-            await self._record_failure(counters, now)
-            raise InvalidCredentials("token_replayed" if not fresh else "unknown_subject")
+            reason = "token_replayed" if not fresh else "unknown_subject"
+            _log_failure("authn.login_failed", "login failed", reason, client_addr, context)
+            raise InvalidCredentials(reason)
+        for rule in rules:
+            await self.store.release_failure(rule.key, now)
         return await self._open_session(identity.subject_id, identity.kind, METHOD_ASSERTION, now)
 
     # -- per request ---------------------------------------------------------------------------
@@ -174,7 +230,9 @@ class Authenticator:
             step_up_at=session.step_up_at if stepped else None,
         )
 
-    async def step_up(self, principal: Principal, otp: str, now: float) -> IssuedToken:
+    async def step_up(
+        self, principal: Principal, otp: str, now: float, client_addr: str | None = None
+    ) -> IssuedToken:
         """Verify a TOTP code once, record the step-up on the session, return a stepped-up token."""
         identity = (
             self.identities.active(principal.subject_id) if principal.is_authenticated else None
@@ -182,8 +240,12 @@ class Authenticator:
         if principal.kind != "human" or identity is None or identity.totp_secret is None:
             raise StepUpUnavailable()
         counter = f"otp:subject:{principal.subject_id}"
+        context = {"kind": "otp", "subject": principal.subject_id}
         # Six digits are guessable without a limit: the same failure budget as passwords.
-        await self._check_throttle([(counter, self.settings.max_failures)], now)
+        rule = ThrottleRule(
+            counter, float(self.settings.failure_window_s), self.settings.max_failures
+        )
+        await self._reserve([rule], now, client_addr, context)
         step = totp.verify(identity.totp_secret, otp, now)
         fresh = False
         if step is not None:
@@ -196,7 +258,8 @@ class Authenticator:
                 now,
             )
         if step is None or not fresh:
-            await self.store.record_failure(counter, now)
+            reason = "otp_wrong" if step is None else "otp_replayed"
+            _log_failure("authn.otp_failed", "step-up failed", reason, client_addr, context)
             raise OtpInvalid()
         try:
             session = await self.store.record_step_up(principal.session_id, now, STEP_UP_METHOD)
@@ -250,15 +313,35 @@ class Authenticator:
 
     # -- internals -----------------------------------------------------------------------------
 
-    async def _check_throttle(self, counters: list[tuple[str, int]], now: float) -> None:
-        since = now - self.settings.failure_window_s
-        for key, limit in counters:
-            if await self.store.count_failures(key, since) >= limit:
-                raise Throttled(retry_after_s=self.settings.failure_window_s)
-
-    async def _record_failure(self, counters: list[tuple[str, int]], now: float) -> None:
-        for key, _ in counters:
-            await self.store.record_failure(key, now)
+    async def _reserve(
+        self,
+        rules: list[ThrottleRule],
+        now: float,
+        client_addr: str | None,
+        context: dict[str, Any],
+    ) -> None:
+        """Reserve one failure on every rule's key, or log the refusal and raise ``Throttled``."""
+        verdict = await self.store.reserve_attempt(rules, now)
+        if verdict.granted:
+            return
+        # No wait outlasts a window (workers' clocks may differ by a fraction of a second).
+        wait = min(verdict.retry_at - now, self.settings.failure_window_s)
+        retry_after = max(1, math.ceil(wait))
+        reasons = sorted({_refusal(key) for key in verdict.refused})
+        log.warning(
+            "authentication throttled",
+            extra={
+                "fields": {
+                    **context,
+                    "event": "authn.throttled",
+                    "client_addr": client_addr,
+                    "reason": reasons[0] if len(reasons) == 1 else ",".join(reasons),
+                    "retry_after_s": retry_after,
+                    "failures": max(verdict.failures.values(), default=0),
+                }
+            },
+        )
+        raise Throttled(retry_after_s=retry_after)
 
     async def _active_session(self, session_id: str, now: float) -> SessionRecord:
         session = await self.store.get_session(session_id)
@@ -299,6 +382,29 @@ class Authenticator:
             amr=list(AMR_STEP_UP) if stepped_up else None,
         )
         return IssuedToken(token, expires_in, session.id)
+
+
+def _refusal(key: str) -> str:
+    """The throttle decision a refusing key stands for, as logged."""
+    kind = key.split(":", 2)[:2]
+    return {
+        ("login", "source"): "source_locked",
+        ("login", "addr"): "address_locked",
+        ("login", "subject"): "subject_delayed",
+        ("otp", "subject"): "otp_locked",
+    }.get((kind[0], kind[-1]), "throttled")
+
+
+def _log_failure(
+    event: str, message: str, reason: str, client_addr: str | None, context: dict[str, Any]
+) -> None:
+    """One structured event per failed attempt: who, from where, why; never the secret."""
+    log.warning(
+        message,
+        extra={
+            "fields": {**context, "event": event, "client_addr": client_addr, "reason": reason}
+        },
+    )
 
 
 def create_authenticator(

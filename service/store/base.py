@@ -44,6 +44,8 @@ __all__ = [
     "StoreUnavailable",
     "TaskOps",
     "TaskRecord",
+    "ThrottleRule",
+    "ThrottleVerdict",
     "TicketOps",
     "TicketRecord",
     "Tx",
@@ -211,6 +213,38 @@ class AuditCheckpoint:
 # ------------------------------------------------------------------------------------ protocols
 
 
+@dataclass(frozen=True, slots=True)
+class ThrottleRule:
+    """One failure budget an attempt must fit in (``SessionOps.reserve_attempt``).
+
+    A key counts the failures of a window that opens at its first failure and lasts
+    ``window_s``; the next failure after that opens a new window. With ``limit`` the key refuses
+    attempts while it holds ``limit`` failures (a lockout until its window ends). From
+    ``delay_after`` failures on, each failure also spaces the next attempt: ``delay_base_s``
+    after the ``delay_after``-th, doubling per failure up to ``delay_max_s`` (a slowdown that
+    never asks for more than ``delay_max_s``).
+    """
+
+    key: str
+    window_s: float
+    limit: int | None = None
+    delay_after: int | None = None
+    delay_base_s: float = 0.0
+    delay_max_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleVerdict:
+    """``granted``: one failure is now reserved on every rule's key (``failures``, this attempt
+    included). Otherwise nothing changed; ``refused`` names the keys that said no, ``failures``
+    holds their counts and ``retry_at`` is when all of them would let an attempt through."""
+
+    granted: bool
+    failures: dict[str, int]
+    refused: tuple[str, ...] = ()
+    retry_at: float = 0.0
+
+
 class SessionOps(Protocol):
     """Sessions, one-time claims (JWT ``jti`` replay, TOTP code reuse) and login throttling."""
 
@@ -219,12 +253,21 @@ class SessionOps(Protocol):
     async def revoke_session(self, id: str, at: float) -> bool: ...
     async def record_step_up(self, id: str, at: float, method: str) -> SessionRecord: ...
     async def claim_once(self, namespace: str, key: str, expires_at: float, now: float) -> bool: ...
-    async def record_failure(self, key: str, at: float) -> None: ...
-    async def count_failures(self, key: str, since: float) -> int: ...
-    async def clear_failures(self, key: str) -> None: ...
 
-    # Housekeeping: one-time claims past their expiry, login failures older than the window,
-    # sessions that expired before ``sessions_before``; returns the three counts.
+    # Login throttling: an attempt reserves one failure on every rule's key before the secret is
+    # verified, all keys or none, each with one conditional write (atomic across workers and
+    # replicas); a success gives the reservation back (``release_failure``) or resets the key.
+    async def reserve_attempt(
+        self, rules: Sequence[ThrottleRule], now: float
+    ) -> ThrottleVerdict: ...
+    # Gives back the failure reserved at ``reserved_at`` (a no-op once a new window has opened).
+    async def release_failure(self, key: str, reserved_at: float) -> None: ...
+    async def clear_failures(self, key: str) -> None: ...
+    # The failures a key holds at ``now`` (0 once its window has ended).
+    async def count_failures(self, key: str, now: float, window_s: float) -> int: ...
+
+    # Housekeeping: one-time claims past their expiry, throttle keys whose window opened before
+    # ``failures_before``, sessions that expired before ``sessions_before``; returns the counts.
     async def purge_expired(
         self, now: float, failures_before: float, sessions_before: float
     ) -> tuple[int, int, int]: ...

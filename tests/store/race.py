@@ -7,6 +7,7 @@ import traceback
 from typing import Any
 
 from service.store import Conflict, StoreError, open_store
+from service.store.base import ThrottleRule
 
 from .helpers import T0, binding, ticket
 
@@ -74,4 +75,22 @@ async def _open(url: str, schema: str | None, barrier: Any) -> str:
         await store.close()
 
 
-_JOBS: dict[str, Any] = {"consume": _consume, "append": _append, "open": _open}
+async def _reserve(
+    url: str, schema: str | None, barrier: Any, key: str, limit: int, attempts: int, now: float
+) -> int:
+    """``attempts`` concurrent reservations of one budget; returns how many were granted."""
+    rules = [ThrottleRule(key, 300.0, limit), ThrottleRule("login:subject:race", 300.0)]
+    store = await open_store(url, schema=schema)
+    try:
+        await asyncio.to_thread(barrier.wait, 30)
+        verdicts = await asyncio.gather(
+            *(store.reserve_attempt(rules, now) for _ in range(attempts))
+        )
+        return sum(v.granted for v in verdicts)
+    finally:
+        await store.close()
+
+
+_JOBS: dict[str, Any] = {
+    "consume": _consume, "append": _append, "open": _open, "reserve": _reserve,
+}

@@ -18,6 +18,7 @@ from service.store import (
     TicketRecord,
     open_store,
 )
+from service.store.base import ThrottleRule, ThrottleVerdict
 
 from .conftest import Target
 from .helpers import (
@@ -109,16 +110,102 @@ async def test_claim_once(store: Store) -> None:
 # --------------------------------------------------------------------------------- throttling
 
 
-async def test_login_failures(store: Store) -> None:
-    for at in (T0, T0 + 10, T0 + 20):
-        await store.record_failure("alice@10.0.0.1", at)
-    await store.record_failure("bob", T0)
-    assert await store.count_failures("alice@10.0.0.1", T0 + 10) == 2  # since is inclusive
-    assert await store.count_failures("alice@10.0.0.1", T0 - 1) == 3
-    assert await store.count_failures("nobody", T0) == 0
-    await store.clear_failures("alice@10.0.0.1")
-    assert await store.count_failures("alice@10.0.0.1", 0) == 0
-    assert await store.count_failures("bob", 0) == 1
+def budget(key: str, limit: int | None = 3, window: float = 100.0, **delay: float) -> ThrottleRule:
+    return ThrottleRule(key, window, limit, **delay)  # type: ignore[arg-type]
+
+
+async def test_reserve_attempt_counts_up_to_the_limit_then_refuses_until_the_window_ends(
+    store: Store,
+) -> None:
+    rule = budget("login:source:alice|10.0.0.1")
+    for n in (1, 2, 3):
+        verdict = await store.reserve_attempt([rule], T0 + n)
+        assert verdict == ThrottleVerdict(True, {rule.key: n})
+    refused = await store.reserve_attempt([rule], T0 + 50)
+    # the window opened at the first failure (T0 + 1) and lasts 100 s
+    assert refused == ThrottleVerdict(False, {rule.key: 3}, (rule.key,), T0 + 101)
+    assert await store.count_failures(rule.key, T0 + 50, 100) == 3
+    assert await store.count_failures(rule.key, T0 + 101, 100) == 0  # the window has ended
+    assert await store.count_failures("nobody", T0, 100) == 0
+    assert (await store.reserve_attempt([rule], T0 + 101)).failures == {rule.key: 1}
+
+
+async def test_reserve_attempt_is_all_keys_or_none(store: Store) -> None:
+    tight, loose = budget("k:tight", limit=1), budget("k:loose", limit=10)
+    assert (await store.reserve_attempt([loose, tight], T0)).granted
+    verdict = await store.reserve_attempt([loose, tight], T0 + 1)
+    assert (verdict.granted, verdict.refused) == (False, ("k:tight",))
+    # the refused attempt left the loose key as it was
+    assert await store.count_failures("k:loose", T0 + 1, 100) == 1
+    assert (await store.reserve_attempt([loose], T0 + 2)).failures == {"k:loose": 2}
+    assert (await store.reserve_attempt([], T0)).granted
+    async with store.transaction() as tx:  # the same inside a transaction
+        verdict = await tx.reserve_attempt([loose, tight], T0 + 3)
+        assert not verdict.granted
+        assert await tx.count_failures("k:loose", T0 + 3, 100) == 2
+
+
+async def test_a_plain_budget_does_not_compare_request_times(store: Store) -> None:
+    # Workers' clocks differ and requests land out of order: an attempt stamped before the
+    # latest one still fits a budget that asks for no spacing.
+    rule = budget("k", limit=3)
+    assert (await store.reserve_attempt([rule], T0 + 5)).granted
+    assert (await store.reserve_attempt([rule], T0 + 4)).failures == {"k": 2}
+
+
+async def test_release_and_clear(store: Store) -> None:
+    rule = budget("k")
+    await store.reserve_attempt([rule], T0)
+    await store.reserve_attempt([rule], T0 + 1)
+    await store.release_failure("k", T0 + 1)
+    assert await store.count_failures("k", T0 + 1, 100) == 1
+    await store.release_failure("k", T0 + 2)
+    await store.release_failure("k", T0 + 3)  # never below zero
+    assert await store.count_failures("k", T0 + 3, 100) == 0
+    # a reservation of an ended window is not taken back from the next one
+    await store.reserve_attempt([rule], T0 + 200)
+    await store.release_failure("k", T0 + 3)
+    assert await store.count_failures("k", T0 + 200, 100) == 1
+    await store.reserve_attempt([budget("other")], T0 + 200)
+    await store.clear_failures("k")
+    assert await store.count_failures("k", T0 + 200, 100) == 0
+    assert await store.count_failures("other", T0 + 200, 100) == 1
+
+
+async def test_reserve_attempt_spaces_attempts_progressively_without_a_limit(store: Store) -> None:
+    rule = budget("subject:alice", limit=None, window=1000, delay_after=3, delay_base_s=2,
+                  delay_max_s=10)  # fmt: skip
+    t = T0
+    for n in (1, 2, 3):  # no spacing before the 3rd failure
+        assert (await store.reserve_attempt([rule], t)).failures == {rule.key: n}
+    # the 3rd asks for 2 s, the next ones for 4, 8, 10, 10 (bounded)
+    for n, delay in ((4, 2.0), (5, 4.0), (6, 8.0), (7, 10.0), (8, 10.0)):
+        refused = await store.reserve_attempt([rule], t + delay - 0.5)
+        assert (refused.granted, refused.retry_at) == (False, t + delay)
+        t += delay
+        assert (await store.reserve_attempt([rule], t)).failures == {rule.key: n}
+    await store.clear_failures(rule.key)
+    assert (await store.reserve_attempt([rule], t)).failures == {rule.key: 1}
+
+
+async def test_reservations_from_many_processes_grant_at_most_the_budget(
+    store: Store, target: Target
+) -> None:
+    from .test_races import _processes, _spawn
+
+    n = _processes(target)
+    args = {"key": "login:source:alice|10.0.0.7", "limit": 5, "attempts": 25, "now": T0}
+    granted = await asyncio.to_thread(_spawn, target, "reserve", [args] * n)
+    assert sum(granted) == 5, granted
+    assert await store.count_failures("login:source:alice|10.0.0.7", T0, 300) == 5
+    assert await store.count_failures("login:subject:race", T0, 300) == 5
+
+
+async def test_concurrent_reservations_grant_at_most_the_budget(store: Store) -> None:
+    rules = [budget("login:source:alice|10.0.0.9", limit=5), budget("login:addr:10.0.0.9", 50)]
+    verdicts = await asyncio.gather(*(store.reserve_attempt(rules, T0) for _ in range(40)))
+    assert sum(v.granted for v in verdicts) == 5
+    assert await store.count_failures("login:addr:10.0.0.9", T0, 100) == 5
 
 
 # ------------------------------------------------------------------------------ housekeeping
@@ -127,16 +214,17 @@ async def test_login_failures(store: Store) -> None:
 async def test_purge_expired_drops_only_what_can_no_longer_matter(store: Store) -> None:
     assert await store.claim_once("jti", "old", T0 + 10, T0) is True
     assert await store.claim_once("jti", "live", T0 + 100, T0) is True
-    for at in (T0, T0 + 5, T0 + 50):
-        await store.record_failure("alice", at)
+    await store.reserve_attempt([budget("old", window=5)], T0)  # its window opened at T0
+    await store.reserve_attempt([budget("alice", window=100)], T0 + 5)
+    await store.reserve_attempt([budget("alice", window=100)], T0 + 50)
 
     assert await store.purge_expired(T0 + 10, failures_before=T0 + 5, sessions_before=0) == (1, 1, 0)
     # the live claim still blocks a replay; the expired one was free to take anyway
     assert await store.claim_once("jti", "live", T0 + 200, T0 + 20) is False
     assert await store.claim_once("jti", "old", T0 + 200, T0 + 20) is True
-    # failures inside the window are all still counted
-    assert await store.count_failures("alice", T0 + 5) == 2
-    assert await store.count_failures("alice", 0) == 2
+    # keys whose window is still open keep every failure
+    assert await store.count_failures("alice", T0 + 50, 100) == 2
+    assert await store.count_failures("old", T0 + 4, 5) == 0  # gone
     assert await store.purge_expired(T0 + 10, failures_before=T0 + 5, sessions_before=0) == (0, 0, 0)
 
 
