@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import clock
+from . import clock, logs
 from .api import routes as api_routes
 from .appkeys import AUDIT, AUTHENTICATOR, COMPOSE_RULES, CONFIG, ENGINE, STARTED_AT, STORE
 from .approvals.expiry import expire_once
@@ -25,6 +25,7 @@ from .authz.engine import LOG_FIELDS, PolicyEngine
 from .authz.reload import reloading
 from .compose.preflight import RuleSet
 from .config import Config
+from .edge import MAX_HEADER_FIELD_BYTES
 from .health import setup_health
 from .middleware.authn import setup_authn
 from .middleware.correlation import setup_correlation
@@ -38,7 +39,6 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("controlplane.app")
 
-MAX_HEADER_FIELD_BYTES = 128 * 1024
 #: How often each worker expires tickets and purges dead claims, failures and sessions.
 HOUSEKEEPING_INTERVAL_S = 30.0
 #: The shipped development identities: their passwords, TOTP secrets and keys are public.
@@ -47,15 +47,24 @@ DEV_IDENTITIES = Path(__file__).resolve().parent.parent / "examples" / "identiti
 
 def create_app(config: Config) -> web.Application:
     """The whole service as one application; components open in ``cleanup_ctx`` on start-up."""
+    server = config.server
     app = web.Application(
-        client_max_size=config.server.max_body_bytes,
-        # aiohttp's parser answers an over-long header with a plain-text 400 before any
-        # middleware runs. Let header fields through up to 128 KiB so that an oversized bearer
-        # token reaches the token verifier (which caps tokens at 8 KiB) and gets a problem.
-        handler_args={"max_field_size": MAX_HEADER_FIELD_BYTES},
+        client_max_size=server.max_body_bytes,
+        # aiohttp's protocol settings (service/edge.py says what the edge adds to them).
+        handler_args={
+            # One field up to 128 KiB, so that an oversized bearer token reaches the token
+            # verifier and gets its 401 problem; the head as a whole is bounded by the edge.
+            "max_field_size": MAX_HEADER_FIELD_BYTES,
+            "max_headers": server.max_header_fields,
+            # The keep-alive timer runs from the connection's start and from each response,
+            # and closes a connection still waiting for a complete request head: the header
+            # deadline (and so the idle keep-alive timeout).
+            "keepalive_timeout": server.header_timeout_s,
+        },
     )
     app[CONFIG] = config
     app[STARTED_AT] = time.time()
+    logs.install_scrubbing()  # aiohttp's own log records carry request data
 
     # Middleware order, outermost first. correlation first: everything inside logs with the id
     # and every response echoes it. metrics and headers sit outside problems, so they see the

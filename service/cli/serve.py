@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import multiprocessing
 import os
@@ -56,26 +57,40 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve_worker(config: config_mod.Config, *, reuse_port: bool) -> int:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully (aiohttp's GracefulExit)."""
-    from ..app import create_app  # imported here so the supervisor stays light
-
+    """Serve until SIGINT/SIGTERM, then shut down gracefully: stop accepting, end live
+    streams, give open requests ``server.shutdown_timeout_s``, close the components."""
     logs.configure(config.logging.level, config.logging.mask_fields)
     log.info(
         "serving",
         extra={"fields": {"host": config.server.host, "port": config.server.port,
                           "pid": os.getpid(), "mode": config.runtime_mode}},
     )
-    web.run_app(
+    asyncio.run(_serve(config, reuse_port=reuse_port))
+    return 0
+
+
+async def _serve(config: config_mod.Config, *, reuse_port: bool) -> None:
+    # web.run_app, with the edge's runner (service/edge.py): aiohttp's protocol answers bad
+    # request heads itself, and only a runner can give it another protocol class.
+    from ..app import create_app  # imported here so the supervisor stays light
+    from ..edge import EdgeRunner
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    runner = EdgeRunner(
         create_app(config),
-        host=config.server.host,
-        port=config.server.port,
-        reuse_port=reuse_port,
         shutdown_timeout=config.server.shutdown_timeout_s,
         access_log=logging.getLogger("controlplane.access") if config.logging.access_log else None,
-        print=None,
-        handle_signals=True,
     )
-    return 0
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.server.host, config.server.port, reuse_port=reuse_port)
+        await site.start()
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def _worker_entry(config: config_mod.Config) -> None:

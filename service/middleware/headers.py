@@ -45,6 +45,12 @@ def setup_headers(app: web.Application) -> None:
     app.middlewares.append(headers_middleware)
 
 
+def edge_headers() -> dict[str, str]:
+    """The headers of a response the HTTP edge writes before any middleware ran (a request
+    head that could not be parsed or is over the limits): Server, security, no-store."""
+    return {"Server": SERVER, **_ALWAYS, "Cache-Control": "no-store"}
+
+
 def apply_security_headers(request: web.Request, response: web.StreamResponse) -> None:
     """The same headers, for handlers that prepare a streamed response themselves (SSE)."""
     for name, value in _ALWAYS.items():

@@ -1,0 +1,268 @@
+"""The HTTP edge (issue 13, items 3 and 10): hostile request heads against a real listening server.
+
+Raw sockets, because a well-behaved client cannot send these: CR, LF or NUL inside an
+``Authorization`` header, 120 fields of 128 KiB, a head that never completes. Each is answered
+(or closed) without a 5xx, without echoing the request, and without a traceback or the
+credential in the logs. The server is the app behind ``EdgeRunner``, as ``cpctl serve`` runs it;
+one test runs ``cpctl serve`` itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from service.app import create_app
+from service.edge import LINGER_BYTES, EdgeRequestHandler, EdgeRunner
+from tests.servers import serve
+
+# A JWS-shaped fake access token; what follows the break must never be seen again.
+TOKEN = "eyJhbGciOiJFZERTQSIsImtpZCI6ImsxIn0.eyJzdWIiOiJhbGljZSIsInNpZCI6IngifQ.c2lnbmF0dXJlLXNlY3JldA"
+TAIL = TOKEN[40:]
+
+
+class EdgeTestServer(TestServer):
+    """pytest-aiohttp's test server with the runner ``cpctl serve`` uses."""
+
+    def __init__(self, *args: Any, handler_cancellation: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._cancellation = handler_cancellation
+
+    async def _make_runner(self, **kwargs: Any) -> EdgeRunner:
+        kwargs["handler_cancellation"] = self._cancellation
+        return EdgeRunner(self.app, **kwargs)
+
+
+@pytest.fixture
+async def edge(make_config):
+    servers: list[EdgeTestServer] = []
+
+    async def start(overrides: dict[str, Any] | None = None, **kwargs: Any) -> EdgeTestServer:
+        server = EdgeTestServer(create_app(make_config(overrides)), **kwargs)
+        await server.start_server()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+async def exchange(server: TestServer, data: bytes, timeout: float = 10) -> bytes:
+    """Send ``data`` on a fresh connection; everything the server answers until it closes."""
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(data)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+
+
+def parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(lines[0].split()[1]), headers, body
+
+
+def assert_problem(raw: bytes, status: int, code: str) -> dict[str, Any]:
+    got, headers, body = parse(raw)
+    assert got == status, raw[:300]
+    assert headers["content-type"].startswith("application/problem+json")
+    assert headers["server"] == "controlplane"
+    assert headers["x-content-type-options"] == "nosniff"
+    doc: dict[str, Any] = json.loads(body)
+    assert doc["status"] == status and doc["code"] == code
+    assert doc["correlation_id"] == headers["x-correlation-id"]
+    return doc
+
+
+def assert_quiet_logs(caplog: pytest.LogCaptureFixture) -> None:
+    """No secret, no traceback, nothing at ERROR."""
+    assert TAIL not in caplog.text and "c2lnbmF0dXJl" not in caplog.text
+    assert "Traceback" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+def broken_authorization(sep: bytes) -> bytes:
+    return (b"GET /api/v1/authn/sessions/current HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer " + TOKEN[:40].encode() + sep + TAIL.encode() + b"\r\n\r\n")
+
+
+@pytest.mark.parametrize("sep", [b"\r", b"\n", b"\x00", b"\r\n "], ids=["cr", "lf", "nul", "fold"])
+async def test_a_broken_authorization_header_is_a_problem_that_echoes_nothing(edge, caplog, sep):
+    server = await edge()
+    with caplog.at_level(logging.DEBUG):
+        raw = await exchange(server, broken_authorization(sep))
+    doc = assert_problem(raw, 400, "bad_request")
+    assert TAIL.encode() not in raw and b"Authorization" not in raw and b"Bearer" not in raw
+    assert b"aiohttp" not in raw and b"Python" not in raw
+    assert doc["detail"] == "the request is not well-formed HTTP/1.1"
+    assert_quiet_logs(caplog)
+    assert any(r.name == "controlplane.edge" and r.levelno == logging.WARNING
+               for r in caplog.records)
+
+
+async def test_a_nul_in_a_header_name_is_a_problem_too(edge, caplog):
+    server = await edge()
+    with caplog.at_level(logging.DEBUG):
+        raw = await exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nAuth\x00orization: "
+                             b"Bearer " + TOKEN.encode() + b"\r\n\r\n")
+    assert_problem(raw, 400, "bad_request")
+    assert TAIL.encode() not in raw
+    assert_quiet_logs(caplog)
+
+
+async def test_many_huge_header_fields_are_refused_without_reading_them(edge, caplog, monkeypatch):
+    """120 fields of 128 KiB (15 MiB): answered 431 once the head passes max_header_bytes."""
+    server = await edge()
+    received = 0
+    data_received = EdgeRequestHandler.data_received
+
+    def counting(self: EdgeRequestHandler, data: bytes) -> None:
+        nonlocal received
+        received += len(data)
+        data_received(self, data)
+
+    monkeypatch.setattr(EdgeRequestHandler, "data_received", counting)
+    field = b"a" * (128 * 1024 - 16)
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+
+    async def read_all() -> bytes:
+        # Concurrently, as a client should: the answer comes while it is still sending.
+        raw = b""
+        while chunk := await reader.read(65536):
+            raw += chunk
+        return raw
+
+    answer = asyncio.create_task(read_all())
+    sent = 0
+    started = time.monotonic()
+    with caplog.at_level(logging.DEBUG):
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            for i in range(120):
+                writer.write(b"X-Filler-%03d: " % i + field + b"\r\n")
+                await writer.drain()
+                sent += len(field)
+            writer.write(b"\r\n")
+            await writer.drain()
+        except ConnectionError:
+            pass
+        raw = await asyncio.wait_for(answer, 10)
+    writer.close()
+    # The server read the bound (256 KiB), then dropped a lingering MiB; each may be passed by
+    # one socket read (asyncio reads at most 256 KiB at a time). Not 15 MiB.
+    assert received <= 256 * 1024 + LINGER_BYTES + 2 * 256 * 1024, received
+    assert sent < 120 * len(field)
+    assert time.monotonic() - started < 5
+    assert_problem(raw, 431, "header_fields_too_large")
+    assert_quiet_logs(caplog)
+
+
+async def test_the_head_byte_bound_answers_431_when_the_client_stops_sending(edge):
+    server = await edge({"server": {"max_header_bytes": 16384}})
+    fields = b"".join(b"X-F%d: %s\r\n" % (i, b"b" * 1000) for i in range(20))
+    raw = await exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + fields)
+    assert_problem(raw, 431, "header_fields_too_large")
+    # Just under the bound, the same request is served.
+    fields = b"".join(b"X-F%d: %s\r\n" % (i, b"b" * 1000) for i in range(14))
+    raw = await exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         + fields + b"\r\n")
+    assert parse(raw)[0] == 200
+
+
+async def test_too_many_fields_and_an_overlong_field_are_431(edge, caplog):
+    server = await edge()
+    many = b"".join(b"X-F%d: v\r\n" % i for i in range(101))
+    with caplog.at_level(logging.DEBUG):
+        raw = await exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
+        assert_problem(raw, 431, "header_fields_too_large")
+        long = b"Authorization: Bearer " + TOKEN.encode() + b"x" * (129 * 1024) + b"\r\n"
+        raw = await exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + long + b"\r\n")
+        assert_problem(raw, 431, "header_fields_too_large")
+    assert TAIL.encode() not in raw
+    assert_quiet_logs(caplog)
+
+
+async def test_a_slow_head_is_closed_at_the_header_deadline(edge):
+    server = await edge({"server": {"header_timeout_s": 1}})
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    started = time.monotonic()
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    closed_after = None
+    try:
+        for _ in range(20):  # one header line every 0.25 s: never a complete head
+            await asyncio.sleep(0.25)
+            writer.write(b"X-Slow: 1\r\n")
+            await writer.drain()
+            if reader.at_eof() or await _eof_soon(reader):
+                closed_after = time.monotonic() - started
+                break
+    except ConnectionError:
+        closed_after = time.monotonic() - started
+    writer.close()
+    assert closed_after is not None, "the connection was still open after 5 s"
+    assert 0.9 <= closed_after < 3.5
+
+
+async def _eof_soon(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), 0.01) == b""
+    except TimeoutError:
+        return False
+
+
+async def test_a_connection_that_never_sends_is_closed_too_and_timely_ones_are_served(edge):
+    server = await edge({"server": {"header_timeout_s": 1}})
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    started = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert time.monotonic() - started < 3
+    writer.close()
+    # Keep-alive: a second request 0.5 s after the first response is served.
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    for _ in range(2):
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(parse(head + b"")[1]["content-length"])
+        await reader.readexactly(length)
+        assert head.startswith(b"HTTP/1.1 200")
+        await asyncio.sleep(0.5)
+    writer.close()
+
+
+def test_cpctl_serve_answers_a_broken_header_with_a_problem_and_logs_no_token(tmp_path: Path):
+    import socket
+
+    with serve(tmp_path / "state") as (base, proc):
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(broken_authorization(b"\r"))
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                         + b"".join(b"X-F%d: v\r\n" % i for i in range(101)) + b"\r\n")
+            raw431 = b""
+            while chunk := sock.recv(65536):
+                raw431 += chunk
+        log = proc.log_path.read_text()  # type: ignore[attr-defined]
+    assert_problem(raw, 400, "bad_request")
+    assert_problem(raw431, 431, "header_fields_too_large")
+    assert TAIL.encode() not in raw
+    assert "unparseable request head" in log
+    assert TAIL not in log and "c2lnbmF0dXJl" not in log and "Traceback" not in log
+    assert '"level": "ERROR"' not in log
