@@ -48,7 +48,7 @@ class Checkpointer:
         if record.seq - self._covered >= self.every_records and (
             self._task is None or self._task.done()
         ):
-            self._task = asyncio.create_task(self._quietly(force=False))
+            self._task = asyncio.create_task(self._catch_up())
 
     async def checkpoint(self, now: float, *, force: bool = True) -> AuditCheckpoint | None:
         """Sign and store a checkpoint of this worker's newest record, unless a stored one
@@ -73,14 +73,24 @@ class Checkpointer:
         await self.audit.mirror_checkpoint(checkpoint)
         return checkpoint
 
-    async def _quietly(self, *, force: bool) -> None:
+    async def _catch_up(self) -> None:
+        # Records committed while a checkpoint was being written may make another one due.
+        while await self._quietly(force=False):
+            if self._latest is None or self._latest.seq - self._covered < self.every_records:
+                return
+
+    async def _quietly(self, *, force: bool) -> bool:
+        """``checkpoint``, logging a failure instead of raising it; False when it failed."""
         try:
             await self.checkpoint(clock.now(), force=force)
         except StoreError as exc:
             log.warning("audit checkpoint not written: store unavailable",
                         extra={"fields": {"error": type(exc).__name__}})
+            return False
         except Exception:
             log.exception("audit checkpoint not written")
+            return False
+        return True
 
     async def run(self) -> None:
         """The timer: every ``T`` seconds, a checkpoint if a record of ours is uncovered."""
