@@ -7,6 +7,7 @@ a token, a session, a DSN, a raw policy or a per-subject decision (hard rule 4).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -92,12 +93,18 @@ def setup_health(app: web.Application) -> None:
     async def store() -> dict[str, Any]:
         link = app[STORE]
         if link.store is None:
+            if link.schema_too_new:
+                return {"status": "degraded", "detail": "the database schema is newer than this "
+                        "build; deploy a newer build"}
             if link.configured:
                 return {"status": "degraded", "detail": "store unreachable; retrying"}
             return {"status": "placeholder", "detail": "no store configured (store.backend: none)"}
         try:
-            await link.store.ping()
-        except StoreError:
+            # The store bounds its own calls; this bounds the whole check (readiness answers
+            # promptly even if a call were to ignore its deadline).
+            async with asyncio.timeout(link.timeout_s):
+                await link.store.ping()
+        except (StoreError, TimeoutError):
             return {"status": "degraded", "detail": "store unreachable",
                     "describe": await link.store.describe()}
         return {"status": "ready", "describe": await link.store.describe()}

@@ -18,6 +18,7 @@ from .appkeys import CONFIG, STORE
 from .config import Config
 from .store import open_store
 from .store.base import Store, StoreError, StoreUnavailable
+from .store.sql import SchemaTooNew
 
 __all__ = ["CONNECT_RETRY_S", "StoreLink", "setup_store"]
 
@@ -34,6 +35,13 @@ class StoreLink:
         self.store: Store | None = None
         #: Why there is no store (never a DSN: the backend and error class only).
         self.error: str | None = None
+        #: The database was migrated by a newer build: retrying cannot help, a newer build can.
+        self.schema_too_new = False
+
+    @property
+    def timeout_s(self) -> float:
+        """The deadline of every store call (``store.timeout_s``)."""
+        return self._config.store.timeout_s
 
     @property
     def configured(self) -> bool:
@@ -53,7 +61,13 @@ class StoreLink:
         url = self._config.store.url
         assert url is not None
         try:
-            store = await open_store(url.reveal(), schema=self._config.store.postgres_schema)
+            store = await open_store(url.reveal(), schema=self._config.store.postgres_schema,
+                                     timeout_s=self.timeout_s)
+        except SchemaTooNew as exc:
+            # Said once: this worker stays not ready until a build that knows the schema runs.
+            self.error, self.schema_too_new = str(exc), True
+            log.critical("store refused: %s; this worker stays not ready", exc)
+            return False
         except StoreError as exc:
             self.error = str(exc)
             log.error("store unavailable: %s", exc)
@@ -62,8 +76,9 @@ class StoreLink:
         return True
 
     async def retry(self) -> None:
-        """Retry until the store answers (each failure is logged by ``connect``)."""
-        while True:
+        """Retry until the store answers (each failure is logged by ``connect``); not at all
+        once the schema is known to be newer than this build."""
+        while not self.schema_too_new:
             await asyncio.sleep(CONNECT_RETRY_S)
             if await self.connect():
                 return
@@ -80,7 +95,7 @@ def setup_store(app: web.Application) -> None:
     async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         link = app[STORE] = StoreLink(app[CONFIG])
         retrying: asyncio.Task[None] | None = None
-        if link.configured and not await link.connect():
+        if link.configured and not await link.connect() and not link.schema_too_new:
             retrying = asyncio.create_task(link.retry())
         try:
             yield

@@ -24,7 +24,14 @@ from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ..store.base import AUDIT_GENESIS_HASH, AuditCheckpoint, AuditRecord, Store, Tx
+from ..store.base import (
+    AUDIT_GENESIS_HASH,
+    AuditCheckpoint,
+    AuditRecord,
+    Store,
+    StoreUnavailable,
+    Tx,
+)
 from .checkpoint import Verification, signature_ok, to_doc
 from .record import Break, scrub, seal, verify
 
@@ -71,7 +78,14 @@ class AuditLog:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         # shield: a caller that goes away must not cancel the commit others are waiting for.
-        return await asyncio.shield(future)
+        # Bounded by the store's deadline: a stalled group commit (or a batch queued behind
+        # one) answers StoreUnavailable instead of hanging the caller.
+        try:
+            async with asyncio.timeout(getattr(self.store, "timeout_s", None)):
+                return await asyncio.shield(future)
+        except TimeoutError:
+            future.add_done_callback(_retrieved)  # its outcome is no longer awaited
+            raise StoreUnavailable("audit group commit: deadline exceeded") from None
 
     async def _flush(self) -> None:
         while self._pending:
@@ -240,6 +254,11 @@ class AuditLog:
                 page = []
         broken = take(page)
         return checked, broken, prev[0]
+
+
+def _retrieved(future: asyncio.Future[AuditRecord]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _append_line(path: Path, line: str) -> None:

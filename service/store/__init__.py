@@ -60,11 +60,12 @@ def sqlite_path(url: str) -> str:
     return rest
 
 
-async def open_store(url: str, *, schema: str | None = None) -> Store:
+async def open_store(url: str, *, schema: str | None = None, timeout_s: float = 5.0) -> Store:
     """Open the store for ``url`` and apply pending migrations.
 
     ``schema`` (PostgreSQL only) sets the ``search_path`` and is created if missing; tests use it
-    to isolate themselves. Raises ``StoreUnavailable`` when the database cannot be reached,
+    to isolate themselves. ``timeout_s`` is the deadline of every store call (``store.timeout_s``).
+    Raises ``StoreUnavailable`` when the database cannot be reached,
     ``ValueError`` for an unsupported URL.
     """
     scheme = url.split(":", 1)[0].lower()
@@ -73,10 +74,10 @@ async def open_store(url: str, *, schema: str | None = None) -> Store:
             raise ValueError("schema applies to postgresql only")
         from .sqlite import SqliteStore
 
-        return await SqliteStore.open(sqlite_path(url))
+        return await SqliteStore.open(sqlite_path(url), busy_timeout_s=timeout_s)
     if scheme in ("postgresql", "postgres"):
         # Imported here so the embedded (SQLite) mode never loads the PostgreSQL driver.
         from .postgres import PostgresStore
 
-        return await PostgresStore.open(url, schema=schema)
+        return await PostgresStore.open(url, schema=schema, timeout_s=timeout_s)
     raise ValueError(f"unsupported store URL scheme {scheme!r}")

@@ -11,6 +11,7 @@ replicas.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -58,6 +59,21 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InvalidAuthorizationSpecificationError,  # bad credentials
     asyncpg.exceptions.InvalidCatalogNameError,  # database does not exist
 )
+
+
+def _late() -> StoreUnavailable:
+    return StoreUnavailable("postgresql store unavailable: deadline exceeded")
+
+
+async def _rollback(tr: Any, deadline: float) -> bool:
+    """Roll back within the deadline; False (and the connection is to be dropped) if it fails."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            await tr.rollback()
+    except Exception:  # the original error matters more
+        log.warning("postgresql rollback failed", exc_info=True)
+        return False
+    return True
 
 
 def _wrap(exc: BaseException) -> StoreError:
@@ -110,13 +126,20 @@ class _Conn:
 
 
 class PostgresStore(SqlStore):
-    """The multi-replica store: an asyncpg pool; each transaction on one pooled connection."""
+    """The multi-replica store: an asyncpg pool; each transaction on one pooled connection.
+
+    Every transaction runs under one deadline (``timeout_s``, from ``store.timeout_s``): acquiring
+    a connection, BEGIN, the caller's statements and COMMIT together. Past it the connection is
+    dropped (the server rolls back what did not commit) and the call raises ``StoreUnavailable``.
+    Once COMMIT has answered, the transaction is committed whatever happens to the connection
+    afterwards: giving it back to the pool never fails the call.
+    """
 
     dialect = DIALECT
 
-    def __init__(self, pool: asyncpg.Pool, acquire_timeout_s: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, timeout_s: float) -> None:
         self._pool = pool
-        self._acquire_timeout_s = acquire_timeout_s
+        self.timeout_s = timeout_s
         self._closed = False
 
     @classmethod
@@ -127,20 +150,29 @@ class PostgresStore(SqlStore):
         schema: str | None = None,
         min_size: int = 1,
         max_size: int = 10,
-        timeout_s: float = 10.0,
+        timeout_s: float = 5.0,
     ) -> PostgresStore:
         if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
             raise ValueError("schema must be a plain SQL identifier")
+        settings = {
+            # The server's own bounds: a statement waiting on a lock, and a transaction whose
+            # client went silent (its row locks would hold every other replica up).
+            "statement_timeout": str(int(timeout_s * 1000)),
+            "idle_in_transaction_session_timeout": str(int(timeout_s * 2000)),
+        }
+        if schema:
+            settings["search_path"] = f'"{schema}"'
         try:
             await _migrate(dsn, schema, timeout_s)
-            pool = await asyncpg.create_pool(
+            pool = await asyncio.wait_for(asyncpg.create_pool(
                 dsn,
                 min_size=min_size,
                 max_size=max_size,
-                timeout=timeout_s,
+                timeout=timeout_s,  # connecting
+                command_timeout=timeout_s,
                 init=_init_connection,
-                server_settings={"search_path": f'"{schema}"'} if schema else None,
-            )
+                server_settings=settings,
+            ), timeout_s)
         except _WRAPPED as exc:
             raise _wrap(exc) from exc
         return cls(pool, timeout_s)
@@ -149,33 +181,65 @@ class PostgresStore(SqlStore):
     async def _transaction(self, *, write: bool) -> AsyncIterator[_Conn]:
         if self._closed:
             raise StoreUnavailable("postgresql store is closed")
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         try:
-            conn = await self._pool.acquire(timeout=self._acquire_timeout_s)
+            async with asyncio.timeout_at(deadline):
+                conn = await self._pool.acquire()
+        except TimeoutError:
+            raise _late() from None
         except _WRAPPED as exc:
             raise _wrap(exc) from exc
+        # Whether the connection may go back to the pool as it is (else it is dropped).
+        healthy = False
         try:
             # Reads get one snapshot (a ticket and its reviews agree); writes rely on row locks.
             tr = conn.transaction(
                 isolation="read_committed" if write else "repeatable_read", readonly=not write
             )
             try:
-                await tr.start()
+                async with asyncio.timeout_at(deadline):
+                    await tr.start()
+            except TimeoutError:
+                raise _late() from None
             except _WRAPPED as exc:
                 raise _wrap(exc) from exc
             try:
-                yield _Conn(conn)
-            except BaseException:
-                try:
-                    await tr.rollback()
-                except Exception:  # the original error matters more than a failed rollback
-                    log.warning("postgresql rollback failed", exc_info=True)
+                async with asyncio.timeout_at(deadline) as bound:
+                    yield _Conn(conn)
+            except BaseException as exc:
+                if bound.expired():
+                    raise _late() from None
+                healthy = await _rollback(tr, deadline) and not isinstance(exc, StoreUnavailable)
                 raise
             try:
-                await tr.commit()
-            except _WRAPPED as exc:
-                raise _wrap(exc) from exc
+                async with asyncio.timeout_at(deadline):
+                    await tr.commit()
+            except (TimeoutError, *_WRAPPED) as exc:
+                if not write:
+                    return  # a read is complete once its rows are in: how it ends changes nothing
+                # Whether COMMIT reached the server is unknown: the caller must not claim it did.
+                raise (_late() if isinstance(exc, TimeoutError) else _wrap(exc)) from None
+            healthy = True
         finally:
-            await self._pool.release(conn)
+            await self._release(conn, deadline, healthy)
+
+    async def _release(self, conn: Any, deadline: float, healthy: bool) -> None:
+        """Give the connection back to the pool; never raises: the transaction has ended.
+
+        asyncpg resets a connection on release (a round trip). A connection that is unhealthy,
+        out of time, or whose reset fails or stalls is dropped instead; the pool opens another.
+        """
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            if not healthy or remaining <= 0:
+                # A connection closed under us is back in the pool already (asyncpg says so
+                # with an InterfaceError); the release below is then a no-op.
+                with contextlib.suppress(asyncpg.InterfaceError):
+                    conn.terminate()
+            await self._pool.release(conn, timeout=max(remaining, 0.001))
+        except Exception as exc:
+            # The holder has terminated the connection already; the result stands.
+            log.warning("postgresql connection dropped on release: %s", type(exc).__name__)
 
     async def describe(self) -> dict[str, Any]:
         # Never the DSN or schema: status surfaces must not reveal connection details.
@@ -196,16 +260,20 @@ async def _migrate(dsn: str, schema: str | None, timeout_s: float) -> None:
         async with conn.transaction():
             # Held until commit: a second process starting now waits here, then finds the
             # migrations applied. Also guards CREATE SCHEMA IF NOT EXISTS, which races.
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+            # Every step but the migrations themselves has a deadline (the lock a long one:
+            # another starter may be migrating), so a stalled server cannot hang the start.
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK,
+                               timeout=max(60.0, timeout_s))
             if schema:
-                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-                await conn.execute(f'SET LOCAL search_path TO "{schema}"')
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"', timeout=timeout_s)
+                await conn.execute(f'SET LOCAL search_path TO "{schema}"', timeout=timeout_s)
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations "
-                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL)"
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL)", timeout=timeout_s
             )
             applied = {
-                r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")
+                r["version"]
+                for r in await conn.fetch("SELECT version FROM schema_migrations", timeout=timeout_s)
             }
             for migration in pending_migrations(available, applied):
                 await conn.execute(migration.sql)  # no arguments: simple protocol, many statements
@@ -215,4 +283,7 @@ async def _migrate(dsn: str, schema: str | None, timeout_s: float) -> None:
                     migration.name,
                 )
     finally:
-        await conn.close()
+        try:
+            await conn.close(timeout=timeout_s)
+        except Exception:
+            conn.terminate()

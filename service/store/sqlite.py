@@ -324,12 +324,28 @@ class _WriteBatch:
             self.committed.set_result(None)
 
 
+class _Held:
+    """Release an already acquired lock on exit."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self._lock = lock
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 class SqliteStore(SqlStore):
     """The embedded store: a WAL-mode SQLite file; safe for several processes on one machine."""
 
     dialect = DIALECT
 
-    def __init__(self, path: str, writer: _Connection, reader: _InlineConnection) -> None:
+    def __init__(self, path: str, writer: _Connection, reader: _InlineConnection,
+                 busy_timeout_s: float = 5.0) -> None:
         self._path = path
         self._reader = reader
         # Read transactions on the inline reader do not suspend between statements, so they
@@ -340,6 +356,8 @@ class SqliteStore(SqlStore):
         self._batch: _WriteBatch | None = None
         self._savepoints = 0
         self._closed = False
+        #: Waiting for the writer (another process's lock, the batch ahead) ends here.
+        self.timeout_s = busy_timeout_s
 
     @classmethod
     async def open(cls, path: str, *, busy_timeout_s: float = 5.0) -> SqliteStore:
@@ -356,7 +374,7 @@ class SqliteStore(SqlStore):
         except BaseException:
             await writer.close()
             raise
-        return cls(str(file), writer, reader)
+        return cls(str(file), writer, reader, busy_timeout_s)
 
     @asynccontextmanager
     async def _transaction(self, *, write: bool) -> AsyncIterator[_Connection]:
@@ -386,8 +404,15 @@ class SqliteStore(SqlStore):
         name = f"cp{self._savepoints}"
         released = False
         try:
-            await asyncio.shield(batch.opened)
-            async with batch.slot:
+            try:
+                # Bounded: the batch's BEGIN waits for other processes' writers and for the
+                # batch ahead of it; past the deadline this member leaves without having run.
+                async with asyncio.timeout(self.timeout_s):
+                    await asyncio.shield(batch.opened)
+                    await batch.slot.acquire()
+            except TimeoutError:
+                raise StoreUnavailable("sqlite store unavailable: deadline exceeded") from None
+            async with _Held(batch.slot):
                 conn = batch.conn
                 if batch.poisoned:
                     raise StoreError("sqlite batch rolled back")

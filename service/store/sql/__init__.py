@@ -29,6 +29,7 @@ from .core import (
     Migration,
     Query,
     Row,
+    SchemaTooNew,
     dump_json,
     migrations,
     pending_migrations,
@@ -42,6 +43,7 @@ __all__ = [
     "Dialect",
     "Migration",
     "Row",
+    "SchemaTooNew",
     "SqlStore",
     "SqlTx",
     "dump_json",
@@ -74,6 +76,8 @@ class SqlStore(_Operations):
     """The operations as a store: each unit is a fresh transaction, so each call is atomic."""
 
     dialect: Dialect
+    #: The deadline of one store call (a transaction from its start to its COMMIT), seconds.
+    timeout_s: float = 5.0
 
     def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]:
         """Open a transaction (backend-specific); commit on clean exit, roll back on error."""

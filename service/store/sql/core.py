@@ -27,6 +27,7 @@ __all__ = [
     "Migration",
     "Query",
     "Row",
+    "SchemaTooNew",
     "Unit",
     "dump_json",
     "migrations",
@@ -186,10 +187,25 @@ def migrations(dialect_dir: str) -> list[Migration]:
     return found
 
 
+class SchemaTooNew(StoreError):
+    """The database was migrated by a newer build: this build must not use it (fail closed).
+
+    Not an outage: retrying cannot help, deploying a build that knows the schema does.
+    """
+
+    def __init__(self, database_version: int, known_version: int) -> None:
+        super().__init__(
+            f"the database schema (version {database_version}) is newer than this build "
+            f"(which knows up to version {known_version}): deploy a newer build"
+        )
+        self.database_version = database_version
+        self.known_version = known_version
+
+
 def pending_migrations(available: list[Migration], applied: set[int]) -> list[Migration]:
     """Migrations still to apply; refuses a database migrated by a newer build (fail closed)."""
     known = {m.version for m in available}
     unknown = sorted(applied - known)
     if unknown:
-        raise StoreError(f"database schema version {unknown[-1]} is newer than this build")
+        raise SchemaTooNew(unknown[-1], max(known, default=0))
     return [m for m in available if m.version not in applied]
