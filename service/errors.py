@@ -258,6 +258,9 @@ def to_problem(exc: BaseException) -> Problem:
     return InternalError("an unexpected error occurred; quote the correlation id when reporting it")
 
 
+#: Retry-After of a 503 store_unavailable: about one store reconnect interval.
+STORE_RETRY_AFTER_S = 2
+
 # Store conflicts whose meaning is "the ticket does not fit this request" rather than a state race.
 _FORBIDDEN_CONFLICTS = {"ticket_binding_mismatch"}
 
@@ -280,8 +283,11 @@ def _domain_problem(exc: BaseException) -> Problem | None:
                      "+-(2**53 - 1), finite numbers, no unpaired surrogates"}],
         )
     if isinstance(exc, store.StoreUnavailable):
-        return ServiceUnavailable("the store is unavailable; nothing was changed",
-                                  code="store_unavailable")
+        # Whether a COMMIT in flight when the store went away took effect cannot be known, so
+        # the answer does not claim either; clients retry (ticket consumption is single-use).
+        return ServiceUnavailable("the store is unavailable; retry later",
+                                  code="store_unavailable",
+                                  headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
     if isinstance(exc, store.NotFound):
         return NotFound(f"no such {exc.kind}")
     if isinstance(exc, store.Conflict):

@@ -11,6 +11,7 @@ a mutation that means it did not happen. The JSON-lines mirror is written after 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,12 +23,15 @@ from ..authz.actions import Action
 from ..authz.decision import Decision
 from ..errors import Problem, ServiceUnavailable, to_problem
 from ..run import Outcome, Target
-from ..store.base import AuditRecord, StoreError, Tx
+from ..store.base import AuditRecord, StoreError, StoreUnavailable, Tx
 from .log import AuditLog
 
 __all__ = ["Recording", "recording"]
 
 log = logging.getLogger("controlplane.chain")
+
+#: How long the answer of a run the store failed waits for the record of that failure.
+FAILURE_RECORD_WAIT_S = 0.5
 
 
 class Recording:
@@ -63,11 +67,11 @@ class Recording:
         self.entry.update(outcome.audit, outcome="executed", status=outcome.status)
         self._record = await _append(self._audit, self.entry, tx)
 
-    async def _failed(self, problem: Problem) -> None:
+    async def _failed(self, problem: Problem, wait_s: float | None) -> None:
         self.entry.update(outcome=_outcome_name(problem), status=problem.status,
                           error=problem.instance_code)
         self.entry.pop("ticket_consumed", None)  # rolled back with the transaction
-        self._record = await _append(self._audit, self.entry, None)
+        self._record = await _append(self._audit, self.entry, None, wait_s)
 
 
 @asynccontextmanager
@@ -98,7 +102,10 @@ async def recording(
         if problem.status >= 500 and not isinstance(exc, Problem):
             # The cause stays in our log under the correlation id; the client sees only the id.
             log.error("chain run failed", exc_info=exc)
-        await rec._failed(problem)
+        # A run the store failed has already spent its store deadline: the record of its
+        # failure is queued, but the answer waits for it only briefly.
+        store_failed = isinstance(exc, StoreUnavailable)
+        await rec._failed(problem, FAILURE_RECORD_WAIT_S if store_failed else None)
         await _mirror(audit, rec)
         raise problem from None
     if rec._record is None:
@@ -135,10 +142,26 @@ def _outcome_name(problem: Problem) -> str:
     return "invalid"
 
 
-async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None) -> AuditRecord:
-    """Append the run's record; if it cannot be written, the run fails (a mutation rolls back)."""
+async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
+                  wait_s: float | None = None) -> AuditRecord:
+    """Append the run's record; if it cannot be written, the run fails (a mutation rolls back).
+
+    The store being unavailable is answered as such (503 ``store_unavailable``); any other
+    failure to write the record is 503 ``audit_unavailable``. ``wait_s`` bounds the wait for a
+    group-committed record (the commit itself goes on: ``append`` shields it).
+    """
     try:
-        return await audit.append(entry, tx)
+        if wait_s is None:
+            return await audit.append(entry, tx)
+        try:
+            async with asyncio.timeout(wait_s):
+                return await audit.append(entry, tx)
+        except TimeoutError:
+            raise StoreUnavailable("audit record not committed in time") from None
+    except StoreUnavailable as exc:
+        log.error("audit record could not be written: store unavailable",
+                  extra={"fields": {"error": type(exc).__name__}})
+        raise to_problem(exc) from None
     except StoreError as exc:
         log.error("audit record could not be written", extra={"fields": {"error": type(exc).__name__}})
         raise ServiceUnavailable("the audit log is unavailable; nothing was executed",

@@ -16,6 +16,7 @@ from .. import clock
 from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, PRINCIPAL, STORE
 from ..authn.errors import InvalidToken
 from ..authn.principal import ANONYMOUS
+from ..errors import to_problem
 from ..store.base import StoreUnavailable
 
 log = logging.getLogger("controlplane.authn")
@@ -47,10 +48,12 @@ def setup_authn(app: web.Application) -> None:
                 )
             except InvalidToken as exc:
                 request[AUTHN_ERROR] = exc.code
-            except StoreUnavailable:
-                # Revocation cannot be checked: the caller stays anonymous (fail closed).
-                request[AUTHN_ERROR] = "session_check_unavailable"
+            except StoreUnavailable as exc:
+                # Revocation cannot be checked: refuse the request now, as an outage (503
+                # store_unavailable, Retry-After), never as bad credentials (a 401 would make
+                # clients drop a valid token).
                 log.error("session check failed: store unavailable")
+                raise to_problem(exc) from None
         elif token is not None:
             request[AUTHN_ERROR] = "authentication_unavailable"
         return await handler(request)

@@ -1,0 +1,186 @@
+"""Store faults through the real app and the real PostgreSQL, with a fault-injecting TCP proxy
+(tests/store/faultproxy.py) between them: stalls, resets right after COMMIT, outages, and a
+database whose schema is newer than this build."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from aiohttp import ClientResponse
+from aiohttp.test_utils import TestClient
+
+from service import storelink
+from service.appkeys import AUDIT, STORE
+from service.store import open_store
+from tests.auth import bearer, login
+from tests.problems import assert_problem
+
+from . import pg
+from .faultproxy import FaultProxy, proxied
+
+pytestmark = pytest.mark.postgres
+
+#: The store deadline these tests configure (seconds).
+DEADLINE_S = 2.0
+RESOURCE = {"app": "web", "version": "1.2.3"}
+
+
+def installer_body(task_id: str) -> dict[str, Any]:
+    return {"task_id": task_id, "action": "installer.run.execute", "resource": RESOURCE,
+            "env": "dev"}
+
+
+@pytest.fixture
+async def schema() -> AsyncIterator[tuple[str, str]]:
+    async with pg.temp_schema("cp_fault") as (dsn, name):
+        yield dsn, name
+
+
+@pytest.fixture
+async def proxy(schema: tuple[str, str]) -> AsyncIterator[tuple[FaultProxy, str]]:
+    async with proxied(schema[0]) as (p, dsn):
+        yield p, dsn
+
+
+@pytest.fixture
+async def app_client(make_client: Any, schema: tuple[str, str],
+                     proxy: tuple[FaultProxy, str]) -> TestClient:
+    return await make_client({"store": {
+        "backend": "postgres", "timeout_s": DEADLINE_S,
+        "postgres": {"dsn": proxy[1], "schema": schema[1]},
+    }})
+
+
+async def entries_for(schema: tuple[str, str], correlation_id: str) -> list[dict[str, Any]]:
+    """The audit entries of one run, read straight from the database (not through the proxy)."""
+    store = await open_store(schema[0], schema=schema[1])
+    try:
+        return [r.entry for r in await store.audit_range(0, 10_000)
+                if r.entry.get("correlation_id") == correlation_id]
+    finally:
+        await store.close()
+
+
+async def timed(request: Any) -> tuple[ClientResponse, float]:
+    started = time.monotonic()
+    response = await request
+    await response.read()
+    return response, time.monotonic() - started
+
+
+async def assert_store_unavailable(response: ClientResponse) -> None:
+    await assert_problem(response, 503, "store_unavailable")
+    assert int(response.headers["Retry-After"]) >= 1
+
+
+async def test_stall_answers_every_request_within_the_deadline(app_client, proxy, schema):
+    fault, _ = proxy
+    alice = await login(app_client, "alice")
+    before = await app_client.post("/api/v1/installer/actions", json=installer_body("t-before"),
+                                   headers=bearer(alice))
+    assert before.status == 202, await before.text()
+    acknowledged = before.headers["X-Correlation-ID"]
+
+    fault.stall()
+    stalled_at = time.monotonic()
+    try:
+        results = await asyncio.gather(
+            timed(app_client.get("/api/v1/tasks/t-before", headers=bearer(alice))),
+            timed(app_client.post("/api/v1/installer/actions", json=installer_body("t-stall"),
+                                  headers=bearer(alice))),
+            timed(app_client.post("/api/v1/authn/sessions",
+                                  json={"subject_id": "bob", "password": "bob-dev-password"})),
+            timed(app_client.get("/api/v1/tasks/t-before")),  # anonymous: a refusal to record
+            timed(app_client.get("/readyz")),
+        )
+        (read, read_s), (write, write_s), (log_in, login_s), (anon, anon_s), (ready, ready_s) = results
+        for _, elapsed in results:
+            assert elapsed <= DEADLINE_S + 1, [round(s, 2) for _, s in results]
+        for response in (read, write, log_in, anon):
+            await assert_store_unavailable(response)
+        body = await assert_problem(ready, 503, "not_ready")
+        assert body["components"] == {"store": "degraded"}
+        # Later requests during the same stall are just as bounded.
+        again, again_s = await timed(app_client.get("/readyz"))
+        assert again.status == 503 and again_s <= DEADLINE_S + 1
+        print("answer times during the stall (s):",
+              {"read": round(read_s, 2), "write": round(write_s, 2), "login": round(login_s, 2),
+               "anonymous": round(anon_s, 2), "readyz": round(ready_s, 2),
+               "readyz again": round(again_s, 2)})
+        await asyncio.sleep(max(0.0, 10.0 - (time.monotonic() - stalled_at)))
+    finally:
+        fault.flow()
+
+    # The store answers again: ready, writes work, and nothing acknowledged was lost.
+    deadline = time.monotonic() + 10
+    while (await app_client.get("/readyz")).status != 200:
+        assert time.monotonic() < deadline, "not ready again after the stall"
+        await asyncio.sleep(0.2)
+    after = await app_client.post("/api/v1/installer/actions", json=installer_body("t-after"),
+                                  headers=bearer(alice))
+    assert after.status == 202, await after.text()
+    assert [e["outcome"] for e in await entries_for(schema, acknowledged)] == ["executed"]
+    count, broken = await app_client.server.app[AUDIT].verify()
+    assert broken is None and count >= 2
+    # The write refused during the stall did not happen.
+    assert await app_client.server.app[STORE].require().get_task("t-stall") is None
+
+
+async def test_reset_right_after_commit_answers_the_executed_run_once(app_client, proxy, schema):
+    fault, _ = proxy
+    alice = await login(app_client, "alice")
+    fault.reset_after_commit(b"INSERT INTO task_events")
+    response = await app_client.post("/api/v1/installer/actions",
+                                     json=installer_body("t-reset"), headers=bearer(alice))
+    assert fault.resets == 1
+    assert response.status == 202, await response.text()
+    entries = await entries_for(schema, response.headers["X-Correlation-ID"])
+    assert [(e["outcome"], e["status"]) for e in entries] == [("executed", 202)]
+    # The pool replaced the connection: the next request is served as usual.
+    task = await app_client.get("/api/v1/tasks/t-reset", headers=bearer(alice))
+    assert task.status == 200, await task.text()
+
+
+async def test_outage_is_store_unavailable_not_an_authentication_or_audit_failure(
+        app_client, proxy):
+    fault, _ = proxy
+    alice = await login(app_client, "alice")
+    fault.refuse()
+    fault.reset_all()
+    # The session check cannot run: 503 at once, never 401 (clients would drop the token).
+    await assert_store_unavailable(await app_client.get("/api/v1/tasks/x", headers=bearer(alice)))
+    # An anonymous refusal whose record cannot be written: the cause is the store.
+    await assert_store_unavailable(await app_client.get("/api/v1/tasks/x"))
+    await assert_store_unavailable(await app_client.post(
+        "/api/v1/authn/sessions", json={"subject_id": "bob", "password": "bob-dev-password"}))
+
+
+async def test_schema_newer_than_this_build_is_said_once_and_stays_not_ready(
+        make_client, schema, caplog, monkeypatch):
+    dsn, name = schema
+    store = await open_store(dsn, schema=name)
+    await store.close()
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": name})
+    try:
+        await conn.execute("INSERT INTO schema_migrations (version, name) "
+                           "VALUES (9999, '9999_from_the_future.sql')")
+    finally:
+        await conn.close()
+    monkeypatch.setattr(storelink, "CONNECT_RETRY_S", 0.05)
+    caplog.set_level(logging.INFO, logger="controlplane.store")
+    client = await make_client({"store": {"backend": "postgres",
+                                          "postgres": {"dsn": dsn, "schema": name}}})
+    await asyncio.sleep(0.5)  # ten retry intervals
+    body = await assert_problem(await client.get("/readyz"), 503, "not_ready")
+    assert body["components"] == {"store": "degraded"}
+    info = await (await client.get("/api/v1/system/info")).json()
+    assert "newer than this build" in info["components"]["store"]["detail"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "controlplane.store"]
+    assert len(lines) == 1, lines
+    assert "9999" in lines[0] and "newer than this build" in lines[0]
