@@ -17,6 +17,10 @@ Problem                              status  code
 ├── PayloadTooLarge                  413     payload_too_large
 ├── UnsupportedMediaType             415     unsupported_media_type
 ├── SchemaValidationFailed           422     schema_validation_failed (+ errors: [{pointer, message}])
+│   ├── JSONTooDeep                  422     too_deep        (service.limits: nesting)
+│   ├── JSONTooLarge                 422     too_large       (service.limits: one value's size)
+│   ├── InvalidString                422     invalid_string  (U+0000, an unpaired surrogate)
+│   └── InvalidNumber                422     invalid_number  (outside I-JSON)
 ├── TooManyRequests                  429     rate_limited (+ Retry-After)
 │   └── TooManyStreams               429     too_many_streams (+ Retry-After)
 ├── RequestHeaderFieldsTooLarge      431     header_fields_too_large (answered by the HTTP edge)
@@ -38,6 +42,7 @@ from typing import Any, ClassVar
 import rfc8785
 from aiohttp import web
 
+from . import limits
 from .schemas import ValidationFailed
 
 __all__ = [
@@ -49,6 +54,10 @@ __all__ = [
     "Forbidden",
     "Gone",
     "InternalError",
+    "InvalidNumber",
+    "InvalidString",
+    "JSONTooDeep",
+    "JSONTooLarge",
     "LegacyOnly",
     "MalformedJSON",
     "MethodNotAllowed",
@@ -178,6 +187,32 @@ class SchemaValidationFailed(Problem):
     status, code, title = 422, "schema_validation_failed", "Request Body Failed Validation"
 
 
+class JSONTooDeep(SchemaValidationFailed):
+    code, title = "too_deep", "JSON Nests Too Deeply"
+
+
+class JSONTooLarge(SchemaValidationFailed):
+    code, title = "too_large", "JSON Value Too Large"
+
+
+class InvalidString(SchemaValidationFailed):
+    code, title = "invalid_string", "String Cannot Be Stored"
+
+
+class InvalidNumber(SchemaValidationFailed):
+    code, title = "invalid_number", "Number Outside I-JSON"
+
+
+# The bounds of service.limits (raised by the body reader, the resource hash and the store's
+# JSON serialiser) -> their problems: one class per code.
+_LIMIT_PROBLEMS: dict[type[limits.JSONValueRefused], type[SchemaValidationFailed]] = {
+    limits.TooDeep: JSONTooDeep,
+    limits.TooLarge: JSONTooLarge,
+    limits.InvalidString: InvalidString,
+    limits.InvalidNumber: InvalidNumber,
+}
+
+
 class TooManyRequests(Problem):
     status, code, title = 429, "rate_limited", "Too Many Requests"
 
@@ -238,6 +273,9 @@ def to_problem(exc: BaseException) -> Problem:
             "the request body does not match its schema",
             errors=[v.as_dict() for v in exc.violations],
         )
+    if isinstance(exc, limits.JSONValueRefused):
+        refused = _LIMIT_PROBLEMS.get(type(exc), SchemaValidationFailed)
+        return refused(exc.message, errors=[{"pointer": exc.pointer, "message": exc.message}])
     if isinstance(exc, web.HTTPMethodNotAllowed):
         allow = ", ".join(sorted(exc.allowed_methods))
         return MethodNotAllowed(

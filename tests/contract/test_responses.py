@@ -45,12 +45,13 @@ async def test_legacy_shell_is_a_described_410(client):
 
 
 async def test_resource_outside_i_json_is_422_not_500(client):
-    """Found by the fuzzer: RFC 8785 cannot hash integers beyond 2**53 - 1 (was a 500)."""
+    """Found by the fuzzer: RFC 8785 cannot hash integers beyond 2**53 - 1 (was a 500). The body
+    reader now refuses them in every body (service/limits.py), with where."""
     alice = await login(client, "alice")
     response = await client.post("/api/v1/installer/actions", headers=bearer(alice), json={
         "task_id": "t-1", "action": "installer.run.execute", "resource": {"n": 2**60}, "env": "dev"})
-    body = await assert_problem(response, 422, "schema_validation_failed")
-    assert body["errors"][0]["pointer"] == "/resource"
+    body = await assert_problem(response, 422, "invalid_number")
+    assert body["errors"][0]["pointer"] == "/resource/n"
 
 
 async def test_foreign_cursor_is_422_not_500(client):
