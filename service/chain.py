@@ -18,6 +18,7 @@ chain does the rest, one stage per package:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -84,10 +85,23 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
     return response if response is not None else await _stream(outcome)
 
 
+# RFC 9110: a field name is a token; a field value has no control characters but HTAB.
+_FIELD_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_FIELD_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def _response(outcome: Outcome) -> web.Response | None:
-    """The JSON response of an outcome (None for a stream, which starts after commit)."""
+    """The JSON response of an outcome (None for a stream, which starts after commit).
+
+    Everything that can make the answer unsendable fails here, inside the transaction: the
+    body's JSON, and header names and values aiohttp would only refuse while writing them,
+    after the commit (a consumed ticket with a dropped connection).
+    """
     if outcome.stream is not None:
         return None
+    for name, value in outcome.headers.items():
+        if not _FIELD_NAME.fullmatch(name) or _FIELD_VALUE_BAD.search(value):
+            raise ValueError(f"response header {name[:64]!r} cannot be sent")
     response = web.json_response(outcome.body, status=outcome.status)
     response.headers.update(outcome.headers)
     return response

@@ -1,15 +1,22 @@
-"""JSON Schemas from ``schemas/``: loaded once into a registry, validated with ``jsonschema``."""
+r"""JSON Schemas from ``schemas/``: loaded once into a registry, validated with ``jsonschema``.
+
+``pattern`` is matched as JSON Schema defines it (ECMA-262), not as Python's ``re.search``
+would: ``$`` is the end of the string only (Python's also matches before a final newline, so
+``^[a-z]+$`` took ``"abc\n"``), and ``\d``/``\w`` are ASCII. Every anchored id pattern is so
+a full match of the whole value, on the server whatever the schema text's dialect quirks.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 from referencing import Registry, Resource
 
@@ -51,12 +58,46 @@ def _registry() -> Registry:
     return Registry().with_resources(resources)
 
 
+@functools.lru_cache(maxsize=1024)
+def ecma_regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` compiled with ECMA-262's meaning of ``$`` (end of input: ``\\Z``) and of
+    ``\\d``/``\\w`` (ASCII). Unescaped ``$`` outside a character class is the only rewrite."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "$":
+            char = r"\Z"
+        out.append(char)
+        i += 1
+    return re.compile("".join(out), re.ASCII)
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not ecma_regex(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+#: Draft 2020-12 with ``pattern`` matched as ECMA-262 does (see the module docstring).
+Validator = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator, {"pattern": _pattern}
+)
+
+
 @functools.cache
 def validator(name: str) -> Draft202012Validator:
     """The compiled validator of ``schemas/<name>`` (cached for the process lifetime)."""
     schema = _registry().contents(name)
     Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, registry=_registry())
+    return Validator(schema, registry=_registry())  # type: ignore[no-any-return]
 
 
 def validate(name: str, document: Any, *, limit: int = 50) -> None:
