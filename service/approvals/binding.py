@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import rfc8785
 
+from .. import limits
+
 __all__ = [
     "BINDING_FIELDS",
     "HASH_PATTERN",
@@ -38,8 +40,15 @@ HASH_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def resource_hash(resource: Any) -> str:
-    """``sha256:<hex>`` of the canonical JSON of ``resource`` (RFC 8785)."""
-    return "sha256:" + hashlib.sha256(rfc8785.dumps(resource)).hexdigest()
+    """``sha256:<hex>`` of the canonical JSON of ``resource`` (RFC 8785).
+
+    Within ``service.limits`` or refused (``limits.JSONValueRefused``, a 422): the canonicaliser
+    recurses, and what the store cannot keep must not be bound to a ticket either.
+    """
+    limits.check_json(resource, "/resource")
+    canonical = rfc8785.dumps(resource)
+    limits.check_size(len(canonical), "/resource")
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
 
 
 def command_hash(command: str) -> str:

@@ -18,6 +18,7 @@ from importlib import resources
 from types import TracebackType
 from typing import Any, Protocol
 
+from ... import limits
 from ..base import StoreError
 
 __all__ = [
@@ -45,8 +46,16 @@ _STORE_PACKAGE = __name__.rsplit(".", 2)[0]
 
 
 def dump_json(value: Any) -> str:
-    """Compact, key-sorted JSON: the same value always gives the same text on both backends."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    """Compact, key-sorted JSON: the same value always gives the same text on both backends.
+
+    Only values within ``service.limits`` are written (``limits.JSONValueRefused`` otherwise):
+    deeper ones would not read back (the decoder recurses), U+0000 has no place in a PostgreSQL
+    ``jsonb``, an unpaired surrogate none in SQLite's UTF-8 text.
+    """
+    limits.check_json(value)
+    text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    limits.check_size(len(text.encode("utf-8")))
+    return text
 
 
 def opt_float(value: Any) -> float | None:
