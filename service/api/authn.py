@@ -17,7 +17,8 @@ from ..authn.principal import Principal
 from ..authn.sessions import Authenticator, IssuedToken
 from ..body import read_json
 from ..chain import public
-from ..errors import ServiceUnavailable, Unauthorized
+from ..errors import ServiceUnavailable, Unauthorized, to_problem
+from ..store.base import StoreUnavailable
 
 routes = web.RouteTableDef()
 
@@ -33,6 +34,8 @@ def _authenticator(request: web.Request) -> Authenticator:
 def _caller(request: web.Request) -> Principal:
     principal = request[PRINCIPAL]
     if not principal.is_authenticated:
+        if request.get(AUTHN_ERROR) == "store_unavailable":
+            raise to_problem(StoreUnavailable("the session cannot be checked"))
         raise Unauthorized(code=request.get(AUTHN_ERROR) or "unauthenticated")
     return principal
 

@@ -49,11 +49,14 @@ def setup_authn(app: web.Application) -> None:
             except InvalidToken as exc:
                 request[AUTHN_ERROR] = exc.code
             except StoreUnavailable as exc:
-                # Revocation cannot be checked: refuse the request now, as an outage (503
-                # store_unavailable, Retry-After), never as bad credentials (a 401 would make
-                # clients drop a valid token).
+                # Revocation cannot be checked: never answer as bad credentials (a 401 would make
+                # clients drop a valid token). A public route (health, status, login) serves the
+                # caller anonymously and says why; any other route is refused now, as an outage
+                # (503 store_unavailable, Retry-After).
                 log.error("session check failed: store unavailable")
-                raise to_problem(exc) from None
+                if not getattr(request.match_info.handler, "public", False):
+                    raise to_problem(exc) from None
+                request[AUTHN_ERROR] = "store_unavailable"
         elif token is not None:
             request[AUTHN_ERROR] = "authentication_unavailable"
         return await handler(request)

@@ -159,6 +159,13 @@ async def test_outage_is_store_unavailable_not_an_authentication_or_audit_failur
     await assert_store_unavailable(await app_client.get("/api/v1/tasks/x"))
     await assert_store_unavailable(await app_client.post(
         "/api/v1/authn/sessions", json={"subject_id": "bob", "password": "bob-dev-password"}))
+    # Public routes that need no caller keep answering a client that sends its token along
+    # (a probe or a dashboard must not go dark); those that act on the caller's session say
+    # it is the store.
+    assert (await app_client.get("/healthz", headers=bearer(alice))).status == 200
+    assert (await app_client.get("/api/v1/authz/status", headers=bearer(alice))).status == 200
+    await assert_store_unavailable(
+        await app_client.get("/api/v1/authn/sessions/current", headers=bearer(alice)))
 
 
 async def test_schema_newer_than_this_build_is_said_once_and_stays_not_ready(
