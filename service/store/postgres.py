@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import asyncpg
 
+from ..limits import JSONValueRefused
 from .base import StoreError, StoreUnavailable
 from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
 
@@ -76,7 +77,11 @@ async def _rollback(tr: Any, deadline: float) -> bool:
     return True
 
 
-def _wrap(exc: BaseException) -> StoreError:
+def _wrap(exc: BaseException) -> Exception:
+    # A JSON value our jsonb encoder refused (service.limits) reaches us wrapped by the driver:
+    # it is the caller's refusal (422), not a store failure.
+    if isinstance(exc.__cause__, JSONValueRefused):
+        return exc.__cause__
     # Class name or SQLSTATE only: asyncpg messages can echo the host, user or statement.
     if isinstance(exc, _UNAVAILABLE):
         return StoreUnavailable(f"postgresql store unavailable: {type(exc).__name__}")
