@@ -84,8 +84,8 @@ class Checkpointer:
         try:
             await self.checkpoint(clock.now(), force=force)
         except StoreError as exc:
-            log.warning("audit checkpoint not written: store unavailable",
-                        extra={"fields": {"error": type(exc).__name__}})
+            log.warning("audit checkpoint not written (store error); the next one covers the "
+                        "records", extra={"fields": {"error": type(exc).__name__}})
             return False
         except Exception:
             log.exception("audit checkpoint not written")
