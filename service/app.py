@@ -34,6 +34,7 @@ from .middleware.metrics import setup_metrics
 from .middleware.problems import setup_problems
 from .store.base import StoreError
 from .storelink import setup_store
+from .streams import setup_streams
 
 __all__ = ["create_app"]
 
@@ -76,6 +77,7 @@ def create_app(config: Config) -> web.Application:
     setup_headers(app)
     setup_problems(app)
     setup_authn(app)
+    setup_streams(app, server.streams)
 
     # Components, opened in this order on start-up and closed in reverse on shutdown. Each
     # sets its own app key. The policy engine needs nothing; the store link may start

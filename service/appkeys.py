@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .health import Reporter
     from .middleware.metrics import Metrics
     from .storelink import StoreLink
+    from .streams import StreamSlots
 
 __all__ = [
     "AUDIT",
@@ -35,6 +36,7 @@ __all__ = [
     "PRINCIPAL",
     "STARTED_AT",
     "STORE",
+    "STREAMS",
 ]
 
 CONFIG = web.AppKey("config", Config)
@@ -53,6 +55,8 @@ STORE: web.AppKey[StoreLink] = web.AppKey("store")
 AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 #: Logins, bearer tokens, step-up (identities and signing keys loaded at startup).
 AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
+#: Open live streams (SSE), capped per principal and per worker; told to stop on shutdown.
+STREAMS: web.AppKey[StreamSlots] = web.AppKey("streams")
 
 CORRELATION_ID = web.RequestKey("correlation_id", str)
 #: Who is calling: a Principal, or ANONYMOUS. Set by the authn middleware on every request.

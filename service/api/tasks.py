@@ -5,24 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import CONFIG, CORRELATION_ID, STORE
+from .. import clock
+from ..appkeys import AUTHENTICATOR, CONFIG, CORRELATION_ID, STORE, STREAMS
+from ..authn.errors import AuthnError
 from ..chain import Outcome, Run, Target, Write, protected
 from ..errors import NotFound
+from ..middleware.authn import bearer_token
 from ..middleware.headers import apply_security_headers
-from ..store.base import Store, TaskRecord, Tx
+from ..store.base import Store, StoreError, TaskRecord, Tx
 from ..tasks.tasks import EventView, next_state, task_view
 from .queries import query_int
 
 routes = web.RouteTableDef()
+log = logging.getLogger("controlplane.tasks")
 
-#: How often a live stream looks for new events, and how long it may stay open.
+#: How often a live stream looks for new events, and how long it may stay open. Heartbeats,
+#: the session re-check and the caps are configured (``server.streams``).
 SSE_POLL_S = 0.25
 SSE_MAX_S = 300.0
-SSE_KEEPALIVE_S = 15.0
 
 
 async def _task(store: Store | Tx, request: web.Request) -> TaskRecord:
@@ -60,6 +65,9 @@ async def task_events(run: Run) -> Outcome:
         last = request.headers.get("Last-Event-ID", "")
         after = int(last) if last.isdigit() and len(last) < 12 else query_int(
             request, "after_seq", default=0, low=0, high=10**11)
+        # Over a cap this raises 429 too_many_streams (audited like any refusal); the slot is
+        # held until this request's handling ends, however it ends.
+        request.app[STREAMS].acquire(run.principal.subject_id)
         return Outcome(200, None, audit={"task_id": task_id, "stream": True},
                        stream=lambda: _stream(request, store, task_id, after))
     after = query_int(request, "after_seq", default=0, low=0, high=10**11)
@@ -74,31 +82,74 @@ async def task_events(run: Run) -> Outcome:
 
 
 async def _stream(request: web.Request, store: Store, task_id: str, after: int) -> web.StreamResponse:
+    """Events as they are appended, until the task ends (``event: end``), the session ends
+    (``event: end`` with ``reason``), ``SSE_MAX_S`` passes or the server shuts down (then the
+    stream just closes: a client reconnects with ``Last-Event-ID``). A client that goes away
+    is normal: no error is logged."""
     # Prepared here, so the correlation middleware cannot add its header afterwards.
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "X-Accel-Buffering": "no",
                                            "X-Correlation-ID": request[CORRELATION_ID]})
     apply_security_headers(request, response)
-    await response.prepare(request)
+    try:
+        await response.prepare(request)
+        reason = await _pump(request, response, store, task_id, after)
+        if reason is not None:
+            await response.write(b"event: end\ndata: " + reason + b"\n\n")
+        await response.write_eof()
+    except ConnectionError:  # aiohttp's ClientConnectionResetError included
+        log.debug("event stream of task %s: the client went away", task_id)
+    return response
+
+
+async def _pump(request: web.Request, response: web.StreamResponse, store: Store, task_id: str,
+                after: int) -> bytes | None:
+    """Write events until the stream should end; the ``event: end`` data to send, if any."""
+    slots = request.app[STREAMS]
+    heartbeat_s, check_s = slots.config.heartbeat_s, slots.config.session_check_s
     loop = asyncio.get_running_loop()
-    started = last_write = loop.time()
-    while loop.time() - started < SSE_MAX_S:
-        events = await store.list_events(task_id, after_seq=after, limit=100)
+    started = last_beat = last_check = loop.time()
+    while not slots.stopping:
+        now = loop.time()
+        if now - started >= SSE_MAX_S or request.transport is None or (
+                request.transport.is_closing()):
+            return None
+        if now - last_check >= check_s:
+            last_check = now
+            if not await _session_alive(request):
+                return b'{"reason":"session_ended"}'
+        try:
+            events = await store.list_events(task_id, after_seq=after, limit=100)
+            task = await store.get_task(task_id) if not events else None
+        except StoreError:
+            log.warning("event stream of task %s ended: store unavailable", task_id)
+            return None
         for event in events:
             payload = json.dumps(EventView(event).as_dict(), separators=(",", ":"))
             await response.write(f"id: {event.seq}\nevent: {event.kind}\ndata: {payload}\n\n".encode())
             after = event.seq
-            last_write = loop.time()
-        task = await store.get_task(task_id)
-        if task is not None and task.state in ("succeeded", "failed") and not events:
-            await response.write(b"event: end\ndata: {}\n\n")
-            break
-        if loop.time() - last_write > SSE_KEEPALIVE_S:
-            await response.write(b": keep-alive\n\n")
-            last_write = loop.time()
+        if task is not None and task.state in ("succeeded", "failed"):
+            return b"{}"
+        if now - last_beat >= heartbeat_s:
+            await response.write(b": heartbeat\n\n")
+            last_beat = now
         await asyncio.sleep(SSE_POLL_S)
-    await response.write_eof()
-    return response
+    return None
+
+
+async def _session_alive(request: web.Request) -> bool:
+    """The stream's bearer token still authenticates (its session not logged out or expired)."""
+    token = bearer_token(request)
+    if token is None:
+        return False
+    try:
+        await request.app[AUTHENTICATOR].authenticate_bearer(token, clock.now())
+    except AuthnError:
+        return False
+    except StoreError:
+        log.warning("event stream ended: its session cannot be checked (store unavailable)")
+        return False
+    return True
 
 
 @routes.post("/api/v1/tasks/{id}/events")

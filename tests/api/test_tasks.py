@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
-from service.appkeys import STORE
+import pytest
+from aiohttp.test_utils import TestClient
+
+from service.app import create_app
+from service.appkeys import STORE, STREAMS
 from tests.auth import bearer, login
 from tests.problems import assert_problem
+from tests.test_http_edge import EdgeTestServer
 
 
 async def start_task(client, task_id: str = "build-1") -> str:
@@ -119,3 +125,118 @@ async def test_concurrent_reports_keep_sequence_gap_free(client):
     assert all(r.status == 201 for r in responses)
     events = await client.server.app[STORE].require().list_events("build-1", 0, 100)
     assert [e.seq for e in events] == list(range(1, 23))
+
+
+# -- live streams: caps, heartbeats, session re-check, disconnects, shutdown (issue 13, item 7) --
+
+STREAM = {"Accept": "text/event-stream"}
+
+
+async def open_stream(client, token: str):
+    return await client.get("/api/v1/tasks/build-1/events", headers=bearer(token, **STREAM))
+
+
+async def read_for(response, seconds: float) -> str:
+    """What a stream sends in ``seconds`` (less if it ends)."""
+    chunks: list[bytes] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        try:
+            chunk = await asyncio.wait_for(response.content.readany(), left)
+        except TimeoutError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+async def test_streams_are_capped_per_principal_and_in_total(make_client):
+    client = await make_client({"server": {"streams": {"max_per_principal": 2, "max_total": 3}}})
+    alice = await start_task(client)
+    alice_again = await login(client, "alice")  # another session of the same principal
+    bot = await login(client, "ci-bot")
+    first, second = await open_stream(client, alice), await open_stream(client, alice_again)
+    assert first.status == second.status == 200
+    over = await open_stream(client, alice)
+    body = await assert_problem(over, 429, "too_many_streams")
+    assert int(over.headers["Retry-After"]) >= 1 and "per principal" in body["detail"]
+    third = await open_stream(client, bot)
+    assert third.status == 200
+    full = await open_stream(client, bot)
+    await assert_problem(full, 429, "too_many_streams")
+    # A closed stream gives its slot back.
+    first.close()
+    for _ in range(40):
+        again = await open_stream(client, alice)
+        if again.status == 200:
+            break
+        await asyncio.sleep(0.1)
+    assert again.status == 200
+    slots = client.server.app[STREAMS]
+    assert slots.total == 3 and slots.open_for("alice") == 2
+    for response in (second, third, again):
+        response.close()
+
+
+async def test_streams_send_regular_heartbeats(make_client):
+    client = await make_client({"server": {"streams": {"heartbeat_s": 0.3}}})
+    alice = await start_task(client)
+    response = await open_stream(client, alice)
+    text = await read_for(response, 2.2)  # heartbeats go out at the next poll (0.25 s)
+    response.close()
+    assert text.count(": heartbeat\n\n") >= 3, text
+
+
+async def test_logout_ends_an_open_stream_within_seconds(client):
+    """The stream's session is checked again every server.streams.session_check_s (2 s)."""
+    alice = await start_task(client)
+    response = await open_stream(client, alice)
+    assert response.status == 200
+    await read_for(response, 0.3)
+    loop = asyncio.get_running_loop()
+    logged_out = loop.time()
+    assert (await client.delete("/api/v1/authn/sessions/current", headers=bearer(alice))).ok
+    text = await asyncio.wait_for(response.text(), 10)
+    assert loop.time() - logged_out < 3.5
+    assert text.rstrip().endswith('event: end\ndata: {"reason":"session_ended"}')
+    assert client.server.app[STREAMS].total == 0
+
+
+@pytest.mark.parametrize("cancellation", [True, False], ids=["handler-cancelled", "cpctl-serve"])
+async def test_a_client_disconnect_is_normal(make_config, caplog, cancellation):
+    """No traceback, no ERROR, and the slot is given back, whether aiohttp cancels the handler
+    (TestServer's default) or the stream notices the closed connection (cpctl serve)."""
+    server = EdgeTestServer(create_app(make_config()), handler_cancellation=cancellation)
+    async with TestClient(server) as client:
+        alice = await start_task(client)
+        with caplog.at_level(logging.DEBUG):
+            response = await open_stream(client, alice)
+            await read_for(response, 0.3)
+            response.close()
+            slots = client.server.app[STREAMS]
+            for _ in range(50):
+                if slots.total == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert slots.total == 0
+            await asyncio.sleep(0.5)
+    assert "Traceback" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_shutdown_ends_open_streams_within_the_grace_period(make_config):
+    server = EdgeTestServer(create_app(make_config()), shutdown_timeout=10)
+    client = TestClient(server)
+    await client.start_server()
+    alice = await start_task(client)
+    streams = [await open_stream(client, alice) for _ in range(3)]
+    assert all(s.status == 200 for s in streams)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await server.close()
+    assert loop.time() - started < 2.0  # not the 10 s grace period: the streams ended
+    for stream in streams:  # each ended cleanly (a client reconnects with Last-Event-ID)
+        await asyncio.wait_for(stream.text(), 2)
+    await client.close()
