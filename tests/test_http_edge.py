@@ -266,3 +266,42 @@ def test_cpctl_serve_answers_a_broken_header_with_a_problem_and_logs_no_token(tm
     assert "unparseable request head" in log
     assert TAIL not in log and "c2lnbmF0dXJl" not in log and "Traceback" not in log
     assert '"level": "ERROR"' not in log
+
+
+async def test_cpctl_serve_streams_end_on_sigterm_and_disconnects_log_nothing(tmp_path: Path):
+    """A live stream under cpctl serve: a client that goes away leaves no traceback; SIGTERM
+    ends the remaining streams and the process well within the grace period."""
+    import signal
+
+    import aiohttp
+
+    from tests.auth import PASSWORDS
+
+    with serve(tmp_path / "state") as (base, proc):
+        async with aiohttp.ClientSession(base_url=base) as http:
+            login = await http.post("/api/v1/authn/sessions",
+                                    json={"subject_id": "alice", "password": PASSWORDS["alice"]})
+            token = (await login.json())["access_token"]
+            auth = {"Authorization": f"Bearer {token}"}
+            started = await http.post("/api/v1/installer/actions", headers=auth, json={
+                "task_id": "build-1", "action": "installer.run.execute", "resource": "web",
+                "env": "dev"})
+            assert started.status == 202
+            stream = {**auth, "Accept": "text/event-stream"}
+            gone = await http.get("/api/v1/tasks/build-1/events", headers=stream)
+            assert gone.status == 200
+            await gone.content.readuntil(b"\n\n")
+            gone.close()
+            await asyncio.sleep(1.0)  # the server notices at its next poll
+            live = await http.get("/api/v1/tasks/build-1/events", headers=stream)
+            await live.content.readuntil(b"\n\n")
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(live.read(), 5)  # the stream ends (closed by the server)
+            while proc.poll() is None and time.monotonic() - t0 < 8:
+                await asyncio.sleep(0.05)
+            stopped_after = time.monotonic() - t0
+        assert proc.poll() == 0
+        log = proc.log_path.read_text()  # type: ignore[attr-defined]
+    assert stopped_after < 5, f"{stopped_after:.1f} s (grace period 10 s)"
+    assert "Traceback" not in log and '"level": "ERROR"' not in log, log[-3000:]
