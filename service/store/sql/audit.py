@@ -13,7 +13,6 @@ from .core import MAX_LIST_LIMIT, Row, Unit, dump_json
 __all__ = ["AuditSql"]
 
 _INSERT = "INSERT INTO audit_log (seq, prev_hash, hash, entry) VALUES (?, ?, ?, ?)"
-_CHECKPOINT_COLUMNS = "seq, head_hash, at, kid, sig"
 
 
 class AuditSql(Unit):
@@ -85,7 +84,7 @@ class AuditSql(Unit):
     async def add_audit_checkpoint(self, checkpoint: AuditCheckpoint) -> bool:
         async with self._unit(write=True) as q:
             row = await q.one(
-                f"INSERT INTO audit_checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?) "
+                "INSERT INTO audit_checkpoints (seq, head_hash, at, kid, sig) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (seq) DO NOTHING RETURNING seq",
                 checkpoint.seq, checkpoint.head_hash, checkpoint.at, checkpoint.kid, checkpoint.sig,
             )  # fmt: skip
@@ -98,7 +97,7 @@ class AuditSql(Unit):
             raise ValueError("limit must be positive")
         async with self._unit(write=False) as q:
             rows = await q.all(
-                f"SELECT {_CHECKPOINT_COLUMNS} FROM audit_checkpoints WHERE seq > ? "
+                "SELECT seq, head_hash, at, kid, sig FROM audit_checkpoints WHERE seq > ? "
                 "ORDER BY seq LIMIT ?",
                 after_seq, min(limit, MAX_LIST_LIMIT),
             )  # fmt: skip
@@ -107,7 +106,8 @@ class AuditSql(Unit):
     async def latest_audit_checkpoint(self) -> AuditCheckpoint | None:
         async with self._unit(write=False) as q:
             row = await q.one(
-                f"SELECT {_CHECKPOINT_COLUMNS} FROM audit_checkpoints ORDER BY seq DESC LIMIT 1"
+                "SELECT seq, head_hash, at, kid, sig FROM audit_checkpoints "
+                "ORDER BY seq DESC LIMIT 1"
             )
         return None if row is None else _checkpoint(row)
 
