@@ -26,6 +26,7 @@ from service.authz import regotest
 from service.authz.source import Snapshot
 from service.config import Config, load
 from tests import contract_hooks
+from tests.servers import EdgeTestServer
 
 REPO = Path(__file__).resolve().parent.parent
 AUTHZ_TESTS = REPO / "tests" / "authz"
@@ -91,7 +92,8 @@ def make_client(aiohttp_client: Any, make_config: MakeConfig) -> MakeClient:
     """Start the real application for ``overrides`` and return a client bound to it."""
 
     async def make(overrides: dict[str, Any] | None = None) -> TestClient:
-        return await aiohttp_client(create_app(make_config(overrides)))
+        # The server `cpctl serve` runs (edge limits and problem+json parser errors included).
+        return await aiohttp_client(EdgeTestServer(create_app(make_config(overrides))))
 
     return make
 

@@ -12,6 +12,11 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestServer
+
+from service.edge import EdgeRunner
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -82,3 +87,15 @@ def serve(
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         log_file.close()
+
+
+class EdgeTestServer(TestServer):
+    """pytest-aiohttp's test server with the runner ``cpctl serve`` uses."""
+
+    def __init__(self, *args: Any, handler_cancellation: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._cancellation = handler_cancellation
+
+    async def _make_runner(self, **kwargs: Any) -> EdgeRunner:
+        kwargs["handler_cancellation"] = self._cancellation
+        return EdgeRunner(self.app, **kwargs)

@@ -20,24 +20,12 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from service.app import create_app
-from service.edge import LINGER_BYTES, EdgeRequestHandler, EdgeRunner
-from tests.servers import serve
+from service.edge import LINGER_BYTES, EdgeRequestHandler
+from tests.servers import EdgeTestServer, serve
 
 # A JWS-shaped fake access token; what follows the break must never be seen again.
 TOKEN = "eyJhbGciOiJFZERTQSIsImtpZCI6ImsxIn0.eyJzdWIiOiJhbGljZSIsInNpZCI6IngifQ.c2lnbmF0dXJlLXNlY3JldA"
 TAIL = TOKEN[40:]
-
-
-class EdgeTestServer(TestServer):
-    """pytest-aiohttp's test server with the runner ``cpctl serve`` uses."""
-
-    def __init__(self, *args: Any, handler_cancellation: bool = True, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._cancellation = handler_cancellation
-
-    async def _make_runner(self, **kwargs: Any) -> EdgeRunner:
-        kwargs["handler_cancellation"] = self._cancellation
-        return EdgeRunner(self.app, **kwargs)
 
 
 @pytest.fixture

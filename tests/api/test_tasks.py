@@ -12,7 +12,7 @@ from service.app import create_app
 from service.appkeys import STORE, STREAMS
 from tests.auth import bearer, login
 from tests.problems import assert_problem
-from tests.test_http_edge import EdgeTestServer
+from tests.servers import EdgeTestServer
 
 
 async def start_task(client, task_id: str = "build-1") -> str:
