@@ -46,8 +46,11 @@ HOUSEKEEPING_INTERVAL_S = 30.0
 DEV_IDENTITIES = Path(__file__).resolve().parent.parent / "examples" / "identities.yaml"
 
 
-def create_app(config: Config) -> web.Application:
-    """The whole service as one application; components open in ``cleanup_ctx`` on start-up."""
+def create_app(config: Config, *, shared_metrics: bool = False) -> web.Application:
+    """The whole service as one application; components open in ``cleanup_ctx`` on start-up.
+
+    ``shared_metrics``: this is one of a supervisor's workers, which share their metrics through
+    prometheus-client's multiprocess files (``cpctl serve --workers N``)."""
     server = config.server
     app = web.Application(
         client_max_size=server.max_body_bytes,
@@ -73,7 +76,7 @@ def create_app(config: Config) -> web.Application:
     # only catch-all. authn is innermost: it only attaches who is calling, and a store error
     # it meets is rendered by problems.
     setup_correlation(app)
-    setup_metrics(app)
+    setup_metrics(app, multiprocess=shared_metrics)
     setup_headers(app)
     setup_problems(app)
     setup_authn(app)

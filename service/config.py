@@ -4,7 +4,9 @@ The default needs nothing: embedded mode on 127.0.0.1:8700, SQLite under ``./.st
 repository's ``policies/``, dev identities from ``examples/identities.yaml``. The raw document is
 checked against ``schemas/config.schema.json`` before it becomes frozen dataclasses, so a typo in a
 key is an error at start-up rather than a silently ignored setting. Nothing else in the service
-reads ``os.environ``.
+reads ``os.environ`` (``load_from_process`` is the door for commands started from a shell); the
+CLI reads only its own client variables (``cli/client.py``: CONTROLPLANE_URL, _TOKEN,
+_CREDENTIALS), and ``cpctl compose`` hands the shell environment to compose interpolation.
 
 Environment overrides: ``CONTROLPLANE_HOST``, ``CONTROLPLANE_PORT``, ``CONTROLPLANE_WORKERS``,
 ``CONTROLPLANE_STATE_DIR`` are shorthands; any other key is addressed with double underscores,
@@ -15,6 +17,7 @@ parsed as YAML scalars (``8701`` is an int, ``true`` a bool).
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -36,6 +39,7 @@ __all__ = [
     "Secret",
     "StorageItem",
     "load",
+    "load_from_process",
 ]
 
 ENV_PREFIX = "CONTROLPLANE_"
@@ -465,6 +469,16 @@ DEFAULTS: dict[str, Any] = {
     "logging": LoggingConfig.DEFAULTS,
     "inventory": InventoryConfig.DEFAULTS,
 }
+
+
+def load_from_process(
+    path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None
+) -> Config:
+    """``load`` for a command started from a shell: the file is ``path`` or
+    ``$CONTROLPLANE_CONFIG``, and this process's ``CONTROLPLANE_*`` variables apply. With
+    ``load`` itself, the one place the service's configuration meets the environment."""
+    environ = os.environ
+    return load(path or environ.get("CONTROLPLANE_CONFIG"), environ, overrides=overrides)
 
 
 def load(

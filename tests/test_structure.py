@@ -93,3 +93,19 @@ def test_execute_steps_of_mutating_actions_take_a_write(handler: typing.Any) -> 
     param = next(v for k, v in hints.items() if k != "return")
     want = Write if handler.protection.action.mutating else Run
     assert param is want
+
+
+#: Where the process environment may be read: the configuration's door, the supervisor (which
+#: sets prometheus-client's own variable for its workers), the CLI's client settings, and compose
+#: interpolation (which is defined over the shell environment).
+ENVIRON_READERS = {"config.py", "cli/serve.py", "cli/client.py", "cli/compose.py"}
+
+
+def test_only_the_edges_read_the_environment() -> None:
+    readers = {
+        str(path.relative_to(SERVICE))
+        for path in SERVICE.rglob("*.py")
+        if any(word in path.read_text(encoding="utf-8") for word in ("os.environ", "getenv("))
+    }
+    assert "config.py" in readers, "the scan found nothing"
+    assert readers <= ENVIRON_READERS, sorted(readers - ENVIRON_READERS)

@@ -21,10 +21,9 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -40,8 +39,6 @@ from .client import EXIT_ERROR, EXIT_OK, EXIT_UNAVAILABLE, guarded
 
 __all__ = ["register", "run"]
 
-# Variables the CLI reads itself; they are not service configuration keys.
-_CLI_VARIABLES = frozenset({"CONTROLPLANE_CREDENTIALS", "CONTROLPLANE_URL", "CONTROLPLANE_TOKEN"})
 _PAGE = 500
 #: The chain is intact but its newest records are not covered by a signed checkpoint yet.
 EXIT_UNANCHORED = 3
@@ -376,9 +373,8 @@ def _http_pages(api: http.Client, after: int) -> Iterator[dict[str, Any]]:
 
 def _config(args: argparse.Namespace) -> config_mod.Config | None:
     """The service's configuration (None: reported)."""
-    path = args.config or os.environ.get("CONTROLPLANE_CONFIG")
     try:
-        return config_mod.load(path, _config_environ(os.environ))
+        return config_mod.load_from_process(args.config)
     except config_mod.ConfigError as exc:
         _fail(str(exc), EXIT_UNAVAILABLE)
         return None
@@ -401,10 +397,6 @@ def _store_location(args: argparse.Namespace) -> tuple[str | None, str | None]:
             return None, None
         return url.reveal(), None
     return url.reveal(), config.store.postgres_schema
-
-
-def _config_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in environ.items() if k not in _CLI_VARIABLES}
 
 
 def _line(record: AuditRecord) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -31,7 +30,7 @@ def register(sub: Any) -> None:
 
 
 def _ring(args: argparse.Namespace) -> KeyRing:
-    config = config_mod.load(args.config or os.environ.get("CONTROLPLANE_CONFIG"), os.environ)
+    config = config_mod.load_from_process(args.config)
     return KeyRing.open(config.state_dir / "keys", retain_s=config.authn.key_retain_s,
                         now=clock.now())
 

@@ -37,8 +37,7 @@ def load_config(args: argparse.Namespace) -> config_mod.Config:
         value = getattr(args, key, None)
         if value is not None:
             overrides.setdefault("server", {})[key] = value
-    path = args.config or os.environ.get("CONTROLPLANE_CONFIG")
-    return config_mod.load(path, os.environ, overrides=overrides)
+    return config_mod.load_from_process(args.config, overrides=overrides)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +79,8 @@ async def _serve(config: config_mod.Config, *, reuse_port: bool) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     runner = EdgeRunner(
-        create_app(config),
+        # Only a supervisor's workers share a port, and they share their metrics too.
+        create_app(config, shared_metrics=reuse_port),
         shutdown_timeout=config.server.shutdown_timeout_s,
         access_log=logging.getLogger("controlplane.access") if config.logging.access_log else None,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -18,7 +17,6 @@ _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 #: Set by ``cpctl serve --workers N`` for its workers (prometheus-client's own variable): every
 #: worker writes its samples to files there, and /metrics on any worker sums all of them.
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @dataclass
@@ -40,10 +38,10 @@ class Metrics:
         return registry
 
     @classmethod
-    def create(cls) -> Metrics:
-        # prometheus-client decides at import time whether values live in shared files; the
-        # variable is its own, set by the supervisor before it starts the workers.
-        multiprocess = bool(os.environ.get(MULTIPROC_ENV))
+    def create(cls, *, multiprocess: bool = False) -> Metrics:
+        """``multiprocess``: the workers of one supervisor share their values through files
+        (prometheus-client decides that at import time from its own PROMETHEUS_MULTIPROC_DIR,
+        which the supervisor sets before it starts them); /metrics then sums every worker."""
         registry = CollectorRegistry()
         return cls(
             registry=registry,
@@ -78,9 +76,9 @@ def _route_label(request: web.Request) -> str:
     return resource.canonical
 
 
-def setup_metrics(app: web.Application) -> None:
+def setup_metrics(app: web.Application, *, multiprocess: bool = False) -> None:
     """Install the metrics middleware (outside ``problems``, so it counts final statuses)."""
-    metrics = Metrics.create()
+    metrics = Metrics.create(multiprocess=multiprocess)
     app[METRICS] = metrics
 
     @web.middleware
