@@ -31,6 +31,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ..atomicfile import write_private
 from ..authn.keyring import load_public_key, public_jwk, thumbprint
 
 __all__ = ["KEY_PURPOSE", "AuditKey", "AuditKeyError", "AuditKeys", "load_jwks"]
@@ -206,23 +207,7 @@ class AuditKeys:
         return kid
 
     def _write_file(self, kid: str, doc: Mapping[str, Any]) -> None:
-        tmp = self.directory / f".tmp-{kid}-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="ascii") as fh:
-                fh.write(json.dumps(doc, indent=2))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.directory / f"{kid}{_SUFFIX}")
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_private(self.directory / f"{kid}{_SUFFIX}", json.dumps(doc, indent=2))
 
 
 def load_jwks(text: str) -> dict[str, Ed25519PublicKey]:

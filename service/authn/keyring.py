@@ -26,6 +26,8 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ..atomicfile import write_private
+
 __all__ = [
     "ALG",
     "KeyRing",
@@ -256,24 +258,8 @@ class KeyRing:
             {"kid": kid, "alg": ALG, "crv": "Ed25519", "created_at": now, "private_key": pem},
             indent=2,
         )
-        tmp = self.directory / f".tmp-{kid}-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="ascii") as fh:
-                fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
-            # Readers list *.json only, so they never see a half-written key.
-            os.replace(tmp, self.directory / f"{kid}.json")
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        # Readers list *.json only, so they never see the temporary file.
+        write_private(self.directory / f"{kid}.json", body)
         return kid
 
     def _prune(self, now: float) -> None:

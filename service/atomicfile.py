@@ -1,0 +1,35 @@
+"""Durable, private file writes: a reader sees the old file or the whole new one, never a part.
+
+Used for key material (token signing keys, audit keys): written 0600 to a temporary name in the
+same directory, fsynced, renamed over the target, and the directory fsynced, so the rename itself
+survives a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+__all__ = ["write_private"]
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (ASCII), mode 0600, atomically and durably."""
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
