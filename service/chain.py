@@ -67,19 +67,20 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
             rec.ticket(redeem.presented_ticket_id(request.headers))
             redemption = await redeem.check(config, store, principal, action, target, decision,
                                             request.headers, now)
-        ticket = redemption.ticket if redemption else None
-        fields = (request, config, store, principal, body, target, decision, cid, now, ticket)
+        facts = Run(request=request, config=config, store=store, principal=principal, body=body,
+                    target=target, decision=decision, correlation_id=cid, now=now,
+                    ticket=redemption.ticket if redemption else None)
         if action.mutating or redemption is not None:                               # 4 Execute
             # Single use holds even when a policy asks a ticket for a read: it runs here too.
             async with store.transaction() as tx:
                 if redemption is not None:
                     await redeem.consume(tx, redemption, now, cid)
                     rec.consumed()
-                outcome = await execute(Write(*fields, tx=tx))
+                outcome = await execute(Write.of(facts, tx))
                 response = _response(outcome)  # built before commit: a committed run is answered
                 await rec.executed(outcome, tx)                                     # 5 Audit
         else:
-            outcome = await execute(Run(*fields))
+            outcome = await execute(facts)
             response = _response(outcome)
             await rec.executed(outcome, None)                                       # 5 Audit
     return response if response is not None else await _stream(outcome)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from aiohttp import web
@@ -74,6 +74,11 @@ class Write(Run):
     audit record. Write through it, never through ``store``."""
 
     tx: Tx = field(kw_only=True)
+
+    @classmethod
+    def of(cls, run: Run, tx: Tx) -> Write:
+        """``run`` with the transaction it writes through."""
+        return cls(**{f.name: getattr(run, f.name) for f in fields(Run)}, tx=tx)
 
 
 @dataclass
