@@ -11,15 +11,26 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from . import clock, logs
 from .api import routes as api_routes
-from .appkeys import AUDIT, AUTHENTICATOR, COMPOSE_RULES, CONFIG, ENGINE, STARTED_AT, STORE
+from .appkeys import (
+    AUDIT,
+    AUTHENTICATOR,
+    COMPOSE_RULES,
+    CONFIG,
+    ENGINE,
+    METRICS,
+    STARTED_AT,
+    STORE,
+)
 from .approvals.expiry import expire_once
 from .audit.checkpointer import checkpointing
 from .audit.log import AuditLog
-from .authn import identities
 from .authn.keyring import KeyRing
+from .authn.reload import IdentityFile
+from .authn.reload import reloading as identities_reloading
 from .authn.sessions import Authenticator
 from .authz.engine import LOG_FIELDS, PolicyEngine
 from .authz.reload import reloading
@@ -106,6 +117,13 @@ async def _policies(app: web.Application) -> AsyncIterator[None]:
     # kill the worker.
     engine = PolicyEngine(config.policies.dir, config.environments,
                           [f for f in config.logging.mask_fields if f in LOG_FIELDS])
+    reloads = Counter("controlplane_policy_reload", "Policy revision loads, by result: ok "
+                      "(swapped in) or rejected (the last good revision keeps serving).",
+                      ["result"], registry=app[METRICS].registry)
+    for label in ("ok", "rejected"):
+        reloads.labels(label)
+    engine.reload_listeners.append(
+        lambda outcome: reloads.labels("ok" if outcome.ok else "rejected").inc())
     result = await asyncio.to_thread(engine.load)
     if not result.ok:
         # Serving with no policy would mean every decision is a deny: start degraded and
@@ -133,16 +151,19 @@ async def _audit_checkpoints(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _authenticator(app: web.Application) -> AsyncIterator[None]:
-    """AUTHENTICATOR: identities and the signing key ring are loaded here, once."""
+    """AUTHENTICATOR: identities and the signing key ring are loaded here; the identities file is
+    polled (and SIGHUP reloads it) while open."""
     config = app[CONFIG]
     if config.mode == "production" and config.authn.identities.resolve() == DEV_IDENTITIES:
         log.warning("production mode with the DEVELOPMENT identities (examples/identities.yaml): "
                     "their passwords, TOTP secrets and keys are public; set authn.identities")
-    directory = await asyncio.to_thread(identities.load, config.authn.identities)
+    source = IdentityFile(config.authn.identities)
+    directory = await asyncio.to_thread(source.load)
     keys = await asyncio.to_thread(KeyRing.open, config.state_dir / "keys",
                                    retain_s=config.authn.key_retain_s, now=clock.now())
     app[AUTHENTICATOR] = Authenticator(app[STORE].require, directory, keys, config.authn)
-    yield
+    async with identities_reloading(app[AUTHENTICATOR], source):
+        yield
 
 
 async def _housekeeping(app: web.Application) -> AsyncIterator[None]:

@@ -84,8 +84,14 @@ def setup_health(app: web.Application) -> None:
         return {"status": "ready", "mode": app[CONFIG].mode}
 
     async def policies() -> dict[str, Any]:
+        # Readiness is "decisions are correct": ready while any revision serves. A rejected
+        # later revision degrades ``authz`` (with its error), never readiness: one bad push
+        # must not take every replica out of the load balancer at once.
         status = app[ENGINE].status()
-        return {"status": status.get("status", "degraded"), "revision": status.get("revision")}
+        if status.get("serving"):
+            return {"status": "ready", "revision": status.get("revision")}
+        return {"status": "degraded", "revision": None,
+                "detail": "no policy revision could be loaded"}
 
     async def authz() -> dict[str, Any]:
         return app[ENGINE].status()

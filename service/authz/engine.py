@@ -24,7 +24,7 @@ import secrets
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -137,6 +137,10 @@ class PolicyEngine:
         self._seen: tuple[tuple[str, int, int], ...] | None = None
         self._last_reload: dict[str, Any] | None = None
         self._counts: Counter[str] = Counter()
+        #: Reload outcomes: ``ok`` (a revision swapped in, or the serving one confirmed after a
+        #: rejection) and ``rejected``; status() reports them, listeners see each one.
+        self._reloads: Counter[str] = Counter()
+        self.reload_listeners: list[Callable[[LoadResult], None]] = []
         # decision ids: random per-process prefix + counter (unique, and cheaper than uuid4).
         self._id_prefix = secrets.token_hex(4)
         self._ids = itertools.count(1)
@@ -190,15 +194,19 @@ class PolicyEngine:
         return fingerprint(self.policies_dir, self.data_dir) != self._seen
 
     def _succeeded(self, revision: str, *, changed: bool) -> LoadResult:
+        recovered = self._last_reload is not None and not self._last_reload["ok"]
         self._last_reload = {"ok": True, "at": time.time(), "error": None}
         if changed:
             log.info("policy revision %s loaded", revision)
-        return LoadResult(True, revision, changed)
+        return self._outcome(LoadResult(True, revision, changed), counted=changed or recovered)
 
     def _failed(self, kind: str, detail: str) -> LoadResult:
-        # Full detail goes to the log; the status surface gets a summary without data values.
+        # Full detail goes to the log (one structured event); the status surface gets a summary
+        # without data values.
         log.error(
-            "policy revision rejected (%s): %s; still serving %s", kind, detail, self.revision
+            "policy revision rejected (%s): %s; still serving %s", kind, detail, self.revision,
+            extra={"fields": {"event": "policy_revision_rejected", "stage": kind,
+                              "serving_revision": self.revision}},
         )
         if detail.startswith(f"{kind}: "):
             detail = detail[len(kind) + 2 :]  # the vetting report already names the stage
@@ -208,7 +216,17 @@ class PolicyEngine:
             else (f"{kind}: invalid policy data (see server log)")
         )
         self._last_reload = {"ok": False, "at": time.time(), "error": summary}
-        return LoadResult(False, self.revision, False, summary)
+        return self._outcome(LoadResult(False, self.revision, False, summary), counted=True)
+
+    def _outcome(self, result: LoadResult, *, counted: bool) -> LoadResult:
+        if counted:
+            self._reloads["ok" if result.ok else "rejected"] += 1
+            for listener in self.reload_listeners:
+                try:
+                    listener(result)
+                except Exception:
+                    log.exception("policy reload listener failed")
+        return result
 
     # ---- deciding ------------------------------------------------------------------------
 
@@ -358,7 +376,12 @@ class PolicyEngine:
     # ---- status --------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        """``GET /api/v1/authz/status``: no policy text, data tables or per-subject decisions."""
+        """``GET /api/v1/authz/status``: no policy text, data tables or per-subject decisions.
+
+        ``serving``: a revision is active (what readiness asks: decisions are correct). The
+        status is ``degraded`` when none is, or when the latest revision was rejected (its
+        error, ``stage: file:line:col: message``, in ``error`` and ``last_reload``) while the
+        last good one keeps serving."""
         current = self._current
         last = self._last_reload
         if last is None:
@@ -369,13 +392,21 @@ class PolicyEngine:
             state = "ready"
         counts = self._counts
         hits, misses = counts["cache_hit"], counts["cache_miss"]
+        out: dict[str, Any] = {"status": state, "serving": current is not None}
+        if last is not None and not last["ok"]:
+            out["error"] = last["error"]
+            out["detail"] = (
+                "the latest policy revision was rejected; the previous revision keeps serving"
+                if current is not None else "no policy revision could be loaded"
+            )
         return {
-            "status": state,
+            **out,
             "revision": current.id if current else None,
             "module_count": len(current.snapshot.modules) if current else 0,
             "test_module_count": len(current.snapshot.test_modules) if current else 0,
             "loaded_at": _iso(current.loaded_at) if current else None,
             "last_reload": None if last is None else {**last, "at": _iso(last["at"])},
+            "reloads": {k: self._reloads[k] for k in ("ok", "rejected")},
             "decisions": {
                 k: counts[k]
                 for k in ("allow", "deny", "require_approval", "policy_error", "upgraded")
