@@ -91,6 +91,10 @@ class Authenticator:
         # StoreUnavailable while the store is not connected); tests pass a store.
         self._store = store if callable(store) else (lambda: store)
         self.identities = identities
+        #: Why the last reload of the identities file failed (the last good set still serves).
+        self.identities_error: str | None = None
+        # Subjects whose sessions are still to be revoked (disabled or removed at a reload).
+        self._revoke_pending: set[str] = set()
         self.keys = keys
         self.settings = settings
         self.tokens = AccessTokens(
@@ -290,12 +294,42 @@ class Authenticator:
             now, now - self.settings.failure_window_s, now - SESSION_RETENTION_S
         )
 
+    # -- identities reload ---------------------------------------------------------------------
+
+    def replace_identities(self, directory: IdentityDirectory) -> list[str]:
+        """Swap in a new identity directory at once; the subjects that were active and are not
+        any more (disabled, removed, or changed kind) are queued for ``revoke_dropped``."""
+        old, self.identities = self.identities, directory
+        self.identities_error = None
+        dropped = sorted(
+            i.subject_id
+            for i in old
+            if not i.disabled
+            and ((new := directory.active(i.subject_id)) is None or new.kind != i.kind)
+        )
+        self._revoke_pending.update(dropped)
+        return dropped
+
+    async def revoke_dropped(self, now: float) -> int:
+        """Revoke every live session of the queued subjects; the count. Raises ``StoreError``
+        with the rest still queued (their tokens are refused meanwhile all the same:
+        ``authenticate_bearer`` checks the identity on every request)."""
+        revoked = 0
+        for subject in sorted(self._revoke_pending):
+            revoked += await self.store.revoke_subject_sessions(subject, now)
+            self._revoke_pending.discard(subject)
+        return revoked
+
+    @property
+    def revocations_pending(self) -> bool:
+        return bool(self._revoke_pending)
+
     # -- status --------------------------------------------------------------------------------
 
     def status(self, now: float) -> dict[str, Any]:
         """Configuration-level status: never tokens, sessions or secrets."""
         kids = self.keys.kids(now)
-        return {
+        status: dict[str, Any] = {
             "issuer": self.settings.issuer,
             "audience": self.settings.audience,
             "signing_keys": [
@@ -307,6 +341,13 @@ class Authenticator:
             "clock_skew_s": self.settings.clock_skew_s,
             "identities": self.identities.counts(),
         }
+        if self.identities_error is not None:
+            # The health reporter's "ready" is overridden: the last good set serves meanwhile.
+            status["status"] = "degraded"
+            status["detail"] = (
+                f"identities reload failed, last good set serving: {self.identities_error}"
+            )
+        return status
 
     def jwks(self, now: float) -> dict[str, Any]:
         return self.keys.jwks(now)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator
 
+from .. import sighup
 from .engine import PolicyEngine
 
 __all__ = ["reloading"]
@@ -31,14 +31,10 @@ async def reloading(engine: PolicyEngine, interval_s: float) -> AsyncIterator[No
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-        loop.add_signal_handler(signal.SIGHUP, on_sighup)
     try:
-        yield
+        with sighup.on_sighup(on_sighup):
+            yield
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.remove_signal_handler(signal.SIGHUP)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

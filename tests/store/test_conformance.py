@@ -76,6 +76,22 @@ async def test_session_revoke(store: Store) -> None:
     assert got is not None and got.revoked_at == T0 + 5
 
 
+async def test_revoke_subject_sessions(store: Store) -> None:
+    await store.create_session(session())
+    await store.create_session(replace(session(), id="s-2"))
+    await store.create_session(replace(session(), id="s-3", subject_id="bob"))
+    await store.create_session(replace(session(), id="s-4", expires_at=T0 + 1))
+    await store.revoke_session("s-2", T0 + 2)
+    # Only the live sessions of that subject: s-2 was revoked before, s-4 has expired.
+    assert await store.revoke_subject_sessions("alice", T0 + 5) == 1
+    assert await store.revoke_subject_sessions("alice", T0 + 6) == 0
+    got = {s: await store.get_session(s) for s in ("s-1", "s-2", "s-3", "s-4")}
+    assert got["s-1"] is not None and got["s-1"].revoked_at == T0 + 5
+    assert got["s-2"] is not None and got["s-2"].revoked_at == T0 + 2
+    assert got["s-3"] is not None and got["s-3"].revoked_at is None
+    assert got["s-4"] is not None and got["s-4"].revoked_at is None
+
+
 async def test_session_step_up(store: Store) -> None:
     await store.create_session(session())
     rec = await store.record_step_up("s-1", T0 + 60, "totp")

@@ -113,6 +113,15 @@ class SessionSql(Unit):
             )  # fmt: skip
         return row is not None
 
+    async def revoke_subject_sessions(self, subject_id: str, at: float) -> int:
+        async with self._unit(write=True) as q:
+            rows = await q.all(
+                "UPDATE sessions SET revoked_at = ? WHERE subject_id = ? AND revoked_at IS NULL "
+                "AND expires_at > ? RETURNING id",
+                at, subject_id, at,
+            )  # fmt: skip
+        return len(rows)
+
     async def record_step_up(self, id: str, at: float, method: str) -> SessionRecord:
         async with self._unit(write=True) as q:
             row = await q.one(
