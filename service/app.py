@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Counter
 
 from . import clock, logs
 from .api import routes as api_routes
@@ -117,13 +116,7 @@ async def _policies(app: web.Application) -> AsyncIterator[None]:
     # kill the worker.
     engine = PolicyEngine(config.policies.dir, config.environments,
                           [f for f in config.logging.mask_fields if f in LOG_FIELDS])
-    reloads = Counter("controlplane_policy_reload", "Policy revision loads, by result: ok "
-                      "(swapped in) or rejected (the last good revision keeps serving).",
-                      ["result"], registry=app[METRICS].registry)
-    for label in ("ok", "rejected"):
-        reloads.labels(label)
-    engine.reload_listeners.append(
-        lambda outcome: reloads.labels("ok" if outcome.ok else "rejected").inc())
+    engine.reload_listeners.append(app[METRICS].reloaded)
     result = await asyncio.to_thread(engine.load)
     if not result.ok:
         # Serving with no policy would mean every decision is a deny: start degraded and
@@ -138,6 +131,7 @@ async def _policies(app: web.Application) -> AsyncIterator[None]:
 async def _audit(app: web.Application) -> AsyncIterator[None]:
     """AUDIT: the hash-chained log over the store (and its JSON-lines mirror)."""
     app[AUDIT] = AuditLog(app[STORE].require, app[CONFIG].audit.jsonl_path)
+    app[AUDIT].append_failed = app[METRICS].audit_append_failed
     yield
 
 
@@ -162,6 +156,7 @@ async def _authenticator(app: web.Application) -> AsyncIterator[None]:
     keys = await asyncio.to_thread(KeyRing.open, config.state_dir / "keys",
                                    retain_s=config.authn.key_retain_s, now=clock.now())
     app[AUTHENTICATOR] = Authenticator(app[STORE].require, directory, keys, config.authn)
+    app[AUTHENTICATOR].failed = app[METRICS].login_failed
     async with identities_reloading(app[AUTHENTICATOR], source):
         yield
 
@@ -169,12 +164,12 @@ async def _authenticator(app: web.Application) -> AsyncIterator[None]:
 async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
     """Every ``HOUSEKEEPING_INTERVAL_S``: expire tickets, then purge dead claims, failures and
     sessions. Idle while there is no store; a failed round is logged and retried."""
-    link, audit, authenticator = app[STORE], app[AUDIT], app[AUTHENTICATOR]
+    link, audit, authenticator, metrics = app[STORE], app[AUDIT], app[AUTHENTICATOR], app[METRICS]
 
     async def round_(now: float) -> None:
         if link.store is None:
             return
-        await expire_once(link.store, audit, now)
+        metrics.approval("expired", await expire_once(link.store, audit, now))
         # A store-level write: never issued while the expiry transaction is open.
         claims, failures, sessions = await authenticator.purge(now)
         if claims or failures or sessions:

@@ -19,13 +19,14 @@ chain does the rest, one stage per package:
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from . import clock
-from .appkeys import AUDIT, AUTHN_ERROR, CONFIG, CORRELATION_ID, ENGINE, PRINCIPAL, STORE
+from .appkeys import AUDIT, AUTHN_ERROR, CONFIG, CORRELATION_ID, ENGINE, METRICS, PRINCIPAL, STORE
 from .approvals import redeem
 from .audit.recording import recording
 from .authn.require import require
@@ -53,12 +54,15 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
         body = await read_json(request, spec.body_schema) if spec.body_schema else None
         target = await spec.target(request, body)
         rec.target(target, action)
+        started = time.perf_counter()
         decision = decide(                                                          # 2 AuthZ
             engine, config.environments,
             principal.to_input(now, config.authn.step_up_window_s), action, target,
             {"correlation_id": cid, "method": request.method, "path": request.path,
              "command_hash": redeem.command_hash(request.headers), "time": clock.iso(now)},
         )
+        request.app[METRICS].decided(decision.decision, decision.cached,
+                                     time.perf_counter() - started)
         rec.decided(decision)
         if decision.decision == "deny":
             raise PolicyDenied("the policy denies this action", reasons=list(decision.reasons))
@@ -79,6 +83,8 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
                 outcome = await execute(Write.of(facts, tx))
                 response = _response(outcome)  # built before commit: a committed run is answered
                 await rec.executed(outcome, tx)                                     # 5 Audit
+            # Committed: its ticket events count now (a rolled-back run's never do).
+            request.app[METRICS].approval_run(outcome.audit, consumed=redemption is not None)
         else:
             outcome = await execute(facts)
             response = _response(outcome)

@@ -6,14 +6,15 @@ import time
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
-from ..appkeys import CONFIG, METRICS, STARTED_AT
+from ..appkeys import CONFIG, STARTED_AT
 from ..chain import public
 from ..clock import iso
 from ..errors import ServiceUnavailable
 from ..health import READY_REQUIRES, aggregate, component_status, component_statuses
+from ..middleware.metrics import scrape
 
 routes = web.RouteTableDef()
 
@@ -112,8 +113,8 @@ async def readyz(request: web.Request) -> web.Response:
 @routes.get("/metrics")
 @public
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus text exposition of this process's registry."""
-    body = generate_latest(request.app[METRICS].exposition_registry())
+    """Prometheus text exposition: the counters (every worker's), then the state read now."""
+    body = await scrape(request.app)
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

@@ -58,6 +58,8 @@ class AuditLog:
         # StoreUnavailable while the store is not connected); tools and tests pass a store.
         self._store = store if callable(store) else (lambda: store)
         self.jsonl_path = jsonl_path
+        #: Told of each chain record that could not be written (the app wires its metrics).
+        self.append_failed: Callable[[], None] = _nothing
         self._sink_lock = asyncio.Lock()
         self._pending: list[tuple[dict[str, Any], asyncio.Future[AuditRecord]]] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -254,6 +256,10 @@ class AuditLog:
                 page = []
         broken = take(page)
         return checked, broken, prev[0]
+
+
+def _nothing() -> None:
+    pass
 
 
 def _retrieved(future: asyncio.Future[AuditRecord]) -> None:

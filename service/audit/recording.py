@@ -159,10 +159,12 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
         except TimeoutError:
             raise StoreUnavailable("audit record not committed in time") from None
     except StoreUnavailable as exc:
+        audit.append_failed()
         log.error("audit record could not be written: store unavailable",
                   extra={"fields": {"error": type(exc).__name__}})
         raise to_problem(exc) from None
     except StoreError as exc:
+        audit.append_failed()
         log.error("audit record could not be written", extra={"fields": {"error": type(exc).__name__}})
         raise ServiceUnavailable("the audit log is unavailable; nothing was executed",
                                  code="audit_unavailable") from None

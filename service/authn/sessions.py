@@ -97,6 +97,9 @@ class Authenticator:
         self._revoke_pending: set[str] = set()
         self.keys = keys
         self.settings = settings
+        #: Told the reason of each failed login, step-up or throttled attempt (the app wires
+        #: its metrics); reasons are codes, never a subject, address or secret.
+        self.failed: Callable[[str], None] = _nothing
         self.tokens = AccessTokens(
             keys,
             issuer=settings.issuer,
@@ -153,6 +156,7 @@ class Authenticator:
             encoded or self.identities.dummy_password_hash,
         )
         if identity is None or encoded is None or not ok:
+            self.failed(reason)
             _log_failure("authn.login_failed", "login failed", reason, client_addr, context)
             raise InvalidCredentials(reason)
         # The source and the subject start afresh; the address only gets its reservation back
@@ -191,6 +195,7 @@ class Authenticator:
                 clock_skew_s=self.settings.clock_skew_s,
             )
         except InvalidToken as exc:
+            self.failed(exc.code)
             _log_failure("authn.login_failed", "login failed", exc.code, client_addr, context)
             raise InvalidCredentials(exc.code) from exc
         context["subject"] = verified.subject_id
@@ -204,6 +209,7 @@ class Authenticator:
         identity = self.identities.active(verified.subject_id)
         if not fresh or identity is None:
             reason = "token_replayed" if not fresh else "unknown_subject"
+            self.failed(reason)
             _log_failure("authn.login_failed", "login failed", reason, client_addr, context)
             raise InvalidCredentials(reason)
         for rule in rules:
@@ -263,6 +269,7 @@ class Authenticator:
             )
         if step is None or not fresh:
             reason = "otp_wrong" if step is None else "otp_replayed"
+            self.failed(reason)
             _log_failure("authn.otp_failed", "step-up failed", reason, client_addr, context)
             raise OtpInvalid()
         try:
@@ -369,6 +376,7 @@ class Authenticator:
         wait = min(verdict.retry_at - now, self.settings.failure_window_s)
         retry_after = max(1, math.ceil(wait))
         reasons = sorted({_refusal(key) for key in verdict.refused})
+        self.failed("throttled")
         log.warning(
             "authentication throttled",
             extra={
@@ -434,6 +442,10 @@ def _refusal(key: str) -> str:
         ("login", "subject"): "subject_delayed",
         ("otp", "subject"): "otp_locked",
     }.get((kind[0], kind[-1]), "throttled")
+
+
+def _nothing(reason: str) -> None:
+    pass
 
 
 def _log_failure(

@@ -1,22 +1,70 @@
-"""Prometheus request counters and latency histograms, labelled by route template and status."""
+"""Prometheus metrics: every instrument the service exports, and the request middleware.
+
+Events are counted where they happen (through the hooks ``create_app`` wires and the chain's
+calls); state (the serving revision, pending approvals, the audit head, the store) is read at
+scrape time by ``scrape`` and rendered next to the counters. No label ever carries a subject
+id, token or resource value: every label value comes from a fixed set, a route template, a
+status code or the policy revision.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ..appkeys import METRICS
+from ..appkeys import ENGINE, METRICS, STORE
+from ..store.base import Store
+
+if TYPE_CHECKING:
+    from ..authz.engine import LoadResult
+
+log = logging.getLogger("controlplane.metrics")
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                     0.1, 0.25)
 
+#: The label values each labelled counter may take (pre-created, so rate() sees them at 0).
+RELOAD_RESULTS = ("ok", "rejected")
+DECISION_RESULTS = ("allow", "deny", "require_approval")
+APPROVAL_OUTCOMES = ("created", "approved", "rejected", "revoked", "expired", "consumed")
+LOGIN_FAILURE_REASONS = (
+    "bad_password", "unknown_subject", "subject_disabled", "not_a_human", "invalid_assertion",
+    "assertion_replayed", "otp_wrong", "otp_replayed", "throttled", "other",
+)
+#: Authenticator reasons that are not themselves in ``LOGIN_FAILURE_REASONS``.
+_REASON_ALIASES = {"token_replayed": "assertion_replayed"}
+#: Tickets read per page when counting the pending ones at scrape time, and at most how many.
+_PENDING_PAGE = 500
+_PENDING_MAX_PAGES = 20
 
-#: Set by ``cpctl serve --workers N`` for its workers (prometheus-client's own variable): every
-#: worker writes its samples to files there, and /metrics on any worker sums all of them.
+#: Every metric name /metrics exposes (the monitoring examples may reference only these).
+EXPORTED = (
+    "controlplane_http_requests_total",
+    "controlplane_http_request_duration_seconds",
+    "controlplane_http_requests_in_flight",
+    "controlplane_policy_revision_info",
+    "controlplane_policy_reload_total",
+    "controlplane_policy_last_reload_success_timestamp_seconds",
+    "controlplane_decisions_total",
+    "controlplane_decision_duration_seconds",
+    "controlplane_approvals_pending",
+    "controlplane_approval_oldest_pending_age_seconds",
+    "controlplane_approvals_total",
+    "controlplane_audit_append_failures_total",
+    "controlplane_audit_head_seq",
+    "controlplane_login_failures_total",
+    "controlplane_store_up",
+)
 
 
 @dataclass
@@ -27,6 +75,13 @@ class Metrics:
     requests: Counter
     latency: Histogram
     in_flight: Gauge
+    reloads: Counter
+    last_reload_success: Gauge
+    decisions: Counter
+    decision_latency: Histogram
+    approvals: Counter
+    audit_append_failures: Counter
+    login_failures: Counter
     multiprocess: bool = False
 
     def exposition_registry(self) -> CollectorRegistry:
@@ -37,13 +92,54 @@ class Metrics:
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # untyped upstream
         return registry
 
+    # ---- events ---------------------------------------------------------------------------
+
+    def reloaded(self, outcome: LoadResult) -> None:
+        """One policy reload outcome: ``ok`` (swapped in, or the serving revision confirmed after
+        a rejection) or ``rejected`` (an engine reload listener, wired by ``create_app``)."""
+        self.reloads.labels("ok" if outcome.ok else "rejected").inc()
+        if outcome.ok:
+            self.last_reload_success.set(time.time())
+
+    def decided(self, result: str, cached: bool, duration_s: float) -> None:
+        """One AuthZ decision of the chain."""
+        if result in DECISION_RESULTS:
+            self.decisions.labels(result, "true" if cached else "false").inc()
+        self.decision_latency.observe(duration_s)
+
+    def approval(self, outcome: str, count: int = 1) -> None:
+        if outcome in APPROVAL_OUTCOMES and count > 0:
+            self.approvals.labels(outcome).inc(count)
+
+    def approval_run(self, audit: Mapping[str, Any], *, consumed: bool) -> None:
+        """The ticket events of one committed run (its outcome's audit fields)."""
+        if consumed:
+            self.approval("consumed")
+        event = audit.get("ticket_event")
+        if event in ("created", "revoked"):
+            self.approval(str(event))
+        elif isinstance(event, str) and event.startswith("review_"):
+            state = audit.get("ticket_state")
+            if state in ("approved", "rejected"):
+                self.approval(str(state))
+
+    def audit_append_failed(self) -> None:
+        self.audit_append_failures.inc()
+
+    def login_failed(self, reason: str) -> None:
+        reason = _REASON_ALIASES.get(reason, reason)
+        if reason not in LOGIN_FAILURE_REASONS:
+            # Assertion verification codes are many; none is a subject or token value.
+            reason = "invalid_assertion" if reason.startswith(("token_", "assertion_")) else "other"
+        self.login_failures.labels(reason).inc()
+
     @classmethod
     def create(cls, *, multiprocess: bool = False) -> Metrics:
         """``multiprocess``: the workers of one supervisor share their values through files
         (prometheus-client decides that at import time from its own PROMETHEUS_MULTIPROC_DIR,
         which the supervisor sets before it starts them); /metrics then sums every worker."""
         registry = CollectorRegistry()
-        return cls(
+        metrics = cls(
             registry=registry,
             requests=Counter(
                 "controlplane_http_requests",
@@ -64,8 +160,118 @@ class Metrics:
                 registry=registry,
                 multiprocess_mode="livesum",
             ),
+            reloads=Counter(
+                "controlplane_policy_reload",
+                "Policy revision loads, by result: ok (swapped in) or rejected (the last good "
+                "revision keeps serving).",
+                ["result"],
+                registry=registry,
+            ),
+            last_reload_success=Gauge(
+                "controlplane_policy_last_reload_success_timestamp_seconds",
+                "When a policy revision was last loaded successfully (Unix time).",
+                registry=registry,
+                multiprocess_mode="max",
+            ),
+            decisions=Counter(
+                "controlplane_decisions",
+                "AuthZ decisions of the chain, by result and whether the cache answered.",
+                ["result", "cached"],
+                registry=registry,
+            ),
+            decision_latency=Histogram(
+                "controlplane_decision_duration_seconds",
+                "Time to reach one AuthZ decision (policy evaluation or cache).",
+                buckets=_DECISION_BUCKETS,
+                registry=registry,
+            ),
+            approvals=Counter(
+                "controlplane_approvals",
+                "Approval ticket events, by outcome.",
+                ["outcome"],
+                registry=registry,
+            ),
+            audit_append_failures=Counter(
+                "controlplane_audit_append_failures",
+                "Audit records of chain runs that could not be written (each run answered 503).",
+                registry=registry,
+            ),
+            login_failures=Counter(
+                "controlplane_login_failures",
+                "Failed logins and step-ups, by reason (a fixed set).",
+                ["reason"],
+                registry=registry,
+            ),
             multiprocess=multiprocess,
         )
+        for result in RELOAD_RESULTS:
+            metrics.reloads.labels(result)
+        for result in DECISION_RESULTS:
+            for cached in ("true", "false"):
+                metrics.decisions.labels(result, cached)
+        for outcome in APPROVAL_OUTCOMES:
+            metrics.approvals.labels(outcome)
+        for reason in LOGIN_FAILURE_REASONS:
+            metrics.login_failures.labels(reason)
+        return metrics
+
+
+# ---- state, read at scrape time ---------------------------------------------------------------
+
+
+async def scrape(app: web.Application) -> bytes:
+    """The /metrics body: the counters (every worker's, in multiprocess mode), then the state
+    this worker reads now: the serving revision, and from the store (one bounded read each;
+    ``controlplane_store_up`` 0 when any fails) pending approvals and the audit head."""
+    metrics = app[METRICS]
+    state = CollectorRegistry()
+    revision = Gauge("controlplane_policy_revision_info",
+                     "The policy revision this worker serves (value 1, label revision).",
+                     ["revision"], registry=state)
+    engine = app.get(ENGINE)
+    if engine is not None and engine.revision is not None:
+        revision.labels(engine.revision).set(1)
+    store_up = Gauge("controlplane_store_up",
+                     "1 when the store answered this scrape's reads, else 0.", registry=state)
+    pending = Gauge("controlplane_approvals_pending",
+                    "Approval tickets waiting for review.", registry=state)
+    oldest = Gauge("controlplane_approval_oldest_pending_age_seconds",
+                   "Age of the oldest ticket waiting for review (0 when none waits).",
+                   registry=state)
+    head = Gauge("controlplane_audit_head_seq",
+                 "Sequence number of the last audit record.", registry=state)
+    link = app.get(STORE)
+    store = link.store if link is not None else None
+    up = 0
+    if link is not None and store is not None:
+        try:
+            async with asyncio.timeout(2 * link.timeout_s):  # two reads, each within the deadline
+                count, oldest_at = await _pending(store)
+                seq, _ = await store.audit_head()
+        except Exception as exc:  # the store's trouble is what this gauge reports
+            log.warning("metrics: store read failed", extra={"fields": {"error": type(exc).__name__}})
+        else:
+            up = 1
+            pending.set(count)
+            oldest.set(max(0.0, time.time() - oldest_at) if oldest_at is not None else 0.0)
+            head.set(seq)
+    store_up.set(up)
+    return generate_latest(metrics.exposition_registry()) + generate_latest(state)
+
+
+async def _pending(store: Store) -> tuple[int, float | None]:
+    """How many tickets are pending, and when the oldest was created (newest first, paged)."""
+    count, oldest, before = 0, None, None
+    for _ in range(_PENDING_MAX_PAGES):
+        tickets, before = await store.list_tickets(state="pending", limit=_PENDING_PAGE,
+                                                   before=before)
+        count += len(tickets)
+        for ticket in tickets:
+            if oldest is None or ticket.created_at < oldest:
+                oldest = ticket.created_at
+        if before is None:
+            break
+    return count, oldest
 
 
 def _route_label(request: web.Request) -> str:

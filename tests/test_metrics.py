@@ -1,0 +1,133 @@
+"""/metrics of the real app: every metric an operator alerts on, with fixed label sets only."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.appkeys import AUDIT, ENGINE, METRICS
+from service.middleware.metrics import (
+    APPROVAL_OUTCOMES,
+    DECISION_RESULTS,
+    EXPORTED,
+    LOGIN_FAILURE_REASONS,
+    RELOAD_RESULTS,
+)
+from tests.auth import PASSWORDS, bearer, login, step_up
+from tests.test_chain import RESOURCE, installer_body, ticket_headers
+
+SUBJECTS = ("alice", "bob", "carol", "ci-bot", "agent-7")
+
+
+async def _scrape(client) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    response = await client.get("/metrics")
+    assert response.status == 200
+    families: dict[str, list[tuple[str, dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(await response.text()):
+        families.setdefault(family.name, []).extend(
+            (s.name, s.labels, s.value) for s in family.samples)
+    return families
+
+
+def _value(families, family: str, sample: str | None = None, **labels: str) -> float:
+    return sum(v for name, lab, v in families[family]
+               if name == (sample or family) and all(lab.get(k) == x for k, x in labels.items()))
+
+
+async def test_metrics_exposes_every_operator_metric(client):
+    app = client.server.app
+    alice = await step_up(client, await login(client, "alice"), "alice")
+    # a decision: require_approval for prod -> 403 approval_required
+    assert (await client.post("/api/v1/installer/actions", json=installer_body(),
+                              headers=bearer(alice))).status == 403
+    # a ticket: created, approved by bob, consumed by alice's run
+    created = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": RESOURCE, "reason": "release"})
+    assert created.status == 201
+    ticket = await created.json()
+    bob = await step_up(client, await login(client, "bob"), "bob")
+    assert (await client.post(f"/api/v1/approvals/{ticket['id']}/reviews",
+                              json={"decision": "approve"}, headers=bearer(bob))).status == 200
+    run = await client.post("/api/v1/installer/actions", json=installer_body(),
+                            headers=ticket_headers(alice, ticket))
+    assert run.status in (200, 201, 202), await run.text()
+    # a second, still pending ticket
+    assert (await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": RESOURCE})).status == 201
+    # a failed login
+    assert (await client.post("/api/v1/authn/sessions", json={
+        "subject_id": "carol", "password": PASSWORDS["carol"] + "x"})).status == 401
+
+    families = await _scrape(client)
+    for name in EXPORTED:
+        family = name.removesuffix("_total")
+        assert family in families, name
+
+    assert _value(families, "controlplane_policy_revision_info",
+                  revision=app[ENGINE].revision) == 1.0
+    assert _value(families, "controlplane_policy_reload", "controlplane_policy_reload_total",
+                  result="ok") == 1.0
+    assert _value(families, "controlplane_policy_last_reload_success_timestamp_seconds") > 0
+    assert _value(families, "controlplane_decisions", "controlplane_decisions_total",
+                  result="require_approval") >= 2
+    assert _value(families, "controlplane_decision_duration_seconds",
+                  "controlplane_decision_duration_seconds_count") >= 2
+    assert _value(families, "controlplane_approvals_pending") == 1.0
+    assert _value(families, "controlplane_approval_oldest_pending_age_seconds") >= 0
+    for outcome in ("created", "approved", "consumed"):
+        assert _value(families, "controlplane_approvals", "controlplane_approvals_total",
+                      outcome=outcome) >= 1, outcome
+    assert _value(families, "controlplane_approvals", "controlplane_approvals_total",
+                  outcome="created") == 2
+    assert _value(families, "controlplane_audit_head_seq") >= 4
+    assert _value(families, "controlplane_audit_append_failures",
+                  "controlplane_audit_append_failures_total") == 0
+    assert _value(families, "controlplane_login_failures", "controlplane_login_failures_total",
+                  reason="bad_password") == 1.0
+    assert _value(families, "controlplane_store_up") == 1.0
+
+    # Fixed label sets, and never a subject id, token or resource value.
+    allowed = {
+        "controlplane_policy_reload": {"result": set(RELOAD_RESULTS)},
+        "controlplane_decisions": {"result": set(DECISION_RESULTS), "cached": {"true", "false"}},
+        "controlplane_approvals": {"outcome": set(APPROVAL_OUTCOMES)},
+        "controlplane_login_failures": {"reason": set(LOGIN_FAILURE_REASONS)},
+    }
+    for family, samples in families.items():
+        for _, labels, _ in samples:
+            for key, value in labels.items():
+                if family in allowed and key in allowed[family]:
+                    assert value in allowed[family][key], (family, key, value)
+                assert value not in SUBJECTS and value != ticket["id"], (family, key, value)
+                assert not re.search(r"web|1\.2\.3|Bearer|eyJ", value), (family, key, value)
+
+
+async def test_audit_append_failures_are_counted(client):
+    client.server.app[AUDIT].append_failed()  # what recording does when a record is not written
+    families = await _scrape(client)
+    assert _value(families, "controlplane_audit_append_failures",
+                  "controlplane_audit_append_failures_total") == 1.0
+
+
+async def test_store_down_reports_zero(make_client):
+    client = await make_client({"store": {"backend": "none"}})
+    families = await _scrape(client)
+    assert _value(families, "controlplane_store_up") == 0.0
+    assert "controlplane_approvals_pending" in families  # declared, no sample
+
+
+async def test_login_failure_reasons_are_a_fixed_set(client):
+    metrics = client.server.app[METRICS]
+    metrics.login_failed("token_replayed")
+    metrics.login_failed("token_expired")
+    metrics.login_failed("alice")  # an unexpected value never becomes a label
+    families = await _scrape(client)
+    assert _value(families, "controlplane_login_failures", "controlplane_login_failures_total",
+                  reason="assertion_replayed") == 1.0
+    assert _value(families, "controlplane_login_failures", "controlplane_login_failures_total",
+                  reason="invalid_assertion") == 1.0
+    assert _value(families, "controlplane_login_failures", "controlplane_login_failures_total",
+                  reason="other") == 1.0
