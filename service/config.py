@@ -513,20 +513,61 @@ def load(
             raise ConfigError(f"{path}: the top level must be a mapping")
         _check(document, source)
         _merge(raw, document)
-    env_doc = _from_environ(environ or {})
+    env_names: dict[str, str] = {}
+    env_doc = _from_environ(environ or {}, env_names)
     _merge(raw, env_doc)
     if overrides:
         _merge(raw, copy.deepcopy(dict(overrides)))
-    _check(raw, source or "configuration")
-    return _build(raw, base_dir or Path.cwd(), source)
+    _check(raw, source or "configuration", env_names)
+    try:
+        return _build(raw, base_dir or Path.cwd(), source)
+    except ConfigError as exc:
+        raise _named(exc, env_names) from None
 
 
-def _check(document: dict[str, Any], source: str | None) -> None:
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "boolean": "true or false",
+               "string": "a string", "object": "a mapping (set it in the file)",
+               "array": "a list (set it in the file)"}
+
+
+def _check(
+    document: dict[str, Any], source: str | None, env_names: Mapping[str, str] | None = None
+) -> None:
+    """Validate against the schema. A violation at (or under) a key a ``CONTROLPLANE_*``
+    variable set names that variable: ``CONTROLPLANE_PORT: must be an integer``."""
     try:
         validate("config.schema.json", document)
     except ValidationFailed as exc:
-        details = "; ".join(f"{v.pointer or '/'}: {v.message}" for v in exc.violations)
-        raise ConfigError(f"{source or 'configuration'}: {details}") from None
+        details = []
+        for v in exc.violations:
+            variable = _variable_at(v.pointer, v.message, env_names or {})
+            if variable is None:
+                details.append(f"{source or 'configuration'}: {v.pointer or '/'}: {v.message}")
+                continue
+            kind = v.message.removeprefix("must be of type ")
+            message = f"must be {_TYPE_WORDS[kind]}" if kind in _TYPE_WORDS else v.message
+            details.append(f"{variable}: {message}")
+        raise ConfigError("; ".join(details)) from None
+
+
+def _variable_at(pointer: str, message: str, env_names: Mapping[str, str]) -> str | None:
+    """The variable that set the value at ``pointer`` (or a key under it), if one did."""
+    if message.startswith("unknown property: "):
+        for key in message.removeprefix("unknown property: ").split(", "):
+            if f"{pointer}/{key}" in env_names:
+                return env_names[f"{pointer}/{key}"]
+    for at, name in env_names.items():
+        if pointer == at or pointer.startswith(at + "/"):
+            return name
+    return None
+
+
+def _named(error: ConfigError, env_names: Mapping[str, str]) -> ConfigError:
+    """A section's own check (``authn.token_ttl_s must be ...``) names the variable that set
+    the key, when one did."""
+    key = str(error).split(" ", 1)[0].rstrip(":")
+    name = env_names.get("/" + key.replace(".", "/"))
+    return ConfigError(f"{name}: {error}") if name else error
 
 
 def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
@@ -537,7 +578,10 @@ def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
             into[key] = value
 
 
-def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
+def _from_environ(
+    environ: Mapping[str, str], names: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The ``CONTROLPLANE_*`` variables as a document; ``names`` gets pointer -> variable."""
     document: dict[str, Any] = {}
     for name, text in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX):
@@ -558,6 +602,8 @@ def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
             if not isinstance(node, dict):
                 raise ConfigError(f"{name}: conflicts with another CONTROLPLANE_ variable")
         node[path[-1]] = value
+        if names is not None:
+            names["/" + "/".join(path)] = name
     return document
 
 

@@ -57,8 +57,37 @@ def test_bad_files_are_rejected_with_a_location(tmp_path, text, fragment):
 
 
 def test_bad_environment_value_is_rejected(tmp_path):
-    with pytest.raises(ConfigError, match="/server/port"):
+    with pytest.raises(ConfigError) as err:
         load(None, {"CONTROLPLANE_PORT": "not-a-port"}, base_dir=tmp_path)
+    assert str(err.value) == "CONTROLPLANE_PORT: must be an integer"
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"CONTROLPLANE_STORE__TIMEOUT_S": "soon"}, "CONTROLPLANE_STORE__TIMEOUT_S: must be a number"),
+        ({"CONTROLPLANE_STORE__BOGUS": "1"}, "CONTROLPLANE_STORE__BOGUS: unknown property: bogus"),
+        ({"CONTROLPLANE_AUTHN__MAX_FAILURES": "0"}, "CONTROLPLANE_AUTHN__MAX_FAILURES: "),
+        (
+            {"CONTROLPLANE_STORE__BACKEND": "postgres",
+             "CONTROLPLANE_STORE__POSTGRES__DSN": "mysql://u:topsecret@h/db"},
+            "CONTROLPLANE_STORE__POSTGRES__DSN: store.postgres.dsn must be a postgresql:// URL",
+        ),
+    ],
+)
+def test_environment_errors_name_the_variable(tmp_path, environ, message):
+    with pytest.raises(ConfigError) as err:
+        load(None, environ, base_dir=tmp_path)
+    assert str(err.value).startswith(message)
+    assert "topsecret" not in str(err.value)
+
+
+def test_file_errors_still_name_the_file_and_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("server:\n  port: nope\n")
+    with pytest.raises(ConfigError) as err:
+        load(path, {"CONTROLPLANE_HOST": "127.0.0.1"}, base_dir=tmp_path)
+    assert str(err.value).startswith(f"{path}: /server/port: ")
 
 
 def test_dsn_is_a_secret(tmp_path):

@@ -131,7 +131,35 @@ class KeyRing:
         ring._reload()
         return ring
 
+    @classmethod
+    def read(cls, directory: Path, *, retain_s: float) -> KeyRing:
+        """Load the ring as it is on disk, creating nothing (no directory, no key, no lock file);
+        ``KeyRingError`` if the directory does not exist or cannot be read."""
+        ring = cls(directory, retain_s=retain_s)
+        if not ring.directory.is_dir():
+            raise KeyRingError(f"no key directory at {ring.directory}")
+        ring._reload()
+        return ring
+
     # -- reading -------------------------------------------------------------------------------
+
+    def describe(self, now: float) -> list[dict[str, Any]]:
+        """Every key on disk, the active one first, then newest first: kid, created_at, active,
+        verify_until (None for the active key) and whether it verifies at ``now``."""
+        self._refresh()
+        entries = sorted(
+            self._entries.values(), key=lambda e: (e.verify_until is not None, -e.key.created_at)
+        )
+        return [
+            {
+                "kid": e.key.kid,
+                "created_at": e.key.created_at,
+                "active": e.verify_until is None,
+                "verify_until": e.verify_until,
+                "verifying": e.verify_until is None or now <= e.verify_until,
+            }
+            for e in entries
+        ]
 
     def signing_key(self) -> SigningKey:
         """The active key; picks up a rotation made by another process first."""

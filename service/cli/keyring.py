@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import clock
 from .. import config as config_mod
-from ..authn.keyring import KeyRing
+from ..authn.keyring import KeyRing, KeyRingError
 
 
 def register(sub: Any) -> None:
@@ -23,7 +23,8 @@ def register(sub: Any) -> None:
     actions = parser.add_subparsers(dest="keys_command", metavar="ACTION")
     actions.required = True
     for name, func, text in (("rotate", rotate, "make a new active signing key"),
-                             ("list", list_keys, "list the key ids that verify tokens now")):
+                             ("list", list_keys, "list the keys, their creation dates and which verify "
+                              "tokens now (read-only)")):
         p = actions.add_parser(name, help=text)
         p.add_argument("--config", help="the service's YAML configuration (for state_dir)")
         p.set_defaults(func=func)
@@ -47,10 +48,24 @@ def rotate(args: argparse.Namespace) -> int:
 
 
 def list_keys(args: argparse.Namespace) -> int:
+    """Read-only: a list creates no directory, key or lock file (the server or a rotate does)."""
     try:
-        ring = _ring(args)
+        config = config_mod.load_from_process(args.config)
     except config_mod.ConfigError as exc:
         print(f"cpctl keys list: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"active_kid": ring.signing_key().kid, "verifying": ring.kids(clock.now())}))
+    now = clock.now()
+    try:
+        ring = KeyRing.read(config.state_dir / "keys", retain_s=config.authn.key_retain_s)
+        keys = ring.describe(now)
+    except KeyRingError as exc:
+        print(f"cpctl keys list: {exc} (state_dir {config.state_dir}; a server start or "
+              "`cpctl keys rotate` creates the first key)", file=sys.stderr)
+        return 1
+    print(json.dumps({
+        "active_kid": next((k["kid"] for k in keys if k["active"]), None),
+        "verifying": [k["kid"] for k in keys if k["verifying"]],
+        "keys": [{**k, "created_at": clock.iso(k["created_at"]),
+                  "verify_until": clock.iso(k["verify_until"])} for k in keys],
+    }))
     return 0

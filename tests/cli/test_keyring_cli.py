@@ -44,3 +44,41 @@ def test_rotation_under_a_running_server(tmp_path, capsys, monkeypatch):
         assert _whoami(base, old) == 200 and _whoami(base, new) == 200
         assert main(["keys", "list"]) == 0
         assert json.loads(capsys.readouterr().out)["active_kid"] == rotated["active_kid"]
+
+
+def _tree(root):
+    return {p: p.stat().st_mtime_ns for p in root.rglob("*")} if root.exists() else None
+
+
+def test_list_is_read_only_and_shows_creation_dates(tmp_path, capsys, monkeypatch):
+    state = tmp_path / "state"
+    monkeypatch.setenv("CONTROLPLANE_STATE_DIR", str(state))
+    assert main(["keys", "rotate"]) == 0  # the first key, then a rotation: two keys
+    capsys.readouterr()
+    before = _tree(state)
+    assert main(["keys", "list"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert _tree(state) == before  # no file created, touched or pruned
+    keys = listed["keys"]
+    assert len(keys) == 2 and keys[0]["active"] and not keys[1]["active"]
+    assert listed["active_kid"] == keys[0]["kid"] and listed["verifying"] == [k["kid"] for k in keys]
+    assert all(k["created_at"].endswith("Z") for k in keys)
+    assert keys[0]["created_at"] >= keys[1]["created_at"]
+    assert keys[0]["verify_until"] is None and keys[1]["verify_until"].endswith("Z")
+
+
+def test_list_fails_cleanly_on_a_missing_state_dir(tmp_path, capsys, monkeypatch):
+    state = tmp_path / "nothing-here"
+    monkeypatch.setenv("CONTROLPLANE_STATE_DIR", str(state))
+    assert main(["keys", "list"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "no key directory at" in captured.err
+    assert str(state) in captured.err and "Traceback" not in captured.err
+    assert not state.exists()  # a list creates nothing
+
+
+def test_a_bad_environment_override_names_the_variable(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CONTROLPLANE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CONTROLPLANE_PORT", "eighty")
+    assert main(["keys", "list"]) == 2
+    assert "CONTROLPLANE_PORT: must be an integer" in capsys.readouterr().err
