@@ -211,12 +211,15 @@ class StoreConfig:
     #: The deadline of every store call (a transaction, a ping, the wait for a group commit):
     #: past it the call fails with StoreUnavailable (503 store_unavailable).
     timeout_s: float = 5.0
+    #: An unreachable store at start-up is fatal (exit 2) instead of degraded-and-retried.
+    required: bool = False
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "backend": "sqlite",
         "sqlite": {"path": None},
         "postgres": {"dsn": None, "schema": None},
         "timeout_s": 5,
+        "required": False,
     }
 
     @classmethod
@@ -234,6 +237,7 @@ class StoreConfig:
             postgres_dsn=Secret(dsn) if dsn else None,
             postgres_schema=raw["postgres"].get("schema"),
             timeout_s=float(raw["timeout_s"]),
+            required=bool(raw["required"]),
         )
 
     @property

@@ -95,8 +95,13 @@ def setup_store(app: web.Application) -> None:
     async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         link = app[STORE] = StoreLink(app[CONFIG])
         retrying: asyncio.Task[None] | None = None
-        if link.configured and not await link.connect() and not link.schema_too_new:
-            retrying = asyncio.create_task(link.retry())
+        if link.configured and not await link.connect():
+            if app[CONFIG].store.required:
+                # store.required: a worker that cannot reach its store does not start at all.
+                raise StoreUnavailable(f"store unreachable at start and store.required is "
+                                       f"true: {link.error}")
+            if not link.schema_too_new:
+                retrying = asyncio.create_task(link.retry())
         try:
             yield
         finally:
