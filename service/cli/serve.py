@@ -1,9 +1,15 @@
-"""``cpctl serve``: run the service, in one process or as N workers sharing one port."""
+"""``cpctl serve``: run the service, in one process or as N workers sharing one socket.
+
+The socket is bound once, before anything else starts: a port already in use is a startup
+failure (a supervisor's workers accept on its socket; two instances never share a port).
+Startup failures (bind, state dir, identities, a ``required`` store) are one structured fatal
+log line and exit 2; ``serving`` is logged after the bind, with the bound address."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import multiprocessing
 import os
@@ -12,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -27,7 +34,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--config", help="YAML configuration file (default: built-in defaults)")
     parser.add_argument("--host", help="bind address (default 127.0.0.1; env CONTROLPLANE_HOST)")
     parser.add_argument("--port", type=int, help="port (default 8700; env CONTROLPLANE_PORT)")
-    parser.add_argument("--workers", type=int, help="worker processes sharing the port (SO_REUSEPORT)")
+    parser.add_argument("--workers", type=int, help="worker processes sharing the one socket")
     parser.set_defaults(func=run)
 
 
@@ -40,6 +47,14 @@ def load_config(args: argparse.Namespace) -> config_mod.Config:
     return config_mod.load_from_process(args.config, overrides=overrides)
 
 
+class StartupError(Exception):
+    """The service cannot start as configured: one fatal log line, exit 2 (never a traceback)."""
+
+
+#: Exit status of a startup failure (a worker's too: its supervisor then stops, exit 2).
+EXIT_STARTUP = 2
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args)
@@ -47,28 +62,100 @@ def run(args: argparse.Namespace) -> int:
         print(f"cpctl serve: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.logging.level, config.logging.mask_fields)
-    config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        _prepare_state_dir(config.state_dir)
+        _check_identities(config)
+        # One listening socket, bound here once: the workers of this supervisor share it, and
+        # a second instance on the same port fails here (no SO_REUSEPORT: never split traffic).
+        sock = _bind(config.server.host, config.server.port)
+    except StartupError as exc:
+        return _fatal(exc)
     if config.mode != "embedded" and config.store.backend == "sqlite":
         log.warning("production mode with the embedded SQLite store: single machine only")
-    if config.server.workers == 1:
-        return serve_worker(config, reuse_port=False)
-    return supervise(config)
+    try:
+        if config.server.workers == 1:
+            _set_title("controlplane")
+            return serve_worker(config, sock, worker=None)
+        return supervise(config, sock)
+    finally:
+        sock.close()
 
 
-def serve_worker(config: config_mod.Config, *, reuse_port: bool) -> int:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully: stop accepting, end live
-    streams, give open requests ``server.shutdown_timeout_s``, close the components."""
+def _fatal(exc: BaseException) -> int:
+    log.critical("startup failed: %s", exc,
+                 extra={"fields": {"event": "startup_failed", "error": str(exc), "pid": os.getpid()}})
+    return EXIT_STARTUP
+
+
+def _prepare_state_dir(state_dir: Path) -> None:
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Writable for this process (permissions, read-only mounts, root or not): prove it.
+        probe = state_dir / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise StartupError(
+            f"state dir {state_dir} is not writable: {exc.strerror or exc}") from exc
+
+
+def _check_identities(config: config_mod.Config) -> None:
+    from ..authn.identities import IdentitiesError, load
+
+    try:
+        load(config.authn.identities)
+    except IdentitiesError as exc:
+        raise StartupError(str(exc)) from exc
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        family = infos[0][0]
+        return socket.create_server((host, port), family=family, backlog=1024)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise StartupError(f"cannot bind {host}:{port}: address already in use "
+                               "(another instance serves this port)") from exc
+        raise StartupError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def _bound(sock: socket.socket) -> tuple[str, int]:
+    host, port = sock.getsockname()[:2]
+    return str(host), int(port)
+
+
+def _log_serving(config: config_mod.Config, sock: socket.socket) -> None:
+    host, port = _bound(sock)
+    log.info("serving", extra={"fields": {
+        "host": host, "port": port, "address": f"{host}:{port}", "pid": os.getpid(),
+        "workers": config.server.workers, "mode": config.runtime_mode}})
+
+
+def _set_title(title: str) -> None:
+    # setproctitle: the title `ps`, `top` and /proc/PID/cmdline show (prctl(PR_SET_NAME) alone
+    # would cut it to 15 bytes and leave the command line as it was).
+    import setproctitle
+
+    setproctitle.setproctitle(title)
+
+
+def serve_worker(config: config_mod.Config, sock: socket.socket, *, worker: int | None) -> int:
+    """Serve on ``sock`` (``worker``: this is the supervisor's worker number N, else the only
+    process) until SIGINT/SIGTERM, then shut down gracefully: stop accepting, end
+    live streams, give open requests ``server.shutdown_timeout_s``, close the components. A
+    component that cannot start (identities, store ``required``, ...) is one fatal log line
+    and exit 2."""
     logs.configure(config.logging.level, config.logging.mask_fields)
-    log.info(
-        "serving",
-        extra={"fields": {"host": config.server.host, "port": config.server.port,
-                          "pid": os.getpid(), "mode": config.runtime_mode}},
-    )
-    asyncio.run(_serve(config, reuse_port=reuse_port))
+    try:
+        asyncio.run(_serve(config, sock, worker=worker))
+    except StartupError as exc:
+        return _fatal(exc)
     return 0
 
 
-async def _serve(config: config_mod.Config, *, reuse_port: bool) -> None:
+async def _serve(config: config_mod.Config, sock: socket.socket, *, worker: int | None) -> None:
     # web.run_app, with the edge's runner (service/edge.py): aiohttp's protocol answers bad
     # request heads itself, and only a runner can give it another protocol class.
     from ..app import create_app  # imported here so the supervisor stays light
@@ -79,37 +166,48 @@ async def _serve(config: config_mod.Config, *, reuse_port: bool) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     runner = EdgeRunner(
-        # Only a supervisor's workers share a port, and they share their metrics too.
-        create_app(config, shared_metrics=reuse_port),
+        # Only a supervisor's workers share a socket, and they share their metrics too.
+        create_app(config, shared_metrics=worker is not None),
         shutdown_timeout=config.server.shutdown_timeout_s,
         access_log=logging.getLogger("controlplane.access") if config.logging.access_log else None,
     )
-    await runner.setup()
     try:
-        site = web.TCPSite(runner, config.server.host, config.server.port, reuse_port=reuse_port)
+        await runner.setup()  # the components open here (app.py: cleanup_ctx)
+    except Exception as exc:
+        await runner.cleanup()
+        raise StartupError(f"{exc.__class__.__name__}: {exc}") from exc
+    try:
+        site = web.SockSite(runner, sock)
         await site.start()
+        if worker is None:
+            _log_serving(config, sock)
+        else:  # the supervisor said "serving" once, when it bound the socket
+            log.info("worker ready", extra={"fields": {"worker": worker, "pid": os.getpid()}})
         await stop.wait()
     finally:
         await runner.cleanup()
 
 
-def _worker_entry(config: config_mod.Config) -> None:
+def _worker_entry(config: config_mod.Config, sock: socket.socket, index: int) -> None:
     # A worker dies with its parent's signal handling reset: SIGINT/SIGTERM stop it gracefully.
-    raise SystemExit(serve_worker(config, reuse_port=True))
+    _set_title(f"controlplane worker {index}/{config.server.workers}")
+    raise SystemExit(serve_worker(config, sock, worker=index))
 
 
-def supervise(config: config_mod.Config) -> int:
-    """Start ``workers`` processes on one port (SO_REUSEPORT); restart crashed ones; stop on signal."""
-    if not hasattr(socket, "SO_REUSEPORT"):
-        print("cpctl serve: --workers > 1 needs SO_REUSEPORT (Linux, BSD, macOS)", file=sys.stderr)
-        return 2
+def supervise(config: config_mod.Config, sock: socket.socket) -> int:
+    """Start ``workers`` processes accepting on ``sock``; restart crashed ones; stop on signal.
+    A worker that cannot start (exit 2, its fatal line logged) stops them all: exit 2."""
     ctx = multiprocessing.get_context("spawn")
     stopping = False
+    _set_title(f"controlplane supervisor ({config.server.workers} workers)")
     # Workers share their metrics through files (prometheus-client multiprocess mode), so that
     # /metrics answered by any worker counts every worker's requests. Fresh at every start.
     metrics_dir = config.state_dir / "metrics"
-    shutil.rmtree(metrics_dir, ignore_errors=True)
-    metrics_dir.mkdir(mode=0o700, parents=True)
+    try:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(mode=0o700, parents=True)
+    except OSError as exc:
+        return _fatal(StartupError(f"cannot create {metrics_dir}: {exc.strerror or exc}"))
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
     def stop(signum: int, _frame: Any) -> None:
@@ -119,21 +217,29 @@ def supervise(config: config_mod.Config) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
 
-    def start() -> Any:
-        proc = ctx.Process(target=_worker_entry, args=(config,), daemon=False)
+    def start(index: int) -> Any:
+        # The socket travels to the spawned child as a duplicated descriptor.
+        proc = ctx.Process(target=_worker_entry, args=(config, sock, index), daemon=False)
         proc.start()
         return proc
 
-    workers = [start() for _ in range(config.server.workers)]
+    workers = [start(i + 1) for i in range(config.server.workers)]
+    _log_serving(config, sock)
     log.info("supervising", extra={"fields": {"workers": [p.pid for p in workers]}})
+    status = 0
     while not stopping:
         time.sleep(0.2)
         for i, proc in enumerate(workers):
-            if not proc.is_alive() and not stopping:
-                log.error("worker exited; restarting",
-                          extra={"fields": {"pid": proc.pid, "exitcode": proc.exitcode}})
-                _forget_worker_metrics(proc.pid)
-                workers[i] = start()
+            if proc.is_alive() or stopping:
+                continue
+            if proc.exitcode == EXIT_STARTUP:
+                # The worker said why (one fatal line); restarting would only repeat it.
+                stopping, status = True, EXIT_STARTUP
+                break
+            log.error("worker exited; restarting",
+                      extra={"fields": {"pid": proc.pid, "exitcode": proc.exitcode}})
+            _forget_worker_metrics(proc.pid)
+            workers[i] = start(i + 1)
     for proc in workers:
         if proc.is_alive() and proc.pid is not None:
             os.kill(proc.pid, signal.SIGTERM)
@@ -143,7 +249,7 @@ def supervise(config: config_mod.Config) -> int:
         if proc.is_alive():
             proc.kill()
             proc.join()
-    return 0
+    return status
 
 
 def _forget_worker_metrics(pid: int | None) -> None:
