@@ -38,6 +38,7 @@ from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from .accesslog import ACCESS_LOGGER, AccessLogger
 from .appkeys import CONFIG
 from .errors import (
     PROBLEM_CONTENT_TYPE,
@@ -132,8 +133,11 @@ class EdgeRequestHandler(RequestHandler):
         transport = self.transport
         if transport is None:
             return
-        transport.write(_raw_response(RequestHeaderFieldsTooLarge(
-            f"the request head exceeds {self._max_head_bytes} bytes"), cid))
+        raw = _raw_response(RequestHeaderFieldsTooLarge(
+            f"the request head exceeds {self._max_head_bytes} bytes"), cid)
+        transport.write(raw)
+        if isinstance(self.access_logger, AccessLogger):
+            self.access_logger.log_refused(431, cid, len(raw))
         if not transport.can_write_eof():
             self.force_close()
             return
@@ -188,7 +192,14 @@ class EdgeServer(web.Server):
 
 
 class EdgeRunner(web.AppRunner):
-    """``web.AppRunner`` whose server is an ``EdgeServer`` (limits from the app's CONFIG)."""
+    """``web.AppRunner`` whose server is an ``EdgeServer`` (limits from the app's CONFIG),
+    logging one structured ``controlplane.access`` line per request (``service.accesslog``)
+    unless given ``access_log=None``."""
+
+    def __init__(self, app: web.Application, **kwargs: Any):
+        kwargs.setdefault("access_log_class", AccessLogger)
+        kwargs.setdefault("access_log", logging.getLogger(ACCESS_LOGGER))
+        super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()  # starts the app; kwargs include handler_args

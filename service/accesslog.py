@@ -1,0 +1,85 @@
+"""The access log: one structured ``controlplane.access`` line per request.
+
+aiohttp calls the runner's access logger once per response it finishes, after the middlewares
+(and with them the correlation id's context variable) are done; so every field is read from
+the request and the response, never from the logging context:
+
+- ``correlation_id``: the id the correlation middleware attached to the request (the caller's
+  well-formed ``X-Correlation-ID`` or a fresh one), else the one on the response (the edge's
+  answers to unparseable heads make their own);
+- ``method``, ``route`` (the matched route's template, ``/api/v1/tickets/{ticket_id}``, never
+  the path with its values; ``null`` when no route matched), ``status``, ``duration_ms``,
+  ``bytes`` (what was written for the response, head included);
+- ``principal`` and ``principal_kind`` when the caller was authenticated.
+
+A head the edge refuses before aiohttp parses it (over ``server.max_header_bytes``) has no
+request; ``EdgeRequestHandler`` logs its line through ``log_refused``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_request import BaseRequest, Request
+from aiohttp.web_response import StreamResponse
+
+from .appkeys import CORRELATION_ID, PRINCIPAL
+from .middleware.correlation import HEADER as CORRELATION_HEADER
+
+__all__ = ["ACCESS_LOGGER", "AccessLogger", "access_fields"]
+
+#: The logger every access line goes to.
+ACCESS_LOGGER = "controlplane.access"
+
+
+def _route(request: BaseRequest) -> str | None:
+    if not isinstance(request, Request):
+        return None  # the edge's answer to an unparseable head: no route was matched
+    try:
+        resource = request.match_info.route.resource
+    except Exception:  # no match info at all
+        return None
+    return resource.canonical if resource is not None else None
+
+
+def access_fields(request: BaseRequest, response: StreamResponse, seconds: float) -> dict[str, Any]:
+    """The fields of the access line of ``request`` answered with ``response``."""
+    cid = request.get(CORRELATION_ID) or response.headers.get(CORRELATION_HEADER)
+    fields: dict[str, Any] = {
+        "event": "http.request",
+        "correlation_id": cid,
+        "method": request.method,
+        "route": _route(request),
+        "status": response.status,
+        "duration_ms": round(seconds * 1000, 3),
+        "bytes": response.body_length,
+    }
+    principal = request.get(PRINCIPAL)
+    if principal is not None and principal.is_authenticated:
+        fields["principal"] = principal.subject_id
+        fields["principal_kind"] = principal.kind
+    return fields
+
+
+class AccessLogger(AbstractAccessLogger):
+    """aiohttp's access logger, writing one structured record per request (the format string
+    aiohttp passes is ignored)."""
+
+    def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
+        try:
+            fields = access_fields(request, response, time)
+        except Exception:  # an access line must never break a response
+            self.logger.exception("could not build the access line")
+            return
+        self.logger.info(
+            "%s %s %d", fields["method"], fields["route"] or "-", fields["status"],
+            extra={"correlation_id": fields["correlation_id"], "fields": fields},
+        )
+
+    def log_refused(self, status: int, correlation_id: str, written: int) -> None:
+        """The line of a request head refused before it was parsed (no method, no route)."""
+        fields = {"event": "http.request", "correlation_id": correlation_id, "method": None,
+                  "route": None, "status": status, "duration_ms": None, "bytes": written}
+        self.logger.info("- - %d", status, extra={"correlation_id": correlation_id,
+                                                  "fields": fields})
