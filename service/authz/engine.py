@@ -197,7 +197,9 @@ class PolicyEngine:
         recovered = self._last_reload is not None and not self._last_reload["ok"]
         self._last_reload = {"ok": True, "at": time.time(), "error": None}
         if changed:
-            log.info("policy revision %s loaded", revision)
+            log.info("policy revision %s activated", revision,
+                     extra={"fields": {"event": "policy_revision_activated",
+                                       "revision": revision}})
         return self._outcome(LoadResult(True, revision, changed), counted=changed or recovered)
 
     def _failed(self, kind: str, detail: str) -> LoadResult:
