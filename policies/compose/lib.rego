@@ -7,10 +7,9 @@ services := object.get(object.get(input, "fields", {}), "services", {})
 
 top(kind) := object.get(object.get(input, "fields", {}), kind, {})
 
-# Environments where the stricter variants of rules apply.
-prod_envs := {"prod", "production", "prd", "live"}
-
-is_prod if lower(object.get(input, "env", "")) in prod_envs
+# The stricter variants of rules apply in production. Which environments are production is the
+# service configuration's `environments` (the one definition), given as input.production.
+is_prod if input.production == true
 
 # RFC 6901 escaping of one reference token.
 esc(s) := replace(replace(s, "~", "~0"), "/", "~1")

@@ -33,6 +33,7 @@ async def compose_import(run: Run) -> Outcome:
         strict=bool(body.get("strict", False)),
         env=body.get("env"),
         rules=run.request.app[COMPOSE_RULES],
+        environments=run.request.app[CONFIG].environments,
     )
     return Outcome(200, report, audit={"compose_passed": report["passed"],
                                        "compose_revision": report.get("policy_revision")})

@@ -168,7 +168,7 @@ class PolicyEngine:
             if current is not None and current.id == snapshot.revision:
                 return self._succeeded(current.id, changed=False)
             try:
-                projection = build_projection(snapshot.data)
+                projection = build_projection(snapshot.data, self.environments)
             except SourceError as exc:
                 return self._failed("data", str(exc))
             report = (

@@ -54,8 +54,15 @@ class Projection:
         }
 
 
-def build_projection(data: Mapping[str, Any]) -> Projection:
-    """Index the bulk tables of ``data``; raise ``SourceError`` for anything malformed."""
+def build_projection(
+    data: Mapping[str, Any], production: Mapping[str, bool] | None = None
+) -> Projection:
+    """Index the bulk tables of ``data``; raise ``SourceError`` for anything malformed.
+
+    ``production`` (the service configuration's ``environments``: name -> is it production) is
+    the one source of the production flag: it replaces ``data.environments[*].production``, see
+    ``_environments``. Without it (offline tools) the data files' flags stand.
+    """
     roles = _mapping(data.get("roles", {}), "roles")
     bindings = _mapping(data.get("bindings", {}), "bindings")
     groups = _mapping(data.get("groups", {}), "groups")
@@ -99,6 +106,8 @@ def build_projection(data: Mapping[str, Any]) -> Projection:
     if "controlplane" in data:
         raise SourceError("data key 'controlplane' is reserved for the engine (action catalogue)")
     rego_data = {k: v for k, v in data.items() if k not in PROJECTED_KEYS}
+    if production is not None:
+        rego_data["environments"] = _environments(data.get("environments", {}), production)
     rego_data["controlplane"] = {
         "catalogue": {
             "actions": {
@@ -108,6 +117,25 @@ def build_projection(data: Mapping[str, Any]) -> Projection:
         }
     }
     return Projection(subjects, rego_data, len(flat))
+
+
+def _environments(table: Any, production: Mapping[str, bool]) -> dict[str, Any]:
+    """``data.environments`` with the configuration's production flags.
+
+    Every configured environment is present, its ``production`` from the configuration; an
+    environment only the data file names counts as production (as the configuration treats
+    unknown environments: fail closed). ``agent_requires_approval`` stays as the data file says,
+    and defaults to the production flag where the file does not say.
+    """
+    entries = _mapping(table, "environments")
+    out: dict[str, Any] = {}
+    for name in [*production, *(n for n in entries if n not in production)]:
+        entry = dict(_mapping(entries.get(name, {}), f"environments.{name}"))
+        flag = bool(production.get(name, True))
+        entry["production"] = flag
+        entry.setdefault("agent_requires_approval", flag)
+        out[str(name)] = entry
+    return out
 
 
 def _by_action(grants: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

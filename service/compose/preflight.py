@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.config import Environments
 from service.rego import (
     Bundle,
     Module,
@@ -215,10 +216,22 @@ def _rule_from_meta(bundle: Bundle | None, package: str) -> Rule:
 
 # --- evaluating ------------------------------------------------------------------------------
 
+_DEFAULT_ENVIRONMENTS = Environments.from_raw(Environments.DEFAULTS)
+
+
 def evaluate(
-    fields: Mapping[str, Any], *, strict: bool = False, env: str | None = None, rules: RuleSet
+    fields: Mapping[str, Any],
+    *,
+    strict: bool = False,
+    env: str | None = None,
+    rules: RuleSet,
+    environments: Environments | None = None,
 ) -> dict[str, Any]:
     """Evaluate every rule for every service of ``fields`` (one bundle query) into the report.
+
+    Whether ``env`` is production is the configuration's answer (``environments``, the
+    service's; the configuration's defaults offline), given to the rules as
+    ``input.production``: the rules keep no list of their own.
 
     ``fields`` must already satisfy ``schemas/compose-import.schema.json``. Rule failures never
     raise: the rule's cells say ``error`` and ``passed`` is false.
@@ -227,6 +240,8 @@ def evaluate(
     input_doc: dict[str, Any] = {"fields": dict(fields), "strict": strict}
     if env is not None:
         input_doc["env"] = env
+        envs = environments if environments is not None else _DEFAULT_ENVIRONMENTS
+        input_doc["production"] = envs.is_production(env)
     outputs = _rule_outputs(rules, input_doc)
 
     matrix: list[dict[str, Any]] = []
