@@ -37,6 +37,8 @@ class StoreLink:
         self.error: str | None = None
         #: The database was migrated by a newer build: retrying cannot help, a newer build can.
         self.schema_too_new = False
+        #: Failed connection attempts since the last success (the first one is logged).
+        self.failures = 0
 
     @property
     def timeout_s(self) -> float:
@@ -66,13 +68,25 @@ class StoreLink:
         except SchemaTooNew as exc:
             # Said once: this worker stays not ready until a build that knows the schema runs.
             self.error, self.schema_too_new = str(exc), True
-            log.critical("store refused: %s; this worker stays not ready", exc)
+            log.critical("store refused: %s; this worker stays not ready", exc,
+                         extra={"fields": {"event": "store.schema_too_new",
+                                           "backend": self._config.store.backend}})
             return False
         except StoreError as exc:
             self.error = str(exc)
-            log.error("store unavailable: %s", exc)
+            self.failures += 1
+            # A state change is logged once: the first failure; the retries only at DEBUG.
+            log.log(logging.ERROR if self.failures == 1 else logging.DEBUG,
+                    "store unavailable: %s", exc,
+                    extra={"fields": {"event": "store.unavailable", "attempt": self.failures,
+                                      "backend": self._config.store.backend,
+                                      "retry_s": CONNECT_RETRY_S}})
             return False
         self.store, self.error = store, None
+        log.info("store connected", extra={"fields": {
+            "event": "store.connected", "backend": self._config.store.backend,
+            "failed_attempts": self.failures}})
+        self.failures = 0
         return True
 
     async def retry(self) -> None:
@@ -87,6 +101,8 @@ class StoreLink:
         if self.store is not None:
             await self.store.close()
             self.store = None
+            log.info("store closed", extra={"fields": {
+                "event": "store.closed", "backend": self._config.store.backend}})
 
 
 def setup_store(app: web.Application) -> None:

@@ -6,11 +6,15 @@ runs in every worker; the store's conditional UPDATE expires each ticket exactly
 
 from __future__ import annotations
 
+import logging
+
 from .. import clock
 from ..audit.log import AuditLog
 from ..store.base import AuditRecord, Store
 
 __all__ = ["SYSTEM_PRINCIPAL", "expire_once"]
+
+log = logging.getLogger("controlplane.approvals")
 
 #: Who the audit record says expired a ticket.
 SYSTEM_PRINCIPAL = {"subject_id": "system", "kind": "service", "session_id": None}
@@ -20,13 +24,19 @@ async def expire_once(store: Store, audit: AuditLog, now: float) -> int:
     """Expire every ticket whose clock ran out by ``now``; returns how many."""
     records: list[AuditRecord] = []
     async with store.transaction() as tx:
-        for ticket in await tx.expire_tickets(now):
+        expired = await tx.expire_tickets(now)
+        for ticket in expired:
             records.append(await audit.append(
                 {"at": clock.iso(now), "action": "approvals.expire", "principal": SYSTEM_PRINCIPAL,
                  "ticket_id": ticket.id, "ticket_event": "expired", "env": ticket.env,
                  "resource_hash": ticket.resource_hash, "outcome": "executed"},
                 tx,
             ))
+    # Committed: each expiry is logged once (the store's conditional UPDATE expired it here).
+    for ticket in expired:
+        log.info("approval ticket expired", extra={"fields": {
+            "event": "approval.ticket_expired", "ticket_id": ticket.id, "action": ticket.action,
+            "env": ticket.env, "subject_id": ticket.subject_id}})
     for record in records:
         await audit.mirror(record)
     return len(records)

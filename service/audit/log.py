@@ -124,7 +124,8 @@ class AuditLog:
             try:
                 await asyncio.to_thread(_append_line, self.jsonl_path, line)
             except OSError as exc:
-                log.error("audit sink write failed", extra={"fields": {"error": exc.strerror}})
+                log.error("audit sink write failed", extra={"fields": {
+                    "event": "audit.mirror_write_failed", "error": exc.strerror}})
 
     async def records(self, after_seq: int = 0, page: int = 500) -> AsyncIterator[AuditRecord]:
         """Every record after ``after_seq``, in order, fetched a page at a time."""

@@ -29,6 +29,8 @@ from .log import AuditLog
 __all__ = ["Recording", "recording"]
 
 log = logging.getLogger("controlplane.chain")
+#: Ticket events, logged once each after the run that caused them committed.
+ticket_log = logging.getLogger("controlplane.approvals")
 
 #: How long the answer of a run the store failed waits for the record of that failure.
 FAILURE_RECORD_WAIT_S = 0.5
@@ -113,12 +115,45 @@ async def recording(
         # it rather than answer without a record.
         raise ServiceUnavailable("the run was not recorded; nothing was executed",
                                  code="audit_unavailable")
+    _log_ticket_events(rec.entry)  # the run committed: its ticket events happened
     await _mirror(audit, rec)
 
 
 async def _mirror(audit: AuditLog, rec: Recording) -> None:
     if rec._record is not None:
         await audit.mirror(rec._record)
+
+
+#: A committed run's ``ticket_event`` (and the ticket's new state) -> the logged event.
+_TICKET_EVENTS = {
+    ("created", "pending"): "approval.ticket_requested",
+    ("review_approve", "approved"): "approval.ticket_approved",
+    ("review_reject", "rejected"): "approval.ticket_rejected",
+    ("revoked", "revoked"): "approval.ticket_revoked",
+}
+
+
+def _log_ticket_events(entry: dict[str, Any]) -> None:
+    """One structured line per ticket event of a committed run (requested, approved, rejected,
+    reviewed with quorum still pending, revoked, consumed); ticket ids, never nonces."""
+    ticket_id = entry.get("ticket_id")
+    if ticket_id is None:
+        return
+    common = {"ticket_id": ticket_id, "env": entry.get("env"),
+              "principal": entry["principal"]["subject_id"]}
+    kind = entry.get("ticket_event")
+    if kind is not None:
+        state = entry.get("ticket_state", "pending" if kind == "created" else kind)
+        event = _TICKET_EVENTS.get((kind, state), "approval.ticket_reviewed"
+                                   if str(kind).startswith("review_") else f"approval.ticket_{kind}")
+        fields = {"event": event, **common, "state": state}
+        for key in ("ticket_action", "ticket_subject", "review_group"):
+            if key in entry:
+                fields[key] = entry[key]
+        ticket_log.info("approval ticket event %s", event, extra={"fields": fields})
+    if entry.get("ticket_consumed"):
+        ticket_log.info("approval ticket consumed", extra={"fields": {
+            "event": "approval.ticket_consumed", **common, "action": entry.get("action")}})
 
 
 def _principal_entry(principal: Principal) -> dict[str, Any]:
@@ -161,10 +196,13 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
     except StoreUnavailable as exc:
         audit.append_failed()
         log.error("audit record could not be written: store unavailable",
-                  extra={"fields": {"error": type(exc).__name__}})
+                  extra={"fields": {"event": "audit.write_failed", "error": type(exc).__name__,
+                                    "action": entry.get("action")}})
         raise to_problem(exc) from None
     except StoreError as exc:
         audit.append_failed()
-        log.error("audit record could not be written", extra={"fields": {"error": type(exc).__name__}})
+        log.error("audit record could not be written",
+                  extra={"fields": {"event": "audit.write_failed", "error": type(exc).__name__,
+                                    "action": entry.get("action")}})
         raise ServiceUnavailable("the audit log is unavailable; nothing was executed",
                                  code="audit_unavailable") from None
