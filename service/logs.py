@@ -12,6 +12,11 @@ header values, ``Bearer`` tokens, JWS compact tokens (``eyJ...``) and ``name=val
 ``name: value`` pairs whose name is a secret field name. Library loggers that may log request
 data (aiohttp's) also get a filter that scrubs their records in place, so that no handler
 (a test's log capture included) ever sees the clear text.
+
+A record may name its correlation id itself (``extra={"correlation_id": ...}``): the access
+log (``service.accesslog``, one ``controlplane.access`` line per request) and the edge do,
+because they log outside the middleware's context. Domain events carry a stable ``event``
+field (``http.request``, ``approval.ticket_requested``, ``store.unavailable``, ...).
 """
 
 from __future__ import annotations

@@ -162,3 +162,12 @@ async def test_event_lines_are_json_with_the_requests_correlation_id(client):
     kinds = {d["logger"]: d.get("event") for d in mine}
     assert kinds.get("controlplane.approvals") == "approval.ticket_requested"
     assert kinds.get("controlplane.access") == "http.request"
+    # The policy decision of that request is on a line with the same id (and inside it).
+    decisions = [d for d in mine if d["logger"] == "controlplane.decisions"]
+    assert decisions
+    assert all(d["decision"]["correlation_id"] == "cid-events-1" for d in decisions)
+    # And the run's audit record names it too.
+    store = client.server.app[STORE].require()
+    entries = [r.entry for r in await store.audit_range(0, 1000)]
+    assert [e["action"] for e in entries if e["correlation_id"] == "cid-events-1"] == [
+        "approvals.create"]
