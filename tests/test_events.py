@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import logging
+import shutil
 import sqlite3
 from typing import Any
 
@@ -17,6 +18,7 @@ from service.appkeys import AUDIT, CONFIG, ENGINE, STORE
 from service.approvals.expiry import expire_once
 from service.logs import JSONFormatter
 from tests.auth import bearer, login, step_up
+from tests.servers import REPO
 from tests.test_chain import RESOURCE, approved_ticket, installer_body, ticket_headers
 
 SECRET = "events-Secret-Value-7"
@@ -171,3 +173,24 @@ async def test_event_lines_are_json_with_the_requests_correlation_id(client):
     entries = [r.entry for r in await store.audit_range(0, 1000)]
     assert [e["action"] for e in entries if e["correlation_id"] == "cid-events-1"] == [
         "approvals.create"]
+
+
+async def test_policy_revisions_activated_and_rejected_are_logged_once_each(
+        make_client, tmp_path, caplog):
+    root = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", root)
+    client = await make_client({"policies": {"dir": str(root), "reload_interval_s": 0}})
+    engine = client.server.app[ENGINE]
+    first = engine.revision
+    caplog.set_level(logging.INFO)
+    authz = root / "authz.rego"
+    authz.write_text(authz.read_text() + "\n# a comment: a new revision\n")
+    assert engine.reload().ok
+    assert engine.reload().ok  # the same files again: nothing new happened
+    authz.write_text(authz.read_text() + "\ndecision := {\n")
+    assert not engine.reload().ok
+    policy = [e for e in events(caplog, "policy_")]
+    assert [e["event"] for e in policy] == ["policy_revision_activated",
+                                             "policy_revision_rejected"]
+    assert policy[0]["revision"] == engine.revision != first
+    assert policy[1]["serving_revision"] == engine.revision
