@@ -20,11 +20,14 @@ from .store import open_store
 from .store.base import Store, StoreError, StoreUnavailable
 from .store.sql import SchemaTooNew
 
-__all__ = ["CONNECT_RETRY_S", "StoreLink", "setup_store"]
+__all__ = ["CONNECT_RETRY_MAX_S", "CONNECT_RETRY_S", "StoreLink", "setup_store"]
 
 log = logging.getLogger("controlplane.store")
 
+#: The first retry of an unreachable store waits this long; each failure doubles the wait, up
+#: to ``CONNECT_RETRY_MAX_S``.
 CONNECT_RETRY_S = 2.0
+CONNECT_RETRY_MAX_S = 60.0
 
 
 class StoreLink:
@@ -33,7 +36,7 @@ class StoreLink:
     def __init__(self, config: Config) -> None:
         self._config = config
         self.store: Store | None = None
-        #: Why there is no store (never a DSN: the backend and error class only).
+        #: Why there is no store: where and why, never the DSN's user info or password.
         self.error: str | None = None
         #: The database was migrated by a newer build: retrying cannot help, a newer build can.
         self.schema_too_new = False
@@ -90,12 +93,15 @@ class StoreLink:
         return True
 
     async def retry(self) -> None:
-        """Retry until the store answers (each failure is logged by ``connect``); not at all
-        once the schema is known to be newer than this build."""
+        """Retry until the store answers (each failure is logged by ``connect``), with
+        exponential backoff: ``CONNECT_RETRY_S``, then doubled per failure up to
+        ``CONNECT_RETRY_MAX_S``; not at all once the schema is known to be newer than this build."""
+        delay = CONNECT_RETRY_S
         while not self.schema_too_new:
-            await asyncio.sleep(CONNECT_RETRY_S)
+            await asyncio.sleep(delay)
             if await self.connect():
                 return
+            delay = min(delay * 2, max(CONNECT_RETRY_MAX_S, CONNECT_RETRY_S))
 
     async def close(self) -> None:
         if self.store is not None:

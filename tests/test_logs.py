@@ -72,7 +72,7 @@ async def test_unreachable_store_dsn_password_stays_out_of_logs(make_client, jso
     assert (await client.get("/readyz")).status == 503
     text = json_log.getvalue()
     assert "store unavailable" in text
-    assert SECRET not in text and "unreachable.invalid" not in text
+    assert SECRET not in text and "unreachable.invalid:5432/cp" in text  # where, not who
 
 
 async def test_production_mode_warns_about_dev_identities(make_client, json_log):

@@ -108,7 +108,9 @@ class Conflict(StoreError):
 class StoreUnavailable(StoreError):
     """The database cannot be reached or is locked past its timeout; callers fail closed (503).
 
-    The message names the backend and the error class only, never a path, DSN or password.
+    The message names the backend and the error class; opening a store, also where (the
+    SQLite path, or the PostgreSQL host:port/database) and the driver's or server's message.
+    Never the DSN's user info or password.
     """
 
 

@@ -18,6 +18,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
 
@@ -90,6 +91,36 @@ def _wrap(exc: BaseException) -> Exception:
 
 
 _WRAPPED = (*_UNAVAILABLE, asyncpg.PostgresError)
+
+
+def describe_dsn(dsn: str) -> str:
+    """``host:port/database`` of a DSN: what an operator needs to find it, never the user or
+    the password."""
+    try:
+        parts = urlsplit(dsn)
+        query = parse_qs(parts.query)
+        host = parts.hostname or query.get("host", ["localhost"])[0]
+        port = parts.port or int(query.get("port", ["5432"])[0])
+    except ValueError:
+        return "(unparseable DSN)"
+    database = unquote(parts.path.lstrip("/")) or query.get("dbname", [""])[0] or "(default)"
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}/{database}"
+
+
+def _opening_error(exc: BaseException, dsn: str) -> Exception:
+    """``_wrap`` plus where (host:port/database) and the server's or driver's message, with
+    the DSN, the user info and the password taken out of it."""
+    wrapped = _wrap(exc)
+    if not isinstance(wrapped, StoreError):
+        return wrapped
+    message = " ".join(str(exc).split())
+    parts = urlsplit(dsn)
+    secrets = [dsn, parts.netloc, parts.password, unquote(parts.password or "")]
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        message = message.replace(secret, "***")
+    detail = f": {message[:300]}" if message else ""
+    return type(wrapped)(f"{wrapped} ({describe_dsn(dsn)}{detail})")
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -179,7 +210,7 @@ class PostgresStore(SqlStore):
                 server_settings=settings,
             ), timeout_s)
         except _WRAPPED as exc:
-            raise _wrap(exc) from exc
+            raise _opening_error(exc, dsn) from exc
         return cls(pool, timeout_s)
 
     @asynccontextmanager

@@ -366,11 +366,21 @@ class SqliteStore(SqlStore):
         try:
             file = await asyncio.to_thread(_prepare_file, path)
         except OSError as exc:
-            raise StoreUnavailable(f"sqlite store unavailable: {type(exc).__name__}") from exc
-        writer = await _Connection.open(str(file), busy_timeout_s)
+            # Opening, the path is what the operator needs (it is no secret); calls never say it.
+            reason = exc.strerror or type(exc).__name__
+            raise StoreUnavailable(
+                f"sqlite store unavailable: {type(exc).__name__} ({path}: {reason})"
+            ) from exc
+        try:
+            writer = await _Connection.open(str(file), busy_timeout_s)
+        except StoreError as exc:
+            raise _at(exc, file) from exc.__cause__
         try:
             await _migrate(writer)
             reader = await _InlineConnection.open_inline(str(file), busy_timeout_s)
+        except StoreError as exc:
+            await writer.close()
+            raise _at(exc, file) from exc.__cause__
         except BaseException:
             await writer.close()
             raise
@@ -480,6 +490,15 @@ def _lock_path(db: sqlite3.Connection) -> str:
     """``<database>.writer-lock`` beside the database file."""
     row = db.execute("PRAGMA database_list").fetchone()
     return str(row[2]) + ".writer-lock"
+
+
+def _at(exc: StoreError, file: Path) -> StoreError:
+    """An error met while opening, with the file and SQLite's own message (opening, the path
+    is what the operator needs; it is no secret). Other kinds (SchemaTooNew) stay as they are."""
+    if type(exc) not in (StoreError, StoreUnavailable):
+        return exc
+    cause = " ".join(str(exc.__cause__ or "").split())[:300]
+    return type(exc)(f"{exc} ({file}: {cause})" if cause else f"{exc} ({file})")
 
 
 def _prepare_file(path: str) -> Path:
