@@ -82,8 +82,7 @@ class StoreLink:
             log.log(logging.ERROR if self.failures == 1 else logging.DEBUG,
                     "store unavailable: %s", exc,
                     extra={"fields": {"event": "store.unavailable", "attempt": self.failures,
-                                      "backend": self._config.store.backend,
-                                      "retry_s": CONNECT_RETRY_S}})
+                                      "backend": self._config.store.backend}})
             return False
         self.store, self.error = store, None
         log.info("store connected", extra={"fields": {
