@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -75,22 +76,35 @@ async def reload_once(authenticator: Authenticator, source: IdentityFile) -> boo
 
 
 async def _revoke(authenticator: Authenticator) -> None:
+    """Revoke what is queued; a failure is logged once, until a revocation succeeds again."""
     if not authenticator.revocations_pending:
         return
     try:
         count = await authenticator.revoke_dropped(clock.now())
     except StoreError:
-        log.warning("revoking the sessions of disabled or removed identities failed; retrying")
+        if authenticator not in _failing:
+            _failing.add(authenticator)
+            log.warning("revoking the sessions of disabled or removed identities failed; "
+                        "retrying (their tokens are refused meanwhile)",
+                        extra={"fields": {"event": "authn.sessions_revoke_failed"}})
         return
+    _failing.discard(authenticator)
     log.info("revoked %d sessions of disabled or removed identities", count,
              extra={"fields": {"event": "authn.sessions_revoked", "sessions": count}})
 
 
+#: Authenticators whose last revocation attempt failed (so the next failure is not logged).
+_failing: weakref.WeakSet[Authenticator] = weakref.WeakSet()
+
+
 @contextlib.asynccontextmanager
 async def reloading(
-    authenticator: Authenticator, source: IdentityFile, interval_s: float = POLL_INTERVAL_S
+    authenticator: Authenticator, source: IdentityFile, interval_s: float | None = None
 ) -> AsyncIterator[None]:
-    """While open: poll every ``interval_s`` (0 turns polling off) and reload on SIGHUP."""
+    """While open: poll every ``interval_s`` (``POLL_INTERVAL_S`` by default; 0 turns polling
+    off) and reload on SIGHUP."""
+    if interval_s is None:
+        interval_s = POLL_INTERVAL_S
     tasks: set[asyncio.Task[None]] = set()
     if interval_s > 0:
         tasks.add(asyncio.create_task(_poll(authenticator, source, interval_s)))

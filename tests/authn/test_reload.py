@@ -118,7 +118,11 @@ async def test_disabled_and_removed_users_lose_their_sessions(
 
 
 async def test_a_revocation_the_store_refused_is_retried(
-    live: Authenticator, source: IdentityFile, store: Store, directory: IdentityDirectory
+    live: Authenticator,
+    source: IdentityFile,
+    store: Store,
+    directory: IdentityDirectory,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     alice = await live.login_password("alice", PASSWORDS["alice"], "10.0.0.1", NOW)
     document = identities_document()
@@ -127,6 +131,10 @@ async def test_a_revocation_the_store_refused_is_retried(
     broken = Authenticator(_Down(), live.identities, live.keys, live.settings)
     assert await reload_once(broken, source) is True  # swapped in; revocation pending
     assert broken.revocations_pending and broken.identities.get("alice") is None
+    async with reloading(broken, source, interval_s=0.01):
+        await asyncio.sleep(0.1)  # about ten failed retries
+    failed = [r for r in caplog.records if "revoking the sessions" in r.getMessage()]
+    assert len(failed) == 1 and broken.revocations_pending  # logged once, still queued
     broken._store = lambda: store  # the store is back
     async with reloading(broken, source, interval_s=0.02):
         for _ in range(100):
@@ -172,6 +180,29 @@ async def test_one_sighup_reaches_every_registered_reloader() -> None:
         os.kill(os.getpid(), signal.SIGHUP)
         await asyncio.sleep(0.05)
     assert calls == ["policies", "identities", "policies"]
+
+
+async def test_a_broken_file_degrades_authn_in_system_info(
+    make_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("service.authn.reload.POLL_INTERVAL_S", 0.02)
+    path = tmp_path / "identities.yaml"
+    path.write_text((REPO / "examples" / "identities.yaml").read_text(encoding="utf-8"),
+                    encoding="utf-8")
+    client = await make_client({"authn": {"identities": str(path)}})
+
+    async def authn() -> dict[str, Any]:
+        info = await (await client.get("/api/v1/system/info")).json()
+        return dict(info["components"]["authn"])
+
+    assert (await authn())["status"] == "ready"
+    path.write_text("identities: nope\n", encoding="utf-8")
+    for _ in range(100):
+        if (status := await authn())["status"] == "degraded":
+            break
+        await asyncio.sleep(0.02)
+    assert status["status"] == "degraded" and "last good set" in status["detail"]
+    assert status["identities"]["human"] > 0  # the last good set still serves
 
 
 async def test_cpctl_add_user_lets_them_log_in_to_a_running_server_within_5s(
