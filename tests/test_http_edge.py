@@ -293,3 +293,6 @@ async def test_cpctl_serve_streams_end_on_sigterm_and_disconnects_log_nothing(tm
         log = proc.log_path.read_text()  # type: ignore[attr-defined]
     assert stopped_after < 5, f"{stopped_after:.1f} s (grace period 10 s)"
     assert "Traceback" not in log and '"level": "ERROR"' not in log, log[-3000:]
+    events = [json.loads(line).get("event") for line in log.splitlines() if line.startswith("{")]
+    assert events.count("server.draining") == 1 and events.count("server.stopped") == 1, events
+    assert events.index("server.draining") < events.index("server.stopped")

@@ -184,8 +184,13 @@ async def _serve(config: config_mod.Config, sock: socket.socket, *, worker: int 
         else:  # the supervisor said "serving" once, when it bound the socket
             log.info("worker ready", extra={"fields": {"worker": worker, "pid": os.getpid()}})
         await stop.wait()
+        # Stop accepting, end live streams, give open requests the grace period, close.
+        log.info("draining", extra={"fields": {
+            "event": "server.draining", "pid": os.getpid(),
+            "grace_s": config.server.shutdown_timeout_s}})
     finally:
         await runner.cleanup()
+    log.info("stopped", extra={"fields": {"event": "server.stopped", "pid": os.getpid()}})
 
 
 def _worker_entry(config: config_mod.Config, sock: socket.socket, index: int) -> None:
