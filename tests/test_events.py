@@ -41,7 +41,7 @@ def names(caplog: pytest.LogCaptureFixture, prefix: str) -> list[str]:
 async def test_starting_logs_the_activated_policy_revision_once(make_client, caplog):
     caplog.set_level(logging.INFO)
     client = await make_client()
-    activated = [e for e in events(caplog) if e["event"] == "policy_revision_activated"]
+    activated = [e for e in events(caplog) if e["event"] == "policy.revision_activated"]
     assert len(activated) == 1
     assert activated[0]["revision"] == client.server.app[ENGINE].revision
 
@@ -189,8 +189,8 @@ async def test_policy_revisions_activated_and_rejected_are_logged_once_each(
     assert engine.reload().ok  # the same files again: nothing new happened
     authz.write_text(authz.read_text() + "\ndecision := {\n")
     assert not engine.reload().ok
-    policy = [e for e in events(caplog, "policy_")]
-    assert [e["event"] for e in policy] == ["policy_revision_activated",
-                                             "policy_revision_rejected"]
+    policy = [e for e in events(caplog, "policy.")]
+    assert [e["event"] for e in policy] == ["policy.revision_activated",
+                                             "policy.revision_rejected"]
     assert policy[0]["revision"] == engine.revision != first
     assert policy[1]["serving_revision"] == engine.revision

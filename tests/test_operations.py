@@ -104,7 +104,7 @@ def _one_fatal_line(stderr: str, *, only: bool = True) -> dict[str, Any]:
     records = [json.loads(line) for line in stderr.splitlines() if line.strip()]
     fatal = [r for r in records if r["level"] == "CRITICAL"]
     assert len(fatal) == 1 and (len(records) == 1 or not only), stderr
-    assert fatal[0]["event"] == "startup_failed" and "Traceback" not in stderr
+    assert fatal[0]["event"] == "startup.failed" and "Traceback" not in stderr
     assert not any(r["msg"] == "serving" for r in records), stderr
     return cast(dict[str, Any], fatal[0])
 
@@ -136,7 +136,7 @@ def test_bad_policy_pushed_to_a_running_two_worker_server(tmp_path):
             info = _get(base + "/api/v1/system/info")[1]
             assert info["status"] == "degraded" and info["components"]["policies"]["status"] == "ready"
         events = [json.loads(line) for line in proc.log_path.read_text().splitlines()
-                  if '"policy_revision_rejected"' in line]
+                  if '"policy.revision_rejected"' in line]
         assert len(events) == 2 and {e["serving_revision"] for e in events} == {serving}
 
 

@@ -198,7 +198,7 @@ class PolicyEngine:
         self._last_reload = {"ok": True, "at": time.time(), "error": None}
         if changed:
             log.info("policy revision %s activated", revision,
-                     extra={"fields": {"event": "policy_revision_activated",
+                     extra={"fields": {"event": "policy.revision_activated",
                                        "revision": revision}})
         return self._outcome(LoadResult(True, revision, changed), counted=changed or recovered)
 
@@ -207,7 +207,7 @@ class PolicyEngine:
         # without data values.
         log.error(
             "policy revision rejected (%s): %s; still serving %s", kind, detail, self.revision,
-            extra={"fields": {"event": "policy_revision_rejected", "stage": kind,
+            extra={"fields": {"event": "policy.revision_rejected", "stage": kind,
                               "serving_revision": self.revision}},
         )
         if detail.startswith(f"{kind}: "):

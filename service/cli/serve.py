@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _fatal(exc: BaseException) -> int:
     log.critical("startup failed: %s", exc,
-                 extra={"fields": {"event": "startup_failed", "error": str(exc), "pid": os.getpid()}})
+                 extra={"fields": {"event": "startup.failed", "error": str(exc), "pid": os.getpid()}})
     return EXIT_STARTUP
 
 
