@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any
 
-__all__ = ["on_sighup"]
+__all__ = ["on_sighup", "watching"]
 
 _callbacks: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
 
@@ -33,6 +34,39 @@ def on_sighup(callback: Callable[[], None]) -> Iterator[None]:
             del _callbacks[loop]
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(signal.SIGHUP)
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    poll: Callable[[], Coroutine[Any, Any, None]],
+    reload: Callable[[], Coroutine[Any, Any, None]],
+    interval_s: float,
+) -> AsyncIterator[None]:
+    """While open: ``poll()`` every ``interval_s`` (0 turns polling off) and ``reload()`` at each
+    SIGHUP; both run as tasks of this context, cancelled when it closes. Each must handle (log)
+    its own errors: an exception ends that poll loop or reload task."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def poll_loop() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await poll()
+
+    if interval_s > 0:
+        tasks.add(asyncio.create_task(poll_loop()))
+
+    def on_signal() -> None:
+        task = asyncio.create_task(reload())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    try:
+        with on_sighup(on_signal):
+            yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _dispatch(loop: asyncio.AbstractEventLoop) -> None:

@@ -105,31 +105,15 @@ async def reloading(
     off) and reload on SIGHUP."""
     if interval_s is None:
         interval_s = POLL_INTERVAL_S
-    tasks: set[asyncio.Task[None]] = set()
-    if interval_s > 0:
-        tasks.add(asyncio.create_task(_poll(authenticator, source, interval_s)))
 
-    def on_sighup() -> None:
-        task = asyncio.create_task(_guarded(authenticator, source))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    try:
-        with sighup.on_sighup(on_sighup):
-            yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _poll(authenticator: Authenticator, source: IdentityFile, interval_s: float) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
+    async def poll() -> None:
         if source.changed():
             await _guarded(authenticator, source)
         else:
             await _revoke(authenticator)  # retries a revocation the store refused
+
+    async with sighup.watching(poll, lambda: _guarded(authenticator, source), interval_s):
+        yield
 
 
 async def _guarded(authenticator: Authenticator, source: IdentityFile) -> None:

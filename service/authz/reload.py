@@ -22,32 +22,16 @@ log = logging.getLogger("controlplane.authz")
 @contextlib.asynccontextmanager
 async def reloading(engine: PolicyEngine, interval_s: float) -> AsyncIterator[None]:
     """While open: poll every ``interval_s`` (0 turns polling off) and reload on SIGHUP."""
-    tasks: set[asyncio.Task[None]] = set()
-    if interval_s > 0:
-        tasks.add(asyncio.create_task(_poll(engine, interval_s)))
 
-    def on_sighup() -> None:
-        task = asyncio.create_task(_reload(engine))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    try:
-        with sighup.on_sighup(on_sighup):
-            yield
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _poll(engine: PolicyEngine, interval_s: float) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
+    async def poll() -> None:
         try:
             if engine.poll_changes():
                 await asyncio.to_thread(engine.reload)
         except Exception:
             log.exception("policy reload failed")
+
+    async with sighup.watching(poll, lambda: _reload(engine), interval_s):
+        yield
 
 
 async def _reload(engine: PolicyEngine) -> None:
