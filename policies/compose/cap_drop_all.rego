@@ -12,7 +12,10 @@ meta := {
 	"remediation": "Add cap_drop: [ALL] and list the few capabilities the service needs under cap_add.",
 }
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["cap_drop"]), "message": "cap_drop does not include ALL"} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["cap_drop"]), "message": "cap_drop does not include ALL"} |
+	some name
+	svc := lib.services[name]
 	not "ALL" in lib.caps(svc, "cap_drop")
-}
+]
+
+findings := _findings_1

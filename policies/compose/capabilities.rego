@@ -14,17 +14,25 @@ meta := {
 
 dangerous := {"ALL", "SYS_ADMIN", "NET_ADMIN", "SYS_MODULE", "SYS_PTRACE", "SYS_RAWIO", "SYS_BOOT", "SYS_TIME", "DAC_READ_SEARCH", "BPF", "PERFMON", "MAC_ADMIN", "MAC_OVERRIDE", "SYSLOG", "LINUX_IMMUTABLE", "SYS_RESOURCE", "BLOCK_SUSPEND", "WAKE_ALARM", "AUDIT_CONTROL", "CHECKPOINT_RESTORE"}
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap])} if {
-	some name, svc in lib.services
-	some i, raw in object.get(svc, "cap_add", [])
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap])} |
+	some name
+	svc := lib.services[name]
+	raw_all := object.get(svc, "cap_add", [])
+	some i
+	raw := raw_all[i]
 	cap := trim_prefix(upper(raw), "CAP_")
 	cap in dangerous
-}
+]
 
 # Other added capabilities are reported, not failed.
-findings contains {"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap, " (not in the dangerous set)"]), "severity": "info"} if {
-	some name, svc in lib.services
-	some i, raw in object.get(svc, "cap_add", [])
+_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap, " (not in the dangerous set)"]), "severity": "info"} |
+	some name
+	svc := lib.services[name]
+	raw_all := object.get(svc, "cap_add", [])
+	some i
+	raw := raw_all[i]
 	cap := trim_prefix(upper(raw), "CAP_")
 	not cap in dangerous
-}
+]
+
+findings := array.concat(_findings_1, _findings_2)

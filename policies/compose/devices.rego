@@ -19,12 +19,17 @@ critical(source) if {
 	regex.match(pattern, source)
 }
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["devices", i]), "message": concat("", ["device ", d.source, " mapped to ", d.target]), "severity": severity} if {
-	some name, svc in lib.services
-	some i, d in object.get(svc, "devices", [])
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["devices", i]), "message": concat("", ["device ", d.source, " mapped to ", d.target]), "severity": severity} |
+	some name
+	svc := lib.services[name]
+	d_all := object.get(svc, "devices", [])
+	some i
+	d := d_all[i]
 	severity := device_severity(d.source)
-}
+]
 
 device_severity(source) := "fail" if {
 	critical(source)
 } else := "warn"
+
+findings := _findings_1

@@ -16,12 +16,16 @@ disabled(check) if check.disable == true
 
 disabled(check) if check.test[0] == "NONE"
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["healthcheck"]), "message": "no healthcheck defined (the image's HEALTHCHECK, if any, is not visible here)"} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["healthcheck"]), "message": "no healthcheck defined (the image's HEALTHCHECK, if any, is not visible here)"} |
+	some name
+	svc := lib.services[name]
 	not svc.healthcheck
-}
+]
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["healthcheck"]), "message": "healthcheck is disabled"} if {
-	some name, svc in lib.services
+_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["healthcheck"]), "message": "healthcheck is disabled"} |
+	some name
+	svc := lib.services[name]
 	disabled(svc.healthcheck)
-}
+]
+
+findings := array.concat(_findings_1, _findings_2)

@@ -12,7 +12,10 @@ meta := {
 	"remediation": "Remove ipc: host; use ipc: shareable / service:<name> between the containers that need it.",
 }
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["ipc"]), "message": "ipc: host"} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["ipc"]), "message": "ipc: host"} |
+	some name
+	svc := lib.services[name]
 	lower(object.get(svc, "ipc", "")) == "host"
-}
+]
+
+findings := _findings_1

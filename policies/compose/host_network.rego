@@ -12,7 +12,10 @@ meta := {
 	"remediation": "Remove network_mode: host; use a user-defined network and publish only the ports needed.",
 }
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["network_mode"]), "message": "network_mode: host"} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["network_mode"]), "message": "network_mode: host"} |
+	some name
+	svc := lib.services[name]
 	lower(object.get(svc, "network_mode", "")) == "host"
-}
+]
+
+findings := _findings_1

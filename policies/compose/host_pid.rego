@@ -12,7 +12,10 @@ meta := {
 	"remediation": "Remove pid: host; use a sidecar sharing pid: service:<name> if process visibility is needed.",
 }
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["pid"]), "message": "pid: host"} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["pid"]), "message": "pid: host"} |
+	some name
+	svc := lib.services[name]
 	lower(object.get(svc, "pid", "")) == "host"
-}
+]
+
+findings := _findings_1

@@ -38,22 +38,29 @@ unpinned_severity := "fail" if {
 } else := "warn"
 
 # Services built locally (build: without image:) have nothing to pin.
-not_applicable contains name if {
-	some name, svc in lib.services
+_not_applicable_1 := [name |
+	some name
+	svc := lib.services[name]
 	object.get(svc, "image", "") == ""
-}
+]
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat(" ", ["image", svc.image, reason]), "severity": severity} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat(" ", ["image", svc.image, reason]), "severity": severity} |
+	some name
+	svc := lib.services[name]
 	svc.image != ""
 	reason := problem(svc.image)
 	severity := unpinned_severity
-}
+]
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat("", ["image ", svc.image, " is not pinned by digest (required in ", input.env, ")"])} if {
-	some name, svc in lib.services
+_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat("", ["image ", svc.image, " is not pinned by digest (required in ", input.env, ")"])} |
+	some name
+	svc := lib.services[name]
 	svc.image != ""
 	lib.is_prod
 	not problem(svc.image)
 	not has_digest(svc.image)
-}
+]
+
+findings := array.concat(_findings_1, _findings_2)
+
+not_applicable := _not_applicable_1

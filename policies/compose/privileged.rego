@@ -12,7 +12,10 @@ meta := {
 	"remediation": "Remove privileged: true; add only the capabilities (cap_add) or devices the workload needs.",
 }
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["privileged"]), "message": "privileged: true"} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["privileged"]), "message": "privileged: true"} |
+	some name
+	svc := lib.services[name]
 	svc.privileged == true
-}
+]
+
+findings := _findings_1

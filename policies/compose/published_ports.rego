@@ -14,19 +14,27 @@ meta := {
 
 all_interfaces := {"", "0.0.0.0", "::", "[::]"}
 
-not_applicable contains name if {
-	some name, svc in lib.services
+_not_applicable_1 := [name |
+	some name
+	svc := lib.services[name]
 	count(object.get(svc, "ports", [])) == 0
-}
+]
 
 # Published on every interface: fail in production, warn elsewhere.
 port_severity := "fail" if {
 	lib.is_prod
 } else := "warn"
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["ports", i]), "message": concat("", ["port ", format_int(p.target, 10), "/", object.get(p, "protocol", "tcp"), " published on all interfaces as ", published]), "severity": port_severity} if {
-	some name, svc in lib.services
-	some i, p in object.get(svc, "ports", [])
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["ports", i]), "message": concat("", ["port ", format_int(p.target, 10), "/", object.get(p, "protocol", "tcp"), " published on all interfaces as ", published]), "severity": port_severity} |
+	some name
+	svc := lib.services[name]
+	p_all := object.get(svc, "ports", [])
+	some i
+	p := p_all[i]
 	object.get(p, "host_ip", "") in all_interfaces
 	published := object.get(p, "published", "an ephemeral port")
-}
+]
+
+findings := _findings_1
+
+not_applicable := _not_applicable_1

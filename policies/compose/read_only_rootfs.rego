@@ -12,7 +12,10 @@ meta := {
 	"remediation": "Set read_only: true and mount tmpfs (tmpfs: [/tmp]) or volumes for the paths the service writes.",
 }
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["read_only"]), "message": "read_only is not true"} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["read_only"]), "message": "read_only is not true"} |
+	some name
+	svc := lib.services[name]
 	object.get(svc, "read_only", false) != true
-}
+]
+
+findings := _findings_1

@@ -12,12 +12,16 @@ meta := {
 	"remediation": "Set deploy.resources.limits.memory (fail without it) and deploy.resources.limits.cpus (warn without it); mem_limit and cpus are accepted and folded into deploy.resources.",
 }
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["deploy", "resources", "limits", "memory"]), "message": "no memory limit"} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["deploy", "resources", "limits", "memory"]), "message": "no memory limit"} |
+	some name
+	svc := lib.services[name]
 	not lib.limits(svc).memory
-}
+]
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["deploy", "resources", "limits", "cpus"]), "message": "no CPU limit", "severity": "warn"} if {
-	some name, svc in lib.services
+_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["deploy", "resources", "limits", "cpus"]), "message": "no CPU limit", "severity": "warn"} |
+	some name
+	svc := lib.services[name]
 	not lib.limits(svc).cpus
-}
+]
+
+findings := array.concat(_findings_1, _findings_2)

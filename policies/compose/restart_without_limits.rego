@@ -13,15 +13,21 @@ meta := {
 }
 
 # The rule speaks only about services that restart always.
-not_applicable contains name if {
-	some name, svc in lib.services
+_not_applicable_1 := [name |
+	some name
+	svc := lib.services[name]
 	object.get(svc, "restart", "") != "always"
-}
+]
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["restart"]), "message": "restart: always with no memory or CPU limit"} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["restart"]), "message": "restart: always with no memory or CPU limit"} |
+	some name
+	svc := lib.services[name]
 	svc.restart == "always"
 	limits := lib.limits(svc)
 	not limits.memory
 	not limits.cpus
-}
+]
+
+findings := _findings_1
+
+not_applicable := _not_applicable_1

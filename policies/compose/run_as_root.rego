@@ -14,13 +14,17 @@ meta := {
 
 root_users := {"root", "0"}
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["user"]), "message": concat("", ["user: ", svc.user, " runs as root"])} if {
-	some name, svc in lib.services
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["user"]), "message": concat("", ["user: ", svc.user, " runs as root"])} |
+	some name
+	svc := lib.services[name]
 	split(object.get(svc, "user", ""), ":")[0] in root_users
-}
+]
 
 # Without user: the image decides, and most images run as root.
-findings contains {"service": name, "pointer": lib.ptr(name, ["user"]), "message": "no user set: the image default applies (often root)", "severity": "warn"} if {
-	some name, svc in lib.services
+_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["user"]), "message": "no user set: the image default applies (often root)", "severity": "warn"} |
+	some name
+	svc := lib.services[name]
 	object.get(svc, "user", "") == ""
-}
+]
+
+findings := array.concat(_findings_1, _findings_2)

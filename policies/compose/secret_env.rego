@@ -58,19 +58,27 @@ secret_value(value) if regex.match(secret_value_regex, value)
 # A value pointing at a mounted secret file is the recommended pattern, not a leak.
 file_reference(value) if startswith(value, "/run/secrets/")
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["environment", key]), "message": concat("", ["environment ", key, " holds a literal secret value"])} if {
-	some name, svc in lib.services
-	some key, value in object.get(svc, "environment", {})
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["environment", key]), "message": concat("", ["environment ", key, " holds a literal secret value"])} |
+	some name
+	svc := lib.services[name]
+	value_all := object.get(svc, "environment", {})
+	some key
+	value := value_all[key]
 	is_string(value)
 	not lower(value) in harmless_values
 	not file_reference(value)
 	secret_name(key)
-}
+]
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["environment", key]), "message": concat("", ["environment ", key, " holds a value that looks like a credential"])} if {
-	some name, svc in lib.services
-	some key, value in object.get(svc, "environment", {})
+_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["environment", key]), "message": concat("", ["environment ", key, " holds a value that looks like a credential"])} |
+	some name
+	svc := lib.services[name]
+	value_all := object.get(svc, "environment", {})
+	some key
+	value := value_all[key]
 	is_string(value)
 	not secret_name(key)
 	secret_value(value)
-}
+]
+
+findings := array.concat(_findings_1, _findings_2)

@@ -19,8 +19,13 @@ option(raw) := [lower(trim_space(parts[0])), lower(trim_space(concat(":", array.
 
 disabling := {["seccomp", "unconfined"], ["apparmor", "unconfined"], ["label", "disable"], ["systempaths", "unconfined"], ["no-new-privileges", "false"]}
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["security_opt", i]), "message": concat("", ["security_opt ", raw, " disables confinement"])} if {
-	some name, svc in lib.services
-	some i, raw in object.get(svc, "security_opt", [])
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["security_opt", i]), "message": concat("", ["security_opt ", raw, " disables confinement"])} |
+	some name
+	svc := lib.services[name]
+	raw_all := object.get(svc, "security_opt", [])
+	some i
+	raw := raw_all[i]
 	option(raw) in disabling
-}
+]
+
+findings := _findings_1

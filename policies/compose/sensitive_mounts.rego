@@ -30,20 +30,26 @@ sensitive(path) := "container runtime socket" if {
 	startswith(concat("", [path, "/"]), concat("", [tree, "/"]))
 }
 
-findings contains {"service": name, "pointer": lib.ptr(name, ["volumes", i, "source"]), "message": concat("", [kind, " ", v.source, " mounted at ", v.target])} if {
-	some name, svc in lib.services
-	some i, v in object.get(svc, "volumes", [])
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["volumes", i, "source"]), "message": concat("", [kind, " ", v.source, " mounted at ", v.target])} |
+	some name
+	svc := lib.services[name]
+	v_all := object.get(svc, "volumes", [])
+	some i
+	v := v_all[i]
 	v.type == "bind"
 	kind := sensitive(v.source)
-}
+]
 
 # A named volume whose driver binds a host path (driver_opts: {type: none, o: bind, device: /etc}).
-findings contains {"service": name, "pointer": lib.top_ptr("volumes", src, ["driver_opts", "device"]), "message": concat("", ["volume ", src, " binds ", kind, " ", device, ", mounted at ", v.target])} if {
-	some name, svc in lib.services
+_findings_2 := [{"service": name, "pointer": lib.top_ptr("volumes", src, ["driver_opts", "device"]), "message": concat("", ["volume ", src, " binds ", kind, " ", device, ", mounted at ", v.target])} |
+	some name
+	svc := lib.services[name]
 	some v in object.get(svc, "volumes", [])
 	v.type == "volume"
 	src := object.get(v, "source", "")
 	definition := object.get(lib.top("volumes"), src, {})
 	device := object.get(object.get(definition, "driver_opts", {}), "device", "")
 	kind := sensitive(device)
-}
+]
+
+findings := array.concat(_findings_1, _findings_2)

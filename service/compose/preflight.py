@@ -311,14 +311,21 @@ def _read_output(
     raw_findings = output.get("findings")
     raw_na = output.get("not_applicable")
     if not isinstance(raw_findings, list) or not isinstance(raw_na, list):
-        return {}, set(), "findings and not_applicable must be sets"
+        return {}, set(), "findings and not_applicable must be sets or arrays"
     known = set(services)
+    seen: set[tuple[str, str, str, str]] = set()
     for item in raw_findings:
         if (not isinstance(item, dict) or item.get("service") not in known
                 or not isinstance(item.get("message"), str)
                 or not isinstance(item.get("pointer", ""), str)
                 or item.get("severity", rule.severity) not in SEVERITIES):
             return {}, set(), "malformed finding (needs service, message, pointer, severity)"
+        # Rules build arrays (linear in regopy, where sets are quadratic): drop repeats here.
+        key = (item["service"], item.get("pointer", ""), item["message"],
+               item.get("severity", rule.severity))
+        if key in seen:
+            continue
+        seen.add(key)
         per_service.setdefault(item["service"], []).append(item)
     for items in per_service.values():  # sets come back in engine order; make it stable
         items.sort(key=lambda f: (f.get("pointer", ""), f["message"]))

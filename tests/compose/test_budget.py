@@ -1,0 +1,56 @@
+"""Evaluation cost: every rule is linear in the size of the document (issue 17).
+
+regopy builds sets in quadratic time, so the rules build arrays; the timing bounds here are
+generous safety nets (a quadratic rule took 15 s for the 500-service file, minutes for 8,000
+findings), never tight measurements.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from service.compose.preflight import POLICY_DIR, RuleSet, evaluate
+from tests.compose.support import Check
+
+SAFETY_NET_S = 30.0
+
+
+def busy_service(index: int) -> dict[str, object]:
+    """A service with a finding from most rules (2 ports, 2 caps, 2 env secrets)."""
+    return {"image": "nginx", "restart": "always", "cap_add": ["NET_ADMIN", "CHOWN"],
+            "ports": [{"target": 80, "published": str(8000 + index), "protocol": "tcp",
+                       "mode": "ingress"},
+                      {"target": 443, "protocol": "tcp", "mode": "ingress"}],
+            "environment": {"DB_PASSWORD": "hunter2hunter2", "OTHER": "AKIA" + "A" * 16}}
+
+
+def test_no_rule_builds_findings_as_a_set() -> None:
+    """``findings contains`` / ``not_applicable contains`` are quadratic in regopy."""
+    for path in sorted(POLICY_DIR.glob("*.rego")):
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"^(findings|not_applicable) contains", text, re.M), path.name
+        assert not re.search(r"^(findings|not_applicable) := \{", text, re.M), path.name
+
+
+def test_500_services_are_answered_within_the_budget(rules: RuleSet) -> None:
+    fields = {"services": {f"svc{i}": busy_service(i) for i in range(500)}}
+    started = time.perf_counter()
+    report = evaluate(fields, env="prod", rules=rules)
+    elapsed = time.perf_counter() - started
+    assert report["summary"]["services"] == 500
+    assert not report["passed"]
+    per_service = [f for f in report["findings"] if f["service"] == "svc7"]
+    assert {f["rule"] for f in per_service} >= {"published-ports", "capabilities", "secret-env",
+                                               "image-pinning", "healthcheck"}
+    assert elapsed < SAFETY_NET_S, elapsed
+
+
+def test_repeated_findings_are_reported_once(check: Check) -> None:
+    # Two mounts of the same named volume at the same target: one finding, as a set would give.
+    mount = {"type": "volume", "source": "etc", "target": "/host"}
+    report = check({"web": {"image": "a:1", "volumes": [mount, mount]}},
+                   volumes={"etc": {"driver_opts": {"type": "none", "o": "bind",
+                                                    "device": "/etc"}}})
+    mounts = [f for f in report["findings"] if f["rule"] == "sensitive-mounts"]
+    assert len(mounts) == 1, mounts
