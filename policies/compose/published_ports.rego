@@ -25,7 +25,12 @@ port_severity := "fail" if {
 	lib.is_prod
 } else := "warn"
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["ports", i]), "message": concat("", ["port ", format_int(p.target, 10), "/", object.get(p, "protocol", "tcp"), " published on all interfaces as ", published]), "severity": port_severity} |
+# A range is one entry (target..target_end) and one finding.
+target_text(p) := concat("-", [format_int(p.target, 10), format_int(p.target_end, 10)]) if {
+	p.target_end
+} else := format_int(p.target, 10)
+
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["ports", i]), "message": concat("", ["port ", target_text(p), "/", object.get(p, "protocol", "tcp"), " published on all interfaces as ", published]), "severity": port_severity} |
 	some name
 	svc := lib.services[name]
 	p_all := object.get(svc, "ports", [])

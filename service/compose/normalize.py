@@ -14,7 +14,9 @@ Decisions worth knowing (also in examples/compose/README.md):
 - a typed scalar (bool, int, number) that interpolates to ``""`` is treated as unset;
 - ``environment: [NAME]`` without a value takes NAME from the shell/.env, as Compose does
   (so a secret passed through that way is visible to the secret-env rule), else stays null;
-- a short port range (``8000-8002:8000-8002``) expands to one entry per port, as Compose does.
+- a short port range (``8000-8002:8000-8002``) stays one entry, ``{"target": 8000,
+  "target_end": 8002, "published": "8000-8002"}``, where Compose expands it to one entry per
+  port: ``1-65535:1-65535`` is one entry and one finding, not 65,535 (issue 17).
 """
 
 from __future__ import annotations
@@ -392,7 +394,8 @@ def _long_port(item: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _short_port(spec: str, where: str) -> list[dict[str, Any]]:
-    """``[[HOST_IP:]PUBLISHED:]TARGET[/PROTOCOL]``; ranges expand to one entry per port."""
+    """``[[HOST_IP:]PUBLISHED:]TARGET[/PROTOCOL]``; a target range is one entry whose
+    ``target_end`` is the last port (never one entry per port)."""
     text, _, protocol = spec.strip().partition("/")
     parts = text.rsplit(":", 2)
     host_ip, published = "", ""
@@ -409,16 +412,24 @@ def _short_port(spec: str, where: str) -> list[dict[str, Any]]:
         base["host_ip"] = host_ip
     base["protocol"] = (protocol or "tcp").lower()
     base["mode"] = "ingress"
+    _check_port(t_end, where)
+    target: dict[str, Any] = {"target": t_start}
+    if t_end != t_start:
+        target["target_end"] = t_end
     if not published:
-        return [{"target": t, **base} for t in range(t_start, t_end + 1)]
+        return [{**target, **base}]
     p_start, p_end = _port_range(published, where)
+    _check_port(p_end, where)
     count = t_end - t_start + 1
-    if count == 1:
-        pub = str(p_start) if p_start == p_end else f"{p_start}-{p_end}"
-        return [{"target": t_start, "published": pub, **base}]
-    if p_end - p_start + 1 != count:
+    pub = str(p_start) if p_start == p_end else f"{p_start}-{p_end}"
+    if count != 1 and p_end - p_start + 1 != count:
         raise NormalizeError(f"{where}: port ranges {spec!r} differ in length")
-    return [{"target": t_start + i, "published": str(p_start + i), **base} for i in range(count)]
+    return [{**target, "published": pub, **base}]
+
+
+def _check_port(port: int, where: str) -> None:
+    if port > 65535:
+        raise NormalizeError(f"{where}: port {port} is over 65535")
 
 
 # --- volumes ---------------------------------------------------------------------------------

@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
+from service.compose.normalize import NormalizeError, normalize_text
 from service.compose.preflight import POLICY_DIR, RuleSet, evaluate
 from tests.compose.support import Check
 
@@ -54,3 +57,23 @@ def test_repeated_findings_are_reported_once(check: Check) -> None:
                                                     "device": "/etc"}}})
     mounts = [f for f in report["findings"] if f["rule"] == "sensitive-mounts"]
     assert len(mounts) == 1, mounts
+
+
+def test_a_65535_port_range_is_one_entry_and_one_finding(rules: RuleSet) -> None:
+    text = "services:\n  web:\n    image: nginx\n    ports: ['1-65535:1-65535', '7000-7002']\n"
+    started = time.perf_counter()
+    fields = normalize_text(text)
+    report = evaluate(fields, rules=rules)
+    elapsed = time.perf_counter() - started
+    assert len(fields["services"]["web"]["ports"]) == 2
+    ports = [f for f in report["findings"] if f["rule"] == "published-ports"]
+    assert [f["message"] for f in ports] == [
+        "port 1-65535/tcp published on all interfaces as 1-65535",
+        "port 7000-7002/tcp published on all interfaces as an ephemeral port"]
+    assert [f["pointer"] for f in ports] == ["/services/web/ports/0", "/services/web/ports/1"]
+    assert elapsed < SAFETY_NET_S, elapsed
+
+
+def test_a_port_over_65535_is_refused() -> None:
+    with pytest.raises(NormalizeError, match="over 65535"):
+        normalize_text("services:\n  web:\n    ports: ['65530-65540:65530-65540']\n")

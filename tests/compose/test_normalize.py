@@ -118,9 +118,13 @@ def test_env_file_beside_first_file_and_shell_wins(tmp_path: Path) -> None:
     pytest.param("127.0.0.1::80", [{"target": 80, "host_ip": "127.0.0.1", "protocol": "tcp",
                                     "mode": "ingress"}], id="ip-ephemeral"),
     pytest.param("9000-9001:8000-8001", [
-        {"target": 8000, "published": "9000", "protocol": "tcp", "mode": "ingress"},
-        {"target": 8001, "published": "9001", "protocol": "tcp", "mode": "ingress"}],
-        id="range"),
+        {"target": 8000, "target_end": 8001, "published": "9000-9001", "protocol": "tcp",
+         "mode": "ingress"}], id="range"),
+    pytest.param("1-65535:1-65535", [
+        {"target": 1, "target_end": 65535, "published": "1-65535", "protocol": "tcp",
+         "mode": "ingress"}], id="full-range-is-one-entry"),
+    pytest.param("7000-7002", [{"target": 7000, "target_end": 7002, "protocol": "tcp",
+                                "mode": "ingress"}], id="target-range"),
     pytest.param("9000-9010:80", [{"target": 80, "published": "9000-9010", "protocol": "tcp",
                                    "mode": "ingress"}], id="published-range"),
     pytest.param({"target": "80", "published": 8080, "host_ip": "10.0.0.1", "mode": "host"},
