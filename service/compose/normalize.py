@@ -413,18 +413,18 @@ def _short_port(spec: str, where: str) -> list[dict[str, Any]]:
     base["protocol"] = (protocol or "tcp").lower()
     base["mode"] = "ingress"
     _check_port(t_end, where)
-    target: dict[str, Any] = {"target": t_start}
+    entry: dict[str, Any] = {"target": t_start}
     if t_end != t_start:
-        target["target_end"] = t_end
+        entry["target_end"] = t_end
     if not published:
-        return [{**target, **base}]
+        return [{**entry, **base}]
     p_start, p_end = _port_range(published, where)
     _check_port(p_end, where)
     count = t_end - t_start + 1
     pub = str(p_start) if p_start == p_end else f"{p_start}-{p_end}"
     if count != 1 and p_end - p_start + 1 != count:
         raise NormalizeError(f"{where}: port ranges {spec!r} differ in length")
-    return [{**target, "published": pub, **base}]
+    return [{**entry, "published": pub, **base}]
 
 
 def _check_port(port: int, where: str) -> None:
