@@ -20,7 +20,8 @@ Problem                              status  code
 │   ├── JSONTooDeep                  422     too_deep        (service.limits: nesting)
 │   ├── JSONTooLarge                 422     too_large       (service.limits: one value's size)
 │   ├── InvalidString                422     invalid_string  (U+0000, an unpaired surrogate)
-│   └── InvalidNumber                422     invalid_number  (outside I-JSON)
+│   ├── InvalidNumber                422     invalid_number  (outside I-JSON)
+│   └── ComposeTooLarge              422     compose_too_large (over the compose size budget)
 ├── TooManyRequests                  429     rate_limited (+ Retry-After)
 │   └── TooManyStreams               429     too_many_streams (+ Retry-After)
 ├── RequestHeaderFieldsTooLarge      431     header_fields_too_large (answered by the HTTP edge)
@@ -50,6 +51,7 @@ __all__ = [
     "ApprovalRepositoryUnavailable",
     "ApprovalRequired",
     "BadRequest",
+    "ComposeTooLarge",
     "Conflict",
     "Forbidden",
     "Gone",
@@ -201,6 +203,12 @@ class InvalidString(SchemaValidationFailed):
 
 class InvalidNumber(SchemaValidationFailed):
     code, title = "invalid_number", "Number Outside I-JSON"
+
+
+class ComposeTooLarge(SchemaValidationFailed):
+    """A compose document over the preflight's size budget (service.compose.preflight)."""
+
+    code, title = "compose_too_large", "Compose Document Too Large"
 
 
 # The bounds of service.limits (raised by the body reader, the resource hash and the store's

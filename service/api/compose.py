@@ -9,7 +9,8 @@ from aiohttp import web
 
 from ..appkeys import COMPOSE_RULES, CONFIG
 from ..chain import Outcome, Run, Target, protected
-from ..compose.preflight import evaluate
+from ..compose.preflight import ComposeTooLarge, check_budget, evaluate
+from ..errors import ComposeTooLarge as ComposeTooLargeProblem
 
 routes = web.RouteTableDef()
 
@@ -25,8 +26,14 @@ async def _target(request: web.Request, body: Any) -> Target:
 async def compose_import(run: Run) -> Outcome:
     """200 with the report, also when ``passed`` is false."""
     body = run.body
-    # A large file takes tens of milliseconds to evaluate: off the event loop (the bundle
-    # serialises its own queries).
+    try:
+        check_budget(body["fields"])  # on the loop: a count, before any evaluation
+    except ComposeTooLarge as exc:
+        raise ComposeTooLargeProblem(
+            exc.message, code="compose_too_large",
+            errors=[{"pointer": exc.pointer, "message": exc.message}]) from None
+    # Within the size budget a file takes at most a few seconds to evaluate: off the event loop
+    # (the bundle serialises its own queries).
     report = await asyncio.to_thread(
         evaluate,
         body["fields"],

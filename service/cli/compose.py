@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from service.compose.normalize import NormalizeError, normalize_files
-from service.compose.preflight import POLICY_DIR, RuleSet, evaluate
+from service.compose.preflight import POLICY_DIR, ComposeTooLarge, RuleSet, check_budget, evaluate
 from service.compose.render import render
 from service.schemas import ValidationFailed, validate
 
@@ -118,6 +118,11 @@ def _check(args: argparse.Namespace) -> int:
         for violation in exc.violations:
             print(f"cpctl compose: {violation.pointer or '/'}: {violation.message}",
                   file=_err(args))
+        return 2
+    try:
+        check_budget(fields)  # the endpoint's refusal, before anything is sent or evaluated
+    except ComposeTooLarge as exc:
+        print(f"cpctl compose: compose_too_large: {exc.message}", file=_err(args))
         return 2
     if args.server:
         report = _remote(args, body)

@@ -69,3 +69,43 @@ async def test_bad_bodies_are_422_with_pointers(client, body, pointer):
 async def test_compose_import_needs_a_caller_and_deploys_nothing(client):
     await assert_problem(await client.post("/api/v1/compose/import", json={"fields": {}}), 401,
                          "unauthenticated")
+
+
+def _services(count: int) -> dict[str, object]:
+    return {f"svc{i}": {"image": "nginx", "restart": "always", "cap_add": ["NET_ADMIN"],
+                        "ports": [{"target": 1, "target_end": 65535, "published": "1-65535",
+                                   "protocol": "tcp", "mode": "ingress"}],
+                        "environment": {"DB_PASSWORD": "hunter2hunter2"}}
+            for i in range(count)}
+
+
+async def test_over_the_size_budget_is_422_compose_too_large(client):
+    token = await login(client, "carol")
+    fields = {"services": {f"s{i}": {"image": "a:1"} for i in range(1001)}}
+    response = await client.post("/api/v1/compose/import", headers=bearer(token),
+                                 json={"fields": fields})
+    body = await assert_problem(response, 422, "compose_too_large")
+    assert body["errors"][0]["pointer"] == "/fields/services"
+
+
+async def test_a_large_check_does_not_block_the_worker(client):
+    """500 services with a 65,535-port range each: answered, and /healthz meanwhile."""
+    import asyncio
+    import time
+
+    token = await login(client, "carol")
+    started = time.monotonic()
+    big = asyncio.ensure_future(client.post(
+        "/api/v1/compose/import", headers=bearer(token),
+        json={"fields": {"services": _services(500)}, "env": "prod"}))
+    await asyncio.sleep(0.05)  # the import is under way (parsed, evaluating in its thread)
+    health = await client.get("/healthz")
+    health_at = time.monotonic() - started
+    assert health.status == 200
+    response = await big
+    done_at = time.monotonic() - started
+    assert response.status == 200
+    report = await response.json()
+    assert report["summary"]["services"] == 500 and not report["passed"]
+    assert health_at < 5.0 or health_at < done_at, (health_at, done_at)
+    assert done_at < 60.0  # safety net only

@@ -7,13 +7,23 @@ findings), never tight measurements.
 
 from __future__ import annotations
 
+import io
 import re
 import time
+from pathlib import Path
 
 import pytest
 
+from service.cli import compose as compose_cli
 from service.compose.normalize import NormalizeError, normalize_text
-from service.compose.preflight import POLICY_DIR, RuleSet, evaluate
+from service.compose.preflight import (
+    MAX_ITEMS,
+    MAX_SERVICES,
+    POLICY_DIR,
+    ComposeTooLarge,
+    RuleSet,
+    evaluate,
+)
 from tests.compose.support import Check
 
 SAFETY_NET_S = 30.0
@@ -77,3 +87,22 @@ def test_a_65535_port_range_is_one_entry_and_one_finding(rules: RuleSet) -> None
 def test_a_port_over_65535_is_refused() -> None:
     with pytest.raises(NormalizeError, match="over 65535"):
         normalize_text("services:\n  web:\n    ports: ['65530-65540:65530-65540']\n")
+
+
+def test_over_the_size_budget_is_refused_before_evaluation(rules: RuleSet) -> None:
+    with pytest.raises(ComposeTooLarge, match="1001 services"):
+        evaluate({"services": {f"s{i}": {"image": "a:1"} for i in range(MAX_SERVICES + 1)}},
+                 rules=rules)
+    env = {f"K{i}": "v" for i in range(MAX_ITEMS + 1)}
+    with pytest.raises(ComposeTooLarge, match="list and map entries"):
+        evaluate({"services": {"web": {"image": "a:1", "environment": env}}}, rules=rules)
+
+
+def test_cli_prints_the_refusal_and_exits_2(tmp_path: Path) -> None:
+    lines = ["services:"] + [f"  s{i}:\n    image: a:1" for i in range(MAX_SERVICES + 1)]
+    path = tmp_path / "big.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    out, err = io.StringIO(), io.StringIO()
+    code = compose_cli.run(["check", str(path)], stdout=out, stderr=err, environ={})
+    assert code == 2
+    assert "compose_too_large" in err.getvalue() and out.getvalue() == ""
