@@ -1,17 +1,19 @@
-"""Durable, private file writes: a reader sees the old file or the whole new one, never a part.
+"""Durable, private file writes, and the lock that serialises writers of one directory.
 
-Used for key material (token signing keys, audit keys): written 0600 to a temporary name in the
-same directory, fsynced, renamed over the target, and the directory fsynced, so the rename itself
-survives a crash.
+Used for key material (token signing keys, audit keys): a reader sees the old file or the whole
+new one, never a part. A file is written 0600 to a temporary name in the same directory, fsynced,
+renamed over the target, and the directory fsynced, so the rename itself survives a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["write_private"]
+__all__ = ["exclusive", "write_private"]
 
 
 def write_private(path: Path, text: str) -> None:
@@ -33,3 +35,14 @@ def write_private(path: Path, text: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` (created 0600) across processes."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock

@@ -20,10 +20,9 @@ directory's mtime (no restart).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ..atomicfile import write_private
+from ..atomicfile import exclusive, write_private
 from ..authn.keyring import load_public_key, public_jwk, thumbprint
 
 __all__ = ["KEY_PURPOSE", "AuditKey", "AuditKeyError", "AuditKeys", "load_jwks"]
@@ -129,14 +128,8 @@ class AuditKeys:
         signing = [k for k in self._keys.values() if k.private_key is not None]
         return max(signing, key=lambda k: (k.created_at, k.kid)) if signing else None
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = os.open(self.directory / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return exclusive(self.directory / _LOCK)
 
     def _names(self) -> list[str]:
         try:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ..atomicfile import write_private
+from ..atomicfile import exclusive, write_private
 
 __all__ = [
     "ALG",
@@ -208,14 +207,8 @@ class KeyRing:
 
     # -- internals -----------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = os.open(self.directory / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return exclusive(self.directory / _LOCK)
 
     def _key_names(self) -> frozenset[str]:
         try:
