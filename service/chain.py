@@ -83,12 +83,11 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
                 outcome = await execute(Write.of(facts, tx))
                 response = _response(outcome)  # built before commit: a committed run is answered
                 await rec.executed(outcome, tx)                                     # 5 Audit
-            # Committed: its ticket events count now (a rolled-back run's never do).
-            request.app[METRICS].approval_run(outcome.audit, consumed=redemption is not None)
         else:
             outcome = await execute(facts)
             response = _response(outcome)
             await rec.executed(outcome, None)                                       # 5 Audit
+    request.app[METRICS].ticket_events(rec.ticket_events)  # committed runs only
     return response if response is not None else await _stream(outcome)
 
 

@@ -43,6 +43,8 @@ class Recording:
         self._audit = audit
         self.entry = entry
         self._record: AuditRecord | None = None
+        #: The ticket events of this run, set once it committed (``approval.ticket_*``).
+        self.ticket_events: tuple[str, ...] = ()
 
     def target(self, target: Target, action: Action) -> None:
         self.entry.update(env=target.env, resource_hash=target.hash,
@@ -115,7 +117,7 @@ async def recording(
         # it rather than answer without a record.
         raise ServiceUnavailable("the run was not recorded; nothing was executed",
                                  code="audit_unavailable")
-    _log_ticket_events(rec.entry)  # the run committed: its ticket events happened
+    rec.ticket_events = _log_ticket_events(rec.entry)  # committed: its ticket events happened
     await _mirror(audit, rec)
 
 
@@ -133,12 +135,14 @@ _TICKET_EVENTS = {
 }
 
 
-def _log_ticket_events(entry: dict[str, Any]) -> None:
+def _log_ticket_events(entry: dict[str, Any]) -> tuple[str, ...]:
     """One structured line per ticket event of a committed run (requested, approved, rejected,
-    reviewed with quorum still pending, revoked, consumed); ticket ids, never nonces."""
+    reviewed with quorum still pending, revoked, consumed); ticket ids, never nonces. Returns the
+    events logged."""
     ticket_id = entry.get("ticket_id")
     if ticket_id is None:
-        return
+        return ()
+    events: list[str] = []
     common = {"ticket_id": ticket_id, "env": entry.get("env"),
               "principal": entry["principal"]["subject_id"]}
     kind = entry.get("ticket_event")
@@ -151,9 +155,12 @@ def _log_ticket_events(entry: dict[str, Any]) -> None:
             if key in entry:
                 fields[key] = entry[key]
         ticket_log.info("approval ticket event %s", event, extra={"fields": fields})
+        events.append(event)
     if entry.get("ticket_consumed"):
         ticket_log.info("approval ticket consumed", extra={"fields": {
             "event": "approval.ticket_consumed", **common, "action": entry.get("action")}})
+        events.append("approval.ticket_consumed")
+    return tuple(events)
 
 
 def _principal_entry(principal: Principal) -> dict[str, Any]:

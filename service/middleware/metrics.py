@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -37,6 +37,15 @@ _DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0
 RELOAD_RESULTS = ("ok", "rejected")
 DECISION_RESULTS = ("allow", "deny", "require_approval")
 APPROVAL_OUTCOMES = ("created", "approved", "rejected", "revoked", "expired", "consumed")
+#: Logged ticket event -> ``controlplane_approvals_total{outcome}`` (a review that leaves the
+#: ticket pending is not an outcome).
+_TICKET_EVENT_OUTCOMES = {
+    "approval.ticket_requested": "created",
+    "approval.ticket_approved": "approved",
+    "approval.ticket_rejected": "rejected",
+    "approval.ticket_revoked": "revoked",
+    "approval.ticket_consumed": "consumed",
+}
 LOGIN_FAILURE_REASONS = (
     "bad_password", "unknown_subject", "subject_disabled", "not_a_human", "invalid_assertion",
     "assertion_replayed", "otp_wrong", "otp_replayed", "throttled", "other",
@@ -111,17 +120,12 @@ class Metrics:
         if outcome in APPROVAL_OUTCOMES and count > 0:
             self.approvals.labels(outcome).inc(count)
 
-    def approval_run(self, audit: Mapping[str, Any], *, consumed: bool) -> None:
-        """The ticket events of one committed run (its outcome's audit fields)."""
-        if consumed:
-            self.approval("consumed")
-        event = audit.get("ticket_event")
-        if event in ("created", "revoked"):
-            self.approval(str(event))
-        elif isinstance(event, str) and event.startswith("review_"):
-            state = audit.get("ticket_state")
-            if state in ("approved", "rejected"):
-                self.approval(str(state))
+    def ticket_events(self, events: Iterable[str]) -> None:
+        """The ticket events of one committed run, as ``audit.recording`` logged them."""
+        for event in events:
+            outcome = _TICKET_EVENT_OUTCOMES.get(event)
+            if outcome is not None:
+                self.approval(outcome)
 
     def audit_append_failed(self) -> None:
         self.audit_append_failures.inc()
