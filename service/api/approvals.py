@@ -15,7 +15,7 @@ from ..authz import actions
 from ..chain import Outcome, Run, Target, Write, protected
 from ..errors import ApprovalRepositoryUnavailable, Forbidden, NotFound, SchemaValidationFailed
 from ..store.base import Store, TicketRecord, Tx
-from .queries import query_int, query_str
+from .queries import query_page_limit, query_str
 
 routes = web.RouteTableDef()
 
@@ -141,7 +141,7 @@ async def list_approvals(run: Run) -> Outcome:
                                                   "revoked", "consumed"))
     env = query_str(request, "env", pattern=r"[a-z][a-z0-9-]{0,31}")
     subject = query_str(request, "subject_id", pattern=r"[A-Za-z0-9._@:-]{1,200}")
-    limit = query_int(request, "limit", default=50, low=1, high=200)
+    limit = query_page_limit(request, default=50, high=200)
     cursor = query_str(request, "cursor", pattern=r"[A-Za-z0-9_:.-]{1,200}")
     try:
         tickets, next_cursor = await run.store.list_tickets(

@@ -10,13 +10,9 @@ from aiohttp import web
 from ..appkeys import CONFIG
 from ..audit.checkpoint import to_doc
 from ..chain import Outcome, Run, Target, protected
-from .queries import query_int
+from .queries import query_int, query_page_limit
 
 routes = web.RouteTableDef()
-
-#: The most items one page holds, whatever ``limit`` asks (the store's list cap): a page with
-#: this many items has a ``next_after_seq``, so a client paging with limit=1000 misses nothing.
-_PAGE_CAP = 500
 
 
 async def _target(request: web.Request, body: Any) -> Target:
@@ -29,7 +25,7 @@ async def audit_records(run: Run) -> Outcome:
     """Records after ``after_seq`` (ascending), at most ``limit``."""
     request = run.request
     after = query_int(request, "after_seq", default=0, low=0, high=10**12)
-    limit = min(query_int(request, "limit", default=100, low=1, high=1000), _PAGE_CAP)
+    limit = query_page_limit(request, default=100, high=1000)
     records = await run.store.audit_range(after_seq=after, limit=limit)
     items = [{"seq": r.seq, "prev_hash": r.prev_hash, "hash": r.hash, **r.entry} for r in records]
     return Outcome(200, {
@@ -45,7 +41,7 @@ async def audit_checkpoints(run: Run) -> Outcome:
     anchor as it stands (``cpctl audit verify --anchor``)."""
     request = run.request
     after = query_int(request, "after_seq", default=0, low=0, high=10**12)
-    limit = min(query_int(request, "limit", default=100, low=1, high=1000), _PAGE_CAP)
+    limit = query_page_limit(request, default=100, high=1000)
     checkpoints = await run.store.audit_checkpoints(after_seq=after, limit=limit)
     return Outcome(200, {
         "items": [to_doc(c) for c in checkpoints],

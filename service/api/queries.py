@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from ..errors import SchemaValidationFailed
+from ..store.base import MAX_PAGE
 
-__all__ = ["query_int", "query_str"]
+__all__ = ["query_int", "query_page_limit", "query_str"]
 
 
 def _invalid(name: str, message: str) -> SchemaValidationFailed:
@@ -50,3 +51,10 @@ def query_int(request: web.Request, name: str, *, default: int, low: int, high: 
     if not low <= value <= high:
         raise _invalid(name, f"must be between {low} and {high}")
     return value
+
+
+def query_page_limit(request: web.Request, *, default: int, high: int) -> int:
+    """The ``limit`` of a paged read, within [1, high], and never more than the store returns in
+    one call (``MAX_PAGE``): a page that comes back this full then has a next cursor, so a
+    client asking for more than one store page misses nothing."""
+    return min(query_int(request, "limit", default=default, low=1, high=high), MAX_PAGE)

@@ -19,7 +19,7 @@ from ..middleware.authn import bearer_token
 from ..middleware.headers import apply_security_headers
 from ..store.base import Store, StoreError, TaskRecord, Tx
 from ..tasks.tasks import EventView, next_state, task_view
-from .queries import query_int
+from .queries import query_int, query_page_limit
 
 routes = web.RouteTableDef()
 log = logging.getLogger("controlplane.tasks")
@@ -71,7 +71,7 @@ async def task_events(run: Run) -> Outcome:
         return Outcome(200, None, audit={"task_id": task_id, "stream": True},
                        stream=lambda: _stream(request, store, task_id, after))
     after = query_int(request, "after_seq", default=0, low=0, high=10**11)
-    limit = query_int(request, "limit", default=100, low=1, high=1000)
+    limit = query_page_limit(request, default=100, high=1000)
     events = await store.list_events(task_id, after_seq=after, limit=limit)
     items = [EventView(e).as_dict() for e in events]
     return Outcome(200, {

@@ -28,6 +28,7 @@ from ..approvals.states import TicketState
 
 __all__ = [
     "AUDIT_GENESIS_HASH",
+    "MAX_PAGE",
     "AuditCheckpoint",
     "AuditOps",
     "AuditRecord",
@@ -59,6 +60,10 @@ Seal: TypeAlias = Callable[[int, str, dict[str, Any]], str]
 
 AUDIT_GENESIS_HASH = "sha256:" + "0" * 64
 """``prev_hash`` of the first audit record."""
+
+MAX_PAGE = 500
+"""The most items one list call returns, whatever ``limit`` it is given (a page that holds this
+many may have more after it)."""
 
 TaskState: TypeAlias = Literal["pending", "running", "succeeded", "failed"]
 TASK_STATES: tuple[str, ...] = ("pending", "running", "succeeded", "failed")

@@ -86,6 +86,22 @@ async def test_events_page_by_after_seq(client):
     assert [e["progress"] for e in rest["items"]] == [30] and rest["next_after_seq"] is None
 
 
+async def test_a_page_larger_than_the_store_returns_still_has_a_next_cursor(client):
+    """limit=1000 over 501 events: the store returns its page (500), and the answer says there
+    is more instead of ending the listing there."""
+    alice = await start_task(client)
+    store = client.server.app[STORE].require()
+    async with store.transaction() as tx:
+        for i in range(500):
+            await tx.append_event("build-1", "progress", "ci-bot", {"progress": i % 100}, 1.0 + i)
+    first = await (await client.get("/api/v1/tasks/build-1/events?limit=1000",
+                                    headers=bearer(alice))).json()
+    assert len(first["items"]) == 500 and first["next_after_seq"] == 500
+    rest = await (await client.get("/api/v1/tasks/build-1/events?limit=1000&after_seq=500",
+                                   headers=bearer(alice))).json()
+    assert [e["seq"] for e in rest["items"]] == [501] and rest["next_after_seq"] is None
+
+
 async def test_events_stream_as_sse_and_resume(client):
     alice = await start_task(client)
     bot = await login(client, "ci-bot")

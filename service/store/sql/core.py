@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from ... import limits
-from ..base import StoreError
+from ..base import MAX_PAGE, StoreError
 
 __all__ = [
     "MAX_LIST_LIMIT",
@@ -38,8 +38,8 @@ __all__ = [
 
 Row = Mapping[str, Any]
 
-#: The most rows one list call returns, whatever limit it asks for.
-MAX_LIST_LIMIT = 500
+#: The most rows one list call returns (the store contract's page size).
+MAX_LIST_LIMIT = MAX_PAGE
 
 # The migrations ship inside the store package: service/store/migrations/<dialect>/.
 _STORE_PACKAGE = __name__.rsplit(".", 2)[0]
