@@ -41,7 +41,6 @@ DIALECT = Dialect(
     # The jsonb codec registered on every connection does the (de)serialisation.
     json_in=_identity,
     json_out=_identity,
-    not_distinct="IS NOT DISTINCT FROM",
 )
 
 # One cluster-wide key: concurrent starters (any schema) apply migrations one at a time.

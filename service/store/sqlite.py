@@ -45,7 +45,6 @@ DIALECT = Dialect(
     numbered_params=False,
     json_in=dump_json,
     json_out=json.loads,
-    not_distinct="IS",  # SQLite's null-safe equality
 )
 
 # Primary result codes that mean "the database cannot serve us now" rather than "bad statement":

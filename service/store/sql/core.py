@@ -83,7 +83,6 @@ class Dialect:
     # on its connections, so both are the identity there; SQLite stores text.
     json_in: Callable[[Any], Any]
     json_out: Callable[[Any], Any]
-    not_distinct: str  # null-safe equality operator
 
     def sql(self, text: str) -> str:
         return _numbered(text) if self.numbered_params else text
