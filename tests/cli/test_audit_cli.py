@@ -352,3 +352,30 @@ def test_verify_names_the_tampered_postgres_row(tmp_path: Path, env: pytest.Monk
         assert code == 1 and result["break"] == {"seq": tampered, "reason": "hash_mismatch"}
     finally:
         asyncio.run(pg.drop_schema(dsn, schema))
+
+
+def test_the_cpctl_entry_point_runs_the_audit_verbs(tmp_path: Path) -> None:
+    """`cpctl audit checkpoint|verify|keys` as an operator runs them: the real process, its exit
+    codes and output, against a state dir a stopped service left behind."""
+    state = tmp_path / "state"
+    with serve(state, env={"CONTROLPLANE_AUDIT__CHECKPOINT_RECORDS": "2"}) as (base, _):
+        activity(base, reads=3)
+    environ = {"PATH": "/usr/bin:/bin", "CONTROLPLANE_STATE_DIR": str(state)}
+
+    def cpctl(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "service", "audit", *argv], cwd=REPO,
+                              env=environ, capture_output=True, text=True, timeout=60, check=False)
+
+    anchor = tmp_path / "anchor.json"
+    taken = cpctl("checkpoint", "--out", str(anchor))
+    assert taken.returncode == 0, taken.stderr
+    verified = cpctl("verify", "--json", "--anchor", str(anchor))
+    assert verified.returncode == 0, verified.stderr
+    result = json.loads(verified.stdout)
+    assert result["ok"] and result["anchors"] == 1
+    assert result["verified_head"]["seq"] == json.loads(anchor.read_text())["seq"] == len(
+        seqs(state / "controlplane.db"))
+    listed = cpctl("keys", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert [k["kty"] for k in json.loads(listed.stdout)["keys"]] == ["OKP"]
+    assert "Traceback" not in taken.stderr + verified.stderr + listed.stderr
