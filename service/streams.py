@@ -11,15 +11,23 @@ requests) every stream is told to stop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 
 from aiohttp import web
 
-from .appkeys import STREAMS
+from . import clock
+from .appkeys import AUTHENTICATOR, CORRELATION_ID, STREAMS
+from .authn.errors import AuthnError
 from .config import StreamsConfig
 from .errors import TooManyStreams
+from .middleware.authn import bearer_token
+from .middleware.headers import apply_security_headers
+from .store.base import StoreError
 
-__all__ = ["Slot", "StreamSlots", "setup_streams"]
+__all__ = ["Slot", "StreamSlots", "event_stream_response", "session_alive", "setup_streams"]
+
+log = logging.getLogger("controlplane.streams")
 
 #: Seconds a refused client is asked to wait (streams end on their own within minutes).
 RETRY_AFTER_S = 10
@@ -88,3 +96,30 @@ def setup_streams(app: web.Application, config: StreamsConfig) -> None:
     slots = StreamSlots(config)
     app[STREAMS] = slots
     app.on_shutdown.append(slots.stop)
+
+
+def event_stream_response(request: web.Request) -> web.StreamResponse:
+    """A ``text/event-stream`` response with the security and correlation headers set.
+
+    The stream prepares it itself, so the middlewares cannot add their headers afterwards.
+    """
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "X-Accel-Buffering": "no",
+                                           "X-Correlation-ID": request[CORRELATION_ID]})
+    apply_security_headers(request, response)
+    return response
+
+
+async def session_alive(request: web.Request) -> bool:
+    """The stream's bearer token still authenticates (its session not logged out or expired)."""
+    token = bearer_token(request)
+    if token is None:
+        return False
+    try:
+        await request.app[AUTHENTICATOR].authenticate_bearer(token, clock.now())
+    except AuthnError:
+        return False
+    except StoreError:
+        log.warning("event stream ended: its session cannot be checked (store unavailable)")
+        return False
+    return True

@@ -10,14 +10,11 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import clock
-from ..appkeys import AUTHENTICATOR, CONFIG, CORRELATION_ID, STORE, STREAMS
-from ..authn.errors import AuthnError
+from ..appkeys import CONFIG, STORE, STREAMS
 from ..chain import Outcome, Run, Target, Write, protected
 from ..errors import NotFound
-from ..middleware.authn import bearer_token
-from ..middleware.headers import apply_security_headers
 from ..store.base import Store, StoreError, TaskRecord, Tx
+from ..streams import event_stream_response, session_alive
 from ..tasks.tasks import EventView, next_state, task_view
 from .queries import query_int, query_page_limit
 
@@ -86,11 +83,7 @@ async def _stream(request: web.Request, store: Store, task_id: str, after: int) 
     (``event: end`` with ``reason``), ``SSE_MAX_S`` passes or the server shuts down (then the
     stream just closes: a client reconnects with ``Last-Event-ID``). A client that goes away
     is normal: no error is logged."""
-    # Prepared here, so the correlation middleware cannot add its header afterwards.
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "X-Accel-Buffering": "no",
-                                           "X-Correlation-ID": request[CORRELATION_ID]})
-    apply_security_headers(request, response)
+    response = event_stream_response(request)
     try:
         await response.prepare(request)
         reason = await _pump(request, response, store, task_id, after)
@@ -116,7 +109,7 @@ async def _pump(request: web.Request, response: web.StreamResponse, store: Store
             return None
         if now - last_check >= check_s:
             last_check = now
-            if not await _session_alive(request):
+            if not await session_alive(request):
                 return b'{"reason":"session_ended"}'
         try:
             events = await store.list_events(task_id, after_seq=after, limit=100)
@@ -135,21 +128,6 @@ async def _pump(request: web.Request, response: web.StreamResponse, store: Store
             last_beat = now
         await asyncio.sleep(SSE_POLL_S)
     return None
-
-
-async def _session_alive(request: web.Request) -> bool:
-    """The stream's bearer token still authenticates (its session not logged out or expired)."""
-    token = bearer_token(request)
-    if token is None:
-        return False
-    try:
-        await request.app[AUTHENTICATOR].authenticate_bearer(token, clock.now())
-    except AuthnError:
-        return False
-    except StoreError:
-        log.warning("event stream ended: its session cannot be checked (store unavailable)")
-        return False
-    return True
 
 
 @routes.post("/api/v1/tasks/{id}/events")
