@@ -1,27 +1,55 @@
-"""``cpctl approval request | list | show | review | revoke``: approval tickets over the HTTP API.
+"""``cpctl approval request | wait | list | show | review | revoke``: approval tickets over the
+HTTP API.
 
-``request`` computes the bindings locally: the command line is hashed here and only its hash is
-sent (the server never sees the command), and the resource hash is sent too, so the server
-refuses the ticket if the two sides canonicalise the resource differently. The nonce is printed
-once, with the exact headers that present the ticket on the request that runs the action.
+``request`` computes the bindings locally: the command (a command line, or an argv array) is
+sent with its hash, computed here too, and so is the resource hash, so the server refuses the
+ticket if the two sides canonicalise either differently. The nonce is printed once, with the
+exact headers that present the ticket, and kept in ``tickets.json`` beside the credentials
+(0600) for ``cpctl installer run --ticket``. ``--wait`` (and ``wait``) follow the ticket's event
+stream until it is settled: exit 0 approved, 1 rejected, revoked or already consumed,
+2 expired, 3 the wait itself failed (refused, unreachable, session ended).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
+import re
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ..approvals.binding import command_hash, resource_hash
+from ..approvals.binding import resource_hash
+from ..approvals.command import command_hash
 from . import client as http
-from .client import EXIT_OK, UsageError, guarded
+from .client import EXIT_OK, ClientError, ConnectionFailed, UsageError, guarded
 
-__all__ = ["parse_resource", "register", "run"]
+__all__ = [
+    "EXIT_WAIT_FAILED",
+    "WAIT_EXIT",
+    "parse_command",
+    "parse_json_value",
+    "parse_resource",
+    "register",
+    "request_ticket",
+    "run",
+    "show_progress",
+    "wait_for_ticket",
+]
 
 STATES = ("pending", "approved", "rejected", "expired", "revoked", "consumed")
+#: A ticket in one of these states changes no more for a waiter (the server's stream ends there).
+SETTLED = frozenset({"approved", "rejected", "expired", "revoked", "consumed"})
+#: ``--wait``'s exit code per settled state, and when the wait itself failed.
+WAIT_EXIT = {"approved": 0, "rejected": 1, "revoked": 1, "consumed": 1, "expired": 2}
+EXIT_WAIT_FAILED = 3
+#: Reconnecting a dropped ticket stream: first delay, ceiling, and how long the server may stay
+#: unreachable before the wait gives up.
+RECONNECT_FIRST_S, RECONNECT_MAX_S, RECONNECT_GIVE_UP_S = 0.5, 15.0, 300.0
 
 
 def register(sub: Any) -> None:
@@ -37,15 +65,21 @@ def register(sub: Any) -> None:
     rq.add_argument("--env", required=True, help="environment, e.g. prod")
     rq.add_argument("--action", required=True,
                     help="the action the ticket authorizes, e.g. installer.run.execute")
-    rq.add_argument("--resource", required=True,
-                    help='what it is for: a JSON object (e.g. \'{"kind":"db","id":"db-1"}\') or a string')
+    rq.add_argument("--resource", required=True, help=RESOURCE_HELP)
     rq.add_argument("--subject", help="who will run the action (default: the logged-in subject)")
-    rq.add_argument("--command", dest="command_line", metavar="COMMAND",
-                    help="the exact command line to bind; only its sha256 is sent")
+    rq.add_argument("--command", dest="command_line", metavar="COMMAND", help=COMMAND_HELP)
     rq.add_argument("--reason", help="why (shown to reviewers)")
     rq.add_argument("--ttl", type=int, metavar="SECONDS",
                     help="use-by time after approval (capped by policy)")
-    rq.set_defaults(func=guarded(request))
+    rq.add_argument("--wait", action="store_true",
+                    help="then wait until the ticket is settled: exit 0 approved, 1 rejected "
+                         "(or revoked, consumed), 2 expired, 3 the wait failed")
+    rq.set_defaults(func=request)
+
+    wt = commands.add_parser("wait", parents=[conn, out],
+                             help="wait until a ticket is settled (exit codes as request --wait)")
+    wt.add_argument("id", metavar="ID")
+    wt.set_defaults(func=wait)
 
     ls = commands.add_parser("list", parents=[conn, out], help="list tickets, newest first")
     ls.add_argument("--state", choices=STATES)
@@ -83,47 +117,103 @@ def run(argv: Sequence[str]) -> int:
     return int(args.func(args))
 
 
-def parse_resource(text: str) -> Any:
-    """A JSON object when ``text`` parses as one; otherwise ``text`` itself, as a string."""
-    try:
-        value = json.loads(text)
-    except ValueError:
+RESOURCE_HELP = ("what it is for: a JSON object (e.g. '{\"app\":\"web\"}'), @FILE holding one, "
+                 "or a plain string; input that starts like JSON must be valid JSON")
+COMMAND_HELP = ("the exact command line the ticket binds (sent with its sha256 and shown to "
+                "reviewers), or an argv JSON array such as '[\"helm\",\"upgrade\",\"web\"]'")
+
+
+def parse_json_value(option: str, text: str) -> Any:
+    """``text`` as the user meant it: JSON when it starts like JSON (``{``, ``[`` or ``"``),
+    which must then parse (``UsageError`` naming line and column), else the text itself.
+    ``@FILE`` reads the value from FILE (``@-``: standard input)."""
+    if text.startswith("@"):
+        text = _read_at(option, text[1:])
+    head = text.lstrip()[:1]
+    if head not in ("{", "[", '"'):
         return text
-    return value if isinstance(value, dict) else text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{option}: invalid JSON at line {exc.lineno} column {exc.colno}: "
+                         f"{exc.msg}") from None
+    except ValueError as exc:  # RecursionError and the like: nested too deep
+        raise UsageError(f"{option}: invalid JSON: {exc}") from None
+
+
+def parse_resource(text: str, option: str = "--resource") -> Any:
+    """A resource: a JSON object or a string (see ``parse_json_value``)."""
+    value = parse_json_value(option, text)
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, dict) and value:
+        return value
+    raise UsageError(f"{option}: a resource is a non-empty JSON object or string, not "
+                     f"{_json_kind(value)}")
+
+
+def parse_command(text: str, option: str = "--command") -> str | list[str]:
+    """A command: the exact command line, or an argv JSON array of strings."""
+    value = parse_json_value(option, text)
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(isinstance(a, str) for a in value):
+        return value
+    raise UsageError(f"{option}: a command is a command line or a non-empty JSON array of "
+                     f"strings, not {_json_kind(value)}")
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, (str, list, dict)) and not value:
+        return "an empty " + ("string" if isinstance(value, str) else
+                              "array" if isinstance(value, list) else "object")
+    if isinstance(value, list):
+        return "an array with non-string items"
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")
+
+
+def _read_at(option: str, name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    try:
+        return Path(name).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{option}: cannot read {name}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{option}: {name} is not UTF-8 text") from None
 
 
 # -- handlers ----------------------------------------------------------------------------------
 
 
 def request(args: argparse.Namespace) -> int:
-    api = http.client_for(args)
+    """``approval request``: create the ticket; with ``--wait``, then wait for its outcome."""
+    if not args.wait:
+        return guarded(_request)(args)
+    return _waiting(args, lambda: _request(args))
+
+
+def _request(args: argparse.Namespace) -> int:
     resource = parse_resource(args.resource)
-    subject = args.subject or _me(api)
-    body: dict[str, Any] = {
-        "subject_id": subject,
-        "env": args.env,
-        "action": args.action,
-        "resource": resource,
-        "resource_hash": resource_hash(resource),
-    }
-    if args.command_line is not None:
-        body["command_hash"] = command_hash(args.command_line)
-    if args.reason is not None:
-        body["reason"] = args.reason
-    if args.ttl is not None:
-        body["ttl_s"] = args.ttl
-    ticket = api.post("/api/v1/approvals", body)
-    _check_ticket(ticket)
-    if ticket.get("resource_hash") != body["resource_hash"] or (
-        "command_hash" in body and ticket.get("command_hash") != body["command_hash"]
-    ):
-        # The server bound something other than what we asked for: do not hand out its nonce.
-        raise UsageError(f"ticket {ticket['id']} is bound to different hashes than requested; revoke it")
+    command = parse_command(args.command_line) if args.command_line is not None else None
+    api = http.client_for(args)
+    ticket = request_ticket(
+        api, subject=args.subject or _me(api), env=args.env, action=args.action,
+        resource=resource, command=command, reason=args.reason, ttl_s=args.ttl,
+    )
+    nonce = str(ticket.get("nonce") or "")
+    if args.wait:
+        if not args.json:
+            print(_describe(ticket))
+            print(f"\nNonce kept in {http.TicketNonces().path} "
+                  f"(`cpctl installer run --ticket {ticket['id']}` presents it).", file=sys.stderr)
+        final = wait_for_ticket(api, ticket["id"], on_change=None if args.json else show_progress)
+        return _settled(args, final, nonce)
     if args.json:
         _print_json(ticket)
         return EXIT_OK
     print(_describe(ticket))
-    nonce = ticket.get("nonce")
     if nonce:
         print()
         print("Nonce (shown only this once; it redeems the ticket, so keep it secret):")
@@ -132,7 +222,179 @@ def request(args: argparse.Namespace) -> int:
         print("Once approved, present these headers on the request that runs the action:")
         for name, value in presentation_headers(ticket, nonce):
             print(f"  {name}: {value}")
+        print()
+        print(f"(kept in {http.TicketNonces().path}: `cpctl installer run --ticket {ticket['id']}` "
+              "presents it for you)")
     return EXIT_OK
+
+
+def wait(args: argparse.Namespace) -> int:
+    """``approval wait ID``: the same wait as ``request --wait``, for an existing ticket."""
+
+    def follow() -> int:
+        api = http.client_for(args)
+        final = wait_for_ticket(api, args.id, on_change=None if args.json else show_progress)
+        return _settled(args, final, None)
+
+    return _waiting(args, follow)
+
+
+def request_ticket(
+    api: http.Client,
+    *,
+    subject: str,
+    env: str,
+    action: str,
+    resource: Any,
+    command: str | list[str] | None,
+    reason: str | None = None,
+    ttl_s: int | None = None,
+    expect_resource_hash: str | None = None,
+) -> dict[str, Any]:
+    """Create a ticket bound to exactly these values; keep its nonce in ``TicketNonces``.
+
+    Refuses a ticket the server bound to other hashes than the ones computed here (its nonce
+    is not handed out then). A server that does not take the command text yet (older than
+    this CLI) gets its hash alone.
+    """
+    body: dict[str, Any] = {
+        "subject_id": subject,
+        "env": env,
+        "action": action,
+        "resource": resource,
+        "resource_hash": resource_hash(resource),
+    }
+    if expect_resource_hash is not None and body["resource_hash"] != expect_resource_hash:
+        raise UsageError("the resource hashes to another value here than on the server; "
+                         "not requesting a ticket that could never match")
+    if command is not None:
+        body["command"] = command
+        body["command_hash"] = command_hash(command)
+    if reason is not None:
+        body["reason"] = reason
+    if ttl_s is not None:
+        body["ttl_s"] = ttl_s
+    try:
+        ticket = api.post("/api/v1/approvals", body)
+    except ClientError as exc:
+        if command is None or not _refuses_command_text(exc):
+            raise
+        print("cpctl: note: this server does not take the command text; only its hash was sent",
+              file=sys.stderr)
+        del body["command"]
+        ticket = api.post("/api/v1/approvals", body)
+    _check_ticket(ticket)
+    if ticket.get("resource_hash") != body["resource_hash"] or (
+        "command_hash" in body and ticket.get("command_hash") != body["command_hash"]
+    ):
+        # The server bound something other than what we asked for: do not hand out its nonce.
+        raise UsageError(f"ticket {ticket['id']} is bound to different hashes than requested; revoke it")
+    if isinstance(ticket.get("nonce"), str):
+        http.TicketNonces().put(api.base_url, ticket["id"], ticket["nonce"])
+    return dict(ticket)
+
+
+def _refuses_command_text(exc: ClientError) -> bool:
+    """A 422 that names the ``command`` member as not allowed (a server without it)."""
+    if exc.status != 422 or exc.code != "schema_validation_failed":
+        return False
+    errors = exc.body.get("errors")
+    return isinstance(errors, list) and any(
+        isinstance(e, dict) and (e.get("pointer") == "/command" or (
+            e.get("pointer") in ("", "/") and _NAMES_COMMAND.search(str(e.get("message", "")))))
+        for e in errors
+    )
+
+
+# "unknown property: command", "'command' was unexpected": the member itself, not command_hash.
+_NAMES_COMMAND = re.compile(r"(?:^|[\s'\":])command(?:$|[\s'\"])")
+
+
+def wait_for_ticket(
+    api: http.Client,
+    ticket_id: str,
+    *,
+    on_change: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Follow ``GET /api/v1/approvals/{id}/events`` until the ticket is settled; the ticket then.
+
+    No polling: the server pushes each change. A stream that drops or is refused for a moment
+    (too many streams, server restarting) is reopened with exponential backoff and jitter; the
+    first event of every stream is the current ticket, so nothing is missed. The wait gives up
+    (``ConnectionFailed``) once the server has been unreachable for ``RECONNECT_GIVE_UP_S``.
+    """
+    path = f"/api/v1/approvals/{_id(ticket_id)}/events"
+    delay, failing_since = RECONNECT_FIRST_S, None
+    last: dict[str, Any] | None = None
+    while True:
+        try:
+            for event in api.events(path):
+                if event.event == "ticket":
+                    ticket = event.json()
+                    _check_ticket(ticket)
+                    delay, failing_since = RECONNECT_FIRST_S, None
+                    if ticket != last and on_change is not None:
+                        on_change(ticket)
+                    last = ticket
+                    if ticket.get("state") in SETTLED:
+                        return dict(ticket)
+                elif event.event == "end":
+                    end = event.json()
+                    reason = end.get("reason") if isinstance(end, dict) else None
+                    if reason == "session_ended":
+                        raise UsageError("the session ended while waiting; run `cpctl login "
+                                         f"SUBJECT`, then `cpctl approval wait {ticket_id}`")
+                    if reason == "ticket_not_found":
+                        raise ClientError(404, "ticket_not_found", "the ticket is gone")
+        except ClientError as exc:
+            if exc.status not in (429, 502, 503, 504):
+                raise
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > RECONNECT_GIVE_UP_S:
+                raise
+        except ConnectionFailed:
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > RECONNECT_GIVE_UP_S:
+                raise
+        # Reopened after a pause (short when the stream worked: the server closed it at its
+        # time limit or on a restart; growing while it fails).
+        time.sleep(delay * random.uniform(0.5, 1.0))  # jitter: reconnects do not come in step
+        delay = min(delay * 2, RECONNECT_MAX_S)
+
+
+def _waiting(args: argparse.Namespace, body: Callable[[], int]) -> int:
+    """Run a waiting command: its own exit code, or ``EXIT_WAIT_FAILED`` with the error shown
+    as any command shows it (so 1 and 2 keep meaning rejected and expired)."""
+    prog = "cpctl approval " + str(getattr(args, "approval_command", ""))
+    try:
+        return body()
+    except ClientError as exc:
+        http.report_client_error(args, exc)
+    except (ConnectionFailed, UsageError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+    return EXIT_WAIT_FAILED
+
+
+def show_progress(ticket: dict[str, Any]) -> None:
+    """A waiting line on stderr for each change of the ticket."""
+    reviews = ticket.get("reviews") or []
+    approvals = sum(1 for r in reviews if isinstance(r, dict) and r.get("decision") == "approve")
+    last = reviews[-1] if reviews and isinstance(reviews[-1], dict) else None
+    said = f"; {last.get('reviewer')}: {last.get('decision')}" if last else ""
+    print(f"ticket {ticket.get('id')}: {ticket.get('state')} ({approvals}/{ticket.get('quorum')} "
+          f"approvals{said})", file=sys.stderr, flush=True)
+
+
+def _settled(args: argparse.Namespace, ticket: dict[str, Any], nonce: str | None) -> int:
+    """Print the settled ticket; its exit code."""
+    state = str(ticket.get("state"))
+    if args.json:
+        _print_json({**ticket, "nonce": nonce} if nonce else ticket)
+    else:
+        print(f"ticket {ticket.get('id')} is {state}")
+    if state == "approved" and not args.json and ticket.get("expires_at"):
+        print(f"use it before {ticket['expires_at']}", file=sys.stderr)
+    return WAIT_EXIT.get(state, EXIT_WAIT_FAILED)
 
 
 def presentation_headers(ticket: dict[str, Any], nonce: str) -> list[tuple[str, str]]:
@@ -229,6 +491,7 @@ def _describe(t: dict[str, Any]) -> str:
         ("action", t.get("action")),
         ("resource", _resource_text(t.get("resource"))),
         ("resource hash", t.get("resource_hash")),
+        ("command", _command_text(t.get("command"))),
         ("command hash", t.get("command_hash") or "-"),
         ("reason", t.get("reason") or "-"),
         ("quorum", t.get("quorum")),
@@ -254,6 +517,14 @@ def _resource_text(resource: Any) -> str:
     if isinstance(resource, str):
         return resource
     return json.dumps(resource, sort_keys=True, separators=(",", ":"))
+
+
+def _command_text(command: Any) -> str:
+    if command is None:
+        return "-"
+    if isinstance(command, str):
+        return command
+    return json.dumps(command)  # an argv array, shown as the array it is
 
 
 def _short(text: str, width: int) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import http.client
 import json
 import os
 import socket
@@ -26,7 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,17 +41,26 @@ __all__ = [
     "ClientError",
     "ConnectionFailed",
     "CredentialStore",
+    "ServerEvent",
+    "StreamInterrupted",
+    "TicketNonces",
     "UsageError",
     "add_connection_args",
     "client_for",
     "connection_parent",
     "guarded",
+    "report_client_error",
     "server_url",
+    "write_private",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 EXIT_OK, EXIT_ERROR, EXIT_UNAVAILABLE = 0, 1, 2
 TIMEOUT_S = 30.0
+#: A live stream silent this long is taken as dropped (servers send heartbeats every 15 s).
+STREAM_READ_TIMEOUT_S = 60.0
+#: The longest event line accepted from a stream (a ticket with a large resource fits).
+MAX_EVENT_LINE = 4 * 1024 * 1024
 _MAX_DETAIL = 300
 
 
@@ -73,15 +83,37 @@ class ClientError(Exception):
         self.correlation_id = correlation_id
         self.body: dict[str, Any] = dict(body or {})
 
+    @property
+    def reasons(self) -> list[str]:
+        """The policy's or the server's reason codes, when the answer names any."""
+        reasons = self.body.get("reasons")
+        return [str(r) for r in reasons] if isinstance(reasons, list) else []
+
     def __str__(self) -> str:
         line = f"{self.status} {self.code}: {self.detail}"
+        if self.reasons:
+            line += " [reasons: " + ", ".join(self.reasons) + "]"
         if self.correlation_id:
             line += f" (correlation_id {self.correlation_id})"
         return line
 
+    def as_json(self) -> dict[str, Any]:
+        """The error as ``--json`` prints it: the server's problem document (when it sent one)
+        with ``status``, ``code``, ``detail``, ``reasons`` and ``correlation_id`` always present."""
+        doc = dict(self.body)
+        doc.update({"status": self.status, "code": self.code,
+                    "detail": str(doc.get("detail") or self.detail), "reasons": self.reasons,
+                    "correlation_id": self.correlation_id})
+        return {"error": doc}
+
 
 class ConnectionFailed(Exception):
     """The server could not be reached at all (refused, unknown host, timeout, TLS)."""
+
+
+class StreamInterrupted(ConnectionFailed):
+    """A live stream stopped mid-way (connection dropped, nothing heard within the read
+    timeout): reconnecting may help."""
 
 
 class UsageError(Exception):
@@ -109,10 +141,7 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
         try:
             return int(func(args) or EXIT_OK)
         except ClientError as exc:
-            print(f"{prog}: error: {exc}", file=sys.stderr)
-            hint = _HINTS.get(exc.code)
-            if hint:
-                print(f"{prog}: hint: {hint}", file=sys.stderr)
+            report_client_error(args, exc)
             return EXIT_ERROR
         except ConnectionFailed as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
@@ -126,6 +155,20 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
             return EXIT_OK
 
     return wrapper
+
+
+def report_client_error(args: argparse.Namespace, exc: ClientError) -> None:
+    """One line on stderr (code, detail, reasons, correlation id) and a hint when there is one;
+    with ``--json`` also the error document on stdout, for scripts."""
+    prog = _prog(args)
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    hint = _HINTS.get(exc.code)
+    if hint:
+        print(f"{prog}: hint: {hint}", file=sys.stderr)
+    if getattr(args, "json", False):
+        json.dump(exc.as_json(), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
 
 
 def _prog(args: argparse.Namespace) -> str:
@@ -235,8 +278,10 @@ class Client:
     def get(self, path: str, query: Mapping[str, Any] | None = None) -> Any:
         return self.request("GET", path, query=query).body
 
-    def post(self, path: str, body: Any = None, *, auth: bool = True) -> Any:
-        return self.request("POST", path, body=body if body is not None else {}, auth=auth).body
+    def post(self, path: str, body: Any = None, *, auth: bool = True,
+             headers: Mapping[str, str] | None = None) -> Any:
+        return self.request("POST", path, body=body if body is not None else {}, auth=auth,
+                            headers=headers).body
 
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path).body
@@ -249,18 +294,9 @@ class Client:
         body: Any = None,
         query: Mapping[str, Any] | None = None,
         auth: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> Response:
-        url = self.base_url + path
-        params = {k: str(v) for k, v in (query or {}).items() if v is not None}
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
-        data = None if body is None else json.dumps(body).encode("utf-8")
-        req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 (http/https only)
-        req.add_header("Accept", "application/json, application/problem+json")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if auth and self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
+        req = self._request(method, path, body=body, query=query, auth=auth, headers=headers)
         try:
             with _OPENER.open(req, timeout=self.timeout) as resp:
                 return Response(resp.status, dict(resp.headers), _decode(resp.read()))
@@ -274,6 +310,114 @@ class Client:
             ) from None
         except OSError as exc:
             raise ConnectionFailed(f"cannot reach {self.base_url}: {_reason(exc)}") from None
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        auth: bool = True,
+        headers: Mapping[str, str] | None = None,
+        accept: str = "application/json, application/problem+json",
+    ) -> urllib.request.Request:
+        url = self.base_url + path
+        params = {k: str(v) for k, v in (query or {}).items() if v is not None}
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 (http/https only)
+        req.add_header("Accept", accept)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        for name, value in (headers or {}).items():
+            req.add_header(name, value)
+        if auth and self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        return req
+
+    def events(
+        self,
+        path: str,
+        *,
+        last_event_id: str | None = None,
+        read_timeout: float = STREAM_READ_TIMEOUT_S,
+    ) -> Iterator[ServerEvent]:
+        """The server-sent events of a live stream (WHATWG HTML, "server-sent events"), as they
+        arrive, until the server closes it.
+
+        An error answer before the stream starts raises ``ClientError``; a connection that
+        drops, or stays silent longer than ``read_timeout`` (servers send heartbeats well
+        within it), raises ``StreamInterrupted``; resuming is the caller's choice.
+        """
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else None
+        req = self._request("GET", path, headers=headers, accept="text/event-stream")
+        try:
+            resp = _OPENER.open(req, timeout=read_timeout)
+        except urllib.error.HTTPError as exc:
+            raise _client_error(exc) from None
+        except urllib.error.URLError as exc:
+            raise ConnectionFailed(f"cannot reach {self.base_url}: {_reason(exc.reason)}") from None
+        except OSError as exc:
+            raise ConnectionFailed(f"cannot reach {self.base_url}: {_reason(exc)}") from None
+        with resp:
+            media = (resp.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            if media != "text/event-stream":
+                raise ClientError(resp.status, "bad_response",
+                                  f"expected an event stream, got {media or 'no content type'}")
+            yield from _parse_events(resp, self.base_url)
+
+
+@dataclass(frozen=True)
+class ServerEvent:
+    """One dispatched server-sent event."""
+
+    event: str
+    data: str
+    id: str | None
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.data)
+        except ValueError:
+            raise ClientError(0, "bad_response",
+                              f"the server sent a {self.event!r} event that is not JSON") from None
+
+
+def _parse_events(resp: Any, base_url: str) -> Iterator[ServerEvent]:
+    """Dispatch events from the lines of ``resp`` (field parsing as the SSE spec has it)."""
+    event, last_id = "", None
+    data: list[str] = []
+    while True:
+        try:
+            raw: bytes = resp.readline(MAX_EVENT_LINE + 1)
+        except (TimeoutError, OSError, http.client.HTTPException) as exc:
+            raise StreamInterrupted(f"the event stream from {base_url} stopped: "
+                                    f"{_reason(exc) if isinstance(exc, OSError) else 'broken'}") from None
+        if not raw:
+            return  # the server closed the stream
+        if len(raw) > MAX_EVENT_LINE:
+            raise ClientError(0, "bad_response", "the server sent an event line over "
+                              f"{MAX_EVENT_LINE} bytes")
+        line = raw.decode("utf-8", "replace")
+        line = line[:-1] if line.endswith("\n") else line
+        line = line[:-1] if line.endswith("\r") else line
+        if not line:
+            if data:
+                yield ServerEvent(event or "message", "\n".join(data), last_id)
+            event, data = "", []
+            continue
+        if line.startswith(":"):
+            continue  # a comment: heartbeats
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "event":
+            event = value
+        elif field == "data":
+            data.append(value)
+        elif field == "id" and "\0" not in value:
+            last_id = value
 
 
 def _decode(raw: bytes) -> Any:
@@ -386,24 +530,77 @@ class CredentialStore:
         return True
 
     def _write(self, doc: Mapping[str, Any]) -> None:
-        directory = self.path.parent
+        write_private(self.path, doc)
+
+
+def write_private(path: Path, doc: Mapping[str, Any]) -> None:
+    """Replace ``path`` with ``doc`` as JSON atomically, readable by its owner only."""
+    directory = path.parent
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # mkstemp creates the file 0600, so a secret is never readable by others, even briefly.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path.name} in {directory}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class TicketNonces:
+    """The nonces of tickets this user requested, per server URL, beside the credentials file
+    (``tickets.json``, 0600): ``cpctl installer run`` presents them itself, so a nonce never
+    passes through the user's clipboard. Entries leave once their ticket is used or settled
+    without an approval, and after ``MAX_AGE_S`` (no ticket lives that long).
+    """
+
+    MAX_AGE_S = 8 * 86400  # longest pending time (7 days) + longest use-by time (1 day)
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or credentials_path().with_name("tickets.json")
+
+    def _load(self) -> dict[str, Any]:
         try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            # mkstemp creates the file 0600, so the token is never readable by others, even briefly.
-            fd, tmp = tempfile.mkstemp(prefix=".credentials-", suffix=".tmp", dir=directory)
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {"version": 1, "servers": {}}
         except OSError as exc:
-            raise UsageError(f"cannot write credentials in {directory}: {exc.strerror}") from None
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(doc, fh, indent=2, sort_keys=True)
-                fh.write("\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            raise UsageError(f"cannot read {self.path}: {exc.strerror}") from None
+        except ValueError:
+            raise UsageError(f"{self.path} is not valid JSON; remove it") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("servers"), dict):
+            raise UsageError(f"{self.path} has no 'servers' object; remove it")
+        return doc
+
+    def get(self, url: str, ticket_id: str) -> str | None:
+        entry = self._load()["servers"].get(url, {}).get(ticket_id)
+        nonce = entry.get("nonce") if isinstance(entry, dict) else None
+        return nonce if isinstance(nonce, str) else None
+
+    def put(self, url: str, ticket_id: str, nonce: str, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        doc = self._load()
+        for tickets in doc["servers"].values():
+            if isinstance(tickets, dict):
+                for stale in [k for k, v in tickets.items()
+                              if not isinstance(v, dict) or now - float(v.get("saved_at") or 0)
+                              > self.MAX_AGE_S]:
+                    del tickets[stale]
+        doc["servers"].setdefault(url, {})[ticket_id] = {"nonce": nonce, "saved_at": now}
+        write_private(self.path, doc)
+
+    def forget(self, url: str, ticket_id: str) -> None:
+        doc = self._load()
+        if doc["servers"].get(url, {}).pop(ticket_id, None) is not None:
+            write_private(self.path, doc)
 
 
 def token_entry(body: Mapping[str, Any], subject_id: str | None, now: float | None = None) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 from . import client as http
 from .client import EXIT_OK, CredentialStore, UsageError, guarded
 
-__all__ = ["register", "run"]
+__all__ = ["prompt_otp", "register", "run", "step_up_session"]
 
 DEFAULT_AUDIENCE = "urn:controlplane:local"  # the service's default authn.issuer
 
@@ -94,13 +94,9 @@ def login(args: argparse.Namespace) -> int:
 
 def step_up(args: argparse.Namespace) -> int:
     api = http.client_for(args)
-    code = args.otp if args.otp is not None else _otp()
-    answer = api.post("/api/v1/authn/step-up", {"otp": code})
-    _need_token(answer)
+    code = args.otp if args.otp is not None else prompt_otp()
+    answer = step_up_session(api, code)
     if api.from_store:
-        store = CredentialStore()
-        previous = store.get(api.base_url) or {}
-        store.put(api.base_url, http.token_entry(answer, previous.get("subject_id")))
         _message(args, f"stepped up on {api.base_url} (token valid {answer.get('expires_in')} s)")
     elif not args.print_token:
         # The old token came from --token / CONTROLPLANE_TOKEN; the new one has nowhere to go.
@@ -109,6 +105,19 @@ def step_up(args: argparse.Namespace) -> int:
     if args.print_token:
         print(answer["access_token"])
     return EXIT_OK
+
+
+def step_up_session(api: http.Client, code: str) -> dict[str, Any]:
+    """Step ``api``'s session up with a one-time code; ``api`` uses the new token from then on,
+    and the credentials file keeps it when the old one came from there. The server's answer."""
+    answer = api.post("/api/v1/authn/step-up", {"otp": code})
+    _need_token(answer)
+    if api.from_store:
+        store = CredentialStore()
+        previous = store.get(api.base_url) or {}
+        store.put(api.base_url, http.token_entry(answer, previous.get("subject_id")))
+    api.token = answer["access_token"]
+    return dict(answer)
 
 
 def logout(args: argparse.Namespace) -> int:
@@ -180,7 +189,8 @@ def _password(subject: str, from_stdin: bool) -> str:
     return password
 
 
-def _otp() -> str:
+def prompt_otp() -> str:
+    """A one-time code from the terminal (no echo), or the first line of stdin without one."""
     if sys.stdin.isatty():
         code = getpass.getpass("One-time code: ")
     else:
