@@ -1,0 +1,267 @@
+"""``cpctl installer run``: the protected installer action, end to end, in one command.
+
+It answers the chain's questions itself, in the order the server asks them:
+
+1. ``401 step_up_required``: step up with ``--otp`` (once) or a no-echo prompt;
+2. ``403 approval_required``: request a ticket bound to exactly the bindings the answer names
+   (``--ticket ID`` uses an existing one instead), then follow the ticket's event stream until
+   it is settled;
+3. ``409 ticket_not_approved`` (a ``--ticket`` still pending): wait for it the same way;
+4. ``202``: the run intent is recorded. Then it follows the task's step events until the task
+   ends (``--no-follow``: it stops here).
+
+The ticket, its nonce and the command hash travel as headers this command sets; the nonce comes
+from ``tickets.json`` (kept by ``approval request``) and is never printed. Exit 0 when the task
+succeeded (or was accepted, with ``--no-follow``), 1 when it failed or anything was refused
+(ticket rejected, expired or revoked included), 2 when the server cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+from ..approvals.command import command_hash
+from . import client as http
+from .approval import (
+    COMMAND_HELP,
+    RESOURCE_HELP,
+    parse_command,
+    parse_resource,
+    request_ticket,
+    show_progress,
+    wait_for_ticket,
+)
+from .client import EXIT_ERROR, EXIT_OK, ClientError, ConnectionFailed, UsageError, guarded
+from .session import prompt_otp, step_up_session
+
+__all__ = ["register", "run"]
+
+ACTION = "installer.run.execute"
+#: Every answer moves the run one step on (step-up, ticket, wait); more rounds than this means
+#: the server keeps asking the same question, and the command stops instead of looping.
+MAX_ROUNDS = 6
+#: Reconnecting the task's stream after a drop: first delay and ceiling.
+RECONNECT_FIRST_S, RECONNECT_MAX_S, RECONNECT_GIVE_UP_S = 0.5, 15.0, 300.0
+
+
+def register(sub: Any) -> None:
+    """Add ``installer`` and its subcommands to ``cpctl``'s subparsers."""
+    parser = sub.add_parser("installer", help="run installer actions end to end")
+    commands = parser.add_subparsers(dest="installer_command", metavar="SUBCOMMAND")
+    commands.required = True
+    rn = commands.add_parser(
+        "run", parents=[http.connection_parent()],
+        help="run the installer action: step up, get a ticket approved, run, follow the task",
+    )
+    rn.add_argument("--task-id", required=True, help="the task the run belongs to")
+    rn.add_argument("--env", required=True, help="environment, e.g. prod")
+    rn.add_argument("--resource", required=True, help=RESOURCE_HELP)
+    rn.add_argument("--command", dest="command_line", metavar="COMMAND", help=COMMAND_HELP)
+    rn.add_argument("--ticket", metavar="ID",
+                    help="present this ticket (requested earlier with `cpctl approval request`) "
+                         "instead of requesting one")
+    rn.add_argument("--otp", metavar="CODE",
+                    help="one-time code for the step-up (prompted for when needed and absent)")
+    rn.add_argument("--reason", help="why, for the ticket's reviewers")
+    rn.add_argument("--no-follow", action="store_true",
+                    help="stop once the run is accepted instead of following the task's events")
+    rn.add_argument("--json", action="store_true",
+                    help="print the accepted run and each step event as JSON lines")
+    rn.set_defaults(func=guarded(run_installer))
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run ``installer`` with ``argv`` (the words after ``cpctl installer``); the exit code."""
+    parser = argparse.ArgumentParser(prog="cpctl")
+    register(parser.add_subparsers(dest="command", required=True))
+    try:
+        args = parser.parse_args(["installer", *argv])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return int(args.func(args))
+
+
+class _Run:
+    """One ``installer run``: the request, and what it has gathered on the way."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.resource = parse_resource(args.resource)
+        self.command = parse_command(args.command_line) if args.command_line is not None else None
+        self.api = http.client_for(args)
+        self.command_hash = command_hash(self.command) if self.command is not None else None
+        self.body = {"task_id": args.task_id, "action": ACTION, "env": args.env,
+                     "resource": self.resource}
+        self.otp: str | None = args.otp
+        self.ticket_id: str | None = args.ticket
+        self.nonce: str | None = None
+        if self.ticket_id is not None:
+            self.nonce = http.TicketNonces().get(self.api.base_url, self.ticket_id)
+            if self.nonce is None:
+                raise UsageError(f"no nonce kept for ticket {self.ticket_id} on {self.api.base_url} "
+                                 "(only tickets requested with cpctl from this account have one)")
+
+    def headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if self.ticket_id is not None and self.nonce is not None:
+            headers.update({"Approval-Ticket": self.ticket_id, "Approval-Nonce": self.nonce})
+        if self.command_hash is not None:
+            headers["Command-Hash"] = self.command_hash
+        return headers
+
+    def say(self, text: str) -> None:
+        print(f"cpctl installer run: {text}", file=sys.stderr, flush=True)
+
+    # -- the chain's questions, answered ------------------------------------------------------
+
+    def submit(self) -> dict[str, Any]:
+        """POST the action until it is accepted; the 202 answer."""
+        for _round in range(MAX_ROUNDS):
+            try:
+                answer = self.api.post("/api/v1/installer/actions", self.body, headers=self.headers())
+            except ClientError as exc:
+                if exc.code == "step_up_required":
+                    self.step_up()
+                elif exc.code == "approval_required" and self.ticket_id is None:
+                    self.request_ticket(exc)
+                    self.wait_approved()
+                elif exc.code == "ticket_not_approved" and self.ticket_id is not None:
+                    self.wait_approved()
+                else:
+                    raise
+                continue
+            if not isinstance(answer, dict) or not isinstance(answer.get("event"), dict):
+                raise UsageError("the server accepted the run with an unexpected answer")
+            if self.ticket_id is not None:
+                http.TicketNonces().forget(self.api.base_url, self.ticket_id)  # used up
+            return answer
+        raise UsageError("the server keeps refusing the run the same way; stopping")
+
+    def step_up(self) -> None:
+        code, self.otp = self.otp, None  # a one-time code works once
+        if code is None:
+            if not sys.stdin.isatty():
+                raise UsageError("this run needs a fresh step-up: pass --otp CODE (a code not "
+                                 "used yet)" + (f", and --ticket {self.ticket_id} to keep the "
+                                                "ticket" if self.ticket_id else ""))
+            self.say("a fresh step-up is needed")
+            code = prompt_otp()
+        step_up_session(self.api, code)
+        self.say("stepped up")
+
+    def request_ticket(self, refusal: ClientError) -> None:
+        """Request the ticket the ``approval_required`` answer describes, bound to exactly its
+        bindings (and this run's command)."""
+        bindings = refusal.body.get("bindings")
+        if not isinstance(bindings, dict) or not all(
+                isinstance(bindings.get(k), str) for k in ("subject_id", "env", "action", "resource_hash")):
+            raise UsageError("the server asked for an approval without naming the bindings")
+        if bindings.get("command_hash_required") and self.command is None:
+            raise UsageError("this action needs the command it will run bound to the ticket: "
+                             "pass --command")
+        if bindings.get("command_hash") not in (None, self.command_hash):
+            raise UsageError("the server bound another command hash than this run's --command")
+        reasons = f" ({', '.join(refusal.reasons)})" if refusal.reasons else ""
+        self.say(f"approval required{reasons}; requesting a ticket")
+        ticket = request_ticket(
+            self.api, subject=bindings["subject_id"], env=bindings["env"],
+            action=bindings["action"], resource=bindings.get("resource", self.resource),
+            command=self.command, reason=self.args.reason,
+            expect_resource_hash=bindings["resource_hash"],
+        )
+        self.ticket_id, self.nonce = ticket["id"], ticket["nonce"]
+        self.say(f"ticket {self.ticket_id} requested; waiting for reviewers (Ctrl-C stops "
+                 f"waiting; run again with --ticket {self.ticket_id} to resume)")
+
+    def wait_approved(self) -> None:
+        assert self.ticket_id is not None
+        ticket = wait_for_ticket(self.api, self.ticket_id,
+                                 on_change=None if self.args.json else show_progress)
+        state = ticket.get("state")
+        if state != "approved":
+            if state in ("rejected", "expired", "revoked", "consumed"):
+                http.TicketNonces().forget(self.api.base_url, self.ticket_id)
+            raise UsageError(f"ticket {self.ticket_id} is {state}: the run will not happen")
+        self.say(f"ticket {self.ticket_id} approved; running")
+
+    # -- after acceptance: the task's events ---------------------------------------------------
+
+    def follow(self, accepted: dict[str, Any]) -> int:
+        """Print the task's step events after the accepted one until the task ends; 0 when it
+        succeeded, 1 when it failed."""
+        task_id = str(accepted.get("task_id") or self.args.task_id)
+        path = f"/api/v1/tasks/{quote(task_id, safe='')}/events"
+        last = str(accepted["event"].get("seq", ""))
+        delay, failing_since = RECONNECT_FIRST_S, None
+        while True:
+            try:
+                for event in self.api.events(path, last_event_id=last or None):
+                    if event.event == "end":
+                        end = event.json()
+                        if isinstance(end, dict) and end.get("reason") == "session_ended":
+                            raise UsageError("the session ended while following the task; log in "
+                                             f"again and see `GET /api/v1/tasks/{task_id}/events`")
+                        return self.finished(task_id)
+                    self.show_event(event.json())
+                    last = event.id or last
+                    delay, failing_since = RECONNECT_FIRST_S, None
+            except ClientError as exc:
+                if exc.status not in (429, 502, 503, 504):
+                    raise
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > RECONNECT_GIVE_UP_S:
+                    raise
+            except ConnectionFailed:
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > RECONNECT_GIVE_UP_S:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_S)
+
+    def finished(self, task_id: str) -> int:
+        task = self.api.get(f"/api/v1/tasks/{quote(task_id, safe='')}")
+        state = task.get("state") if isinstance(task, dict) else None
+        if self.args.json:
+            print(json.dumps({"task": task}, sort_keys=True), flush=True)
+        else:
+            result = task.get("result") if isinstance(task, dict) else None
+            print(f"task {task_id} {state}" + (f": {json.dumps(result)}" if result else ""), flush=True)
+        return EXIT_OK if state == "succeeded" else EXIT_ERROR
+
+    def show_event(self, event: Any) -> None:
+        if self.args.json:
+            print(json.dumps({"event": event}, sort_keys=True), flush=True)
+            return
+        if not isinstance(event, dict):
+            return
+        extra = []
+        if event.get("progress") is not None:
+            extra.append(f"{event['progress']}%")
+        if event.get("message"):
+            extra.append(str(event["message"]))
+        if event.get("result") is not None:
+            extra.append(json.dumps(event["result"]))
+        print(f"#{event.get('seq')} {event.get('at')} {event.get('kind')} by {event.get('actor')}"
+              + (": " + " ".join(extra) if extra else ""), flush=True)
+
+
+def run_installer(args: argparse.Namespace) -> int:
+    """``installer run``."""
+    job = _Run(args)
+    accepted = job.submit()
+    if args.json:
+        print(json.dumps({"accepted": accepted}, sort_keys=True), flush=True)
+    else:
+        ticket = accepted["event"].get("ticket_id")
+        print(f"run accepted: task {accepted.get('task_id')}"
+              + (f", ticket {ticket} consumed" if ticket else ""), flush=True)
+        job.show_event(accepted["event"])
+    if args.no_follow:
+        return EXIT_OK
+    return job.follow(accepted)
