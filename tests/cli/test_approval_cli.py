@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import sys
@@ -13,8 +14,10 @@ from typing import Any
 import pytest
 
 from service.approvals.binding import command_hash, resource_hash
+from service.approvals.command import command_hash as cmd_hash
 from service.cli import approval, session
-from service.cli.approval import parse_resource
+from service.cli.approval import parse_command, parse_resource
+from service.cli.client import UsageError
 from tests.auth import KEYS, PASSWORDS, otp
 from tests.servers import serve
 
@@ -194,10 +197,62 @@ def test_not_logged_in(cli: Cli) -> None:
     [
         pytest.param('{"kind": "db", "id": "db-1"}', {"kind": "db", "id": "db-1"}, id="object"),
         pytest.param("db-1", "db-1", id="plain string"),
-        pytest.param('"db-1"', '"db-1"', id="json string kept verbatim"),
-        pytest.param("[1, 2]", "[1, 2]", id="json array is a string"),
-        pytest.param("{not json", "{not json", id="broken json is a string"),
+        pytest.param('"db-1"', "db-1", id="json string"),
+        pytest.param(' \n{"a": 1}', {"a": 1}, id="leading whitespace"),
     ],
 )
 def test_parse_resource(text: str, expected: Any) -> None:
     assert parse_resource(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("{app:web}", "--resource: invalid JSON at line 1 column 2", id="bare key"),
+        pytest.param('{"a": 1,\n "b": }', "--resource: invalid JSON at line 2 column 7", id="line 2"),
+        pytest.param('"unterminated', "--resource: invalid JSON at line 1 column 1", id="string"),
+        pytest.param("[1, 2]", "--resource: a resource is a non-empty JSON object or string, not an array",
+                     id="array"),
+        pytest.param("{}", "not an empty object", id="empty object"),
+    ],
+)
+def test_json_looking_resource_must_parse(text: str, message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_resource(text)
+    assert message in str(caught.value)
+
+
+def test_resource_from_file(tmp_path: Path) -> None:
+    path = tmp_path / "resource.json"
+    path.write_text('{"app": "web"}\n')
+    assert parse_resource(f"@{path}") == {"app": "web"}
+    path.write_text("{app: web}")
+    with pytest.raises(UsageError, match="invalid JSON at line 1 column 2"):
+        parse_resource(f"@{path}")
+    with pytest.raises(UsageError, match="cannot read"):
+        parse_resource(f"@{tmp_path / 'missing.json'}")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("helm upgrade web ./chart", "helm upgrade web ./chart", id="command line"),
+        pytest.param('["helm", "upgrade", "web"]', ["helm", "upgrade", "web"], id="argv"),
+    ],
+)
+def test_parse_command(text: str, expected: Any) -> None:
+    assert parse_command(text) == expected
+
+
+@pytest.mark.parametrize("text", ['["helm", 1]', "[]", '["helm",', "{}"])
+def test_parse_command_refuses(text: str) -> None:
+    with pytest.raises(UsageError, match="--command"):
+        parse_command(text)
+
+
+def test_command_hash_is_the_one_binding_hash_for_a_command_line() -> None:
+    # A command line hashes as the chain's binding rule says (UTF-8 of the exact line); an argv
+    # array as its RFC 8785 JSON, so the two spellings are different commands.
+    assert cmd_hash(COMMAND) == command_hash(COMMAND)
+    assert cmd_hash(["a", "b"]) == "sha256:" + hashlib.sha256(b'["a","b"]').hexdigest()
+    assert cmd_hash(["a b"]) != cmd_hash("a b")
