@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from service.app import create_app
 from service.appkeys import CONFIG, STREAMS
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
+from tests.store import pg
 
 STREAM = {"Accept": "text/event-stream"}
 PROD = {"env": "prod", "action": "installer.run.execute", "resource": {"app": "web", "version": "1.2.3"}}
@@ -99,8 +102,18 @@ async def test_a_settled_ticket_is_sent_once_and_the_stream_ends(client):
     assert [kind for kind, _ in events] == ["ticket", "end"] and events[0][1]["state"] == "revoked"
 
 
-async def test_a_change_made_through_another_app_instance_shows(client):
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store_overrides(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, Any]]:
+    if request.param == "sqlite":
+        yield {}
+        return
+    async with pg.temp_schema("cp_ticket_events") as (dsn, schema):
+        yield {"store": {"backend": "postgres", "postgres": {"dsn": dsn, "schema": schema}}}
+
+
+async def test_a_change_made_through_another_app_instance_shows(make_client, store_overrides):
     """Two app instances on one store, as two workers or replicas: the stream reads the store."""
+    client = await make_client(store_overrides)
     other = TestClient(TestServer(create_app(client.server.app[CONFIG])))
     async with other:
         alice = await login(client, "alice")
@@ -115,6 +128,8 @@ async def test_a_change_made_through_another_app_instance_shows(client):
         assert review.status == 200
         events = await read_all(response)
         assert events[-1] == ("end", {"reason": "settled", "state": "approved"})
+        assert events[0][1]["reviews"][0]["reviewer"] == "bob"
+    await client.close()
 
 
 async def test_without_event_stream_accept_the_current_ticket(client):
