@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from service.approvals.command import command_hash
+from service.cli import approval, installer
 from service.cli.client import Client, ClientError, CredentialStore, token_entry
 from tests.auth import PASSWORDS, assertion, otp
 from tests.servers import REPO, serve
@@ -249,3 +250,33 @@ def test_errors_show_code_reasons_and_correlation_id(people: People) -> None:
     error = json.loads(done.stdout)["error"]
     assert error["status"] == 403 and error["code"] == "denied"
     assert error["reasons"] and error["correlation_id"] and error["correlation_id"] in done.stderr
+
+
+def test_installer_run_presents_a_ticket_requested_earlier(people: People,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``--ticket``: the nonce comes from tickets.json (kept by ``approval request``); this runs
+    cpctl in-process (the process path is covered above)."""
+    people.login("alice")
+    monkeypatch.setenv("CONTROLPLANE_URL", people.base)
+    monkeypatch.setenv("CONTROLPLANE_CREDENTIALS", str(people.home / "alice" / "credentials.json"))
+    resource, command = unique_resource(), ["helm", "upgrade", "web", "./chart"]
+    assert approval.run(["request", "--env", "prod", "--action", "installer.run.execute",
+                         "--resource", json.dumps(resource), "--command", json.dumps(command)]) == 0
+    ticket_id = next(line.split()[1] for line in capsys.readouterr().out.splitlines()
+                     if line.startswith("ticket:"))
+    bob = people.api("bob", step_up=True)
+    bob.post(f"/api/v1/approvals/{ticket_id}/reviews", {"decision": "approve"})
+    argv = ["run", "--task-id", "t-" + uuid.uuid4().hex[:8], "--env", "prod",
+            "--resource", json.dumps(resource), "--ticket", ticket_id, "--no-follow"]
+    # Another command than the ticket binds: the server refuses, and nothing is consumed.
+    code = installer.run([*argv, "--command", "helm upgrade web ./chart", "--otp", otp("alice", people.proc)])
+    err = capsys.readouterr().err
+    assert code == 1 and "403 ticket_binding_mismatch" in err and "correlation_id" in err
+    assert installer.run([*argv, "--command", json.dumps(command)]) == 0  # still stepped up
+    out = capsys.readouterr().out
+    assert f"ticket {ticket_id} consumed" in out
+    assert bob.get(f"/api/v1/approvals/{ticket_id}")["state"] == "consumed"
+    # Used up and forgotten: presenting it again needs a nonce cpctl no longer has.
+    assert installer.run([*argv, "--command", json.dumps(command)]) == 1
+    assert f"no nonce kept for ticket {ticket_id}" in capsys.readouterr().err
