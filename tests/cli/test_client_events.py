@@ -118,3 +118,24 @@ def test_wait_gives_up_on_a_refusal_that_is_not_temporary(flaky_server: str,
         approval.wait_for_ticket(Client(flaky_server, "token"), "tkt_" + "1" * 32)
     assert caught.value.code == "denied" and caught.value.reasons == ["no_grant"]
     assert "[reasons: no_grant] (correlation_id c-2)" in str(caught.value)
+
+
+@pytest.mark.parametrize(("state", "code"), [
+    pytest.param("approved", 0, id="approved"),
+    pytest.param("rejected", 1, id="rejected"),
+    pytest.param("revoked", 1, id="revoked"),
+    pytest.param("consumed", 1, id="consumed"),
+    pytest.param("expired", 2, id="expired"),
+])
+def test_wait_exit_codes(state: str, code: int, flaky_server: str, monkeypatch: pytest.MonkeyPatch,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    def settled(self: FlakyTicketServer) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b"event: ticket\ndata: " + json.dumps(ticket(state)).encode() + b"\n\n")
+
+    monkeypatch.setattr(FlakyTicketServer, "do_GET", settled)
+    monkeypatch.setenv("CONTROLPLANE_TOKEN", "token")
+    assert approval.run(["wait", "tkt_" + "1" * 32, "--server", flaky_server]) == code
+    assert f"is {state}" in capsys.readouterr().out
