@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import re
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,9 +45,6 @@ SETTLED = frozenset({"approved", "rejected", "expired", "revoked", "consumed"})
 #: ``--wait``'s exit code per settled state, and when the wait itself failed.
 WAIT_EXIT = {"approved": 0, "rejected": 1, "revoked": 1, "consumed": 1, "expired": 2}
 EXIT_WAIT_FAILED = 3
-#: Reconnecting a dropped ticket stream: first delay, ceiling, and how long the server may stay
-#: unreachable before the wait gives up.
-RECONNECT_FIRST_S, RECONNECT_MAX_S, RECONNECT_GIVE_UP_S = 0.5, 15.0, 300.0
 
 
 def register(sub: Any) -> None:
@@ -319,47 +314,33 @@ def wait_for_ticket(
     """Follow ``GET /api/v1/approvals/{id}/events`` until the ticket is settled; the ticket then.
 
     No polling: the server pushes each change. A stream that drops or is refused for a moment
-    (too many streams, server restarting) is reopened with exponential backoff and jitter; the
-    first event of every stream is the current ticket, so nothing is missed. The wait gives up
-    (``ConnectionFailed``) once the server has been unreachable for ``RECONNECT_GIVE_UP_S``.
+    is reopened (``Client.follow``); the first event of every stream is the current ticket, so
+    nothing is missed.
     """
-    path = f"/api/v1/approvals/{_id(ticket_id)}/events"
-    delay, failing_since = RECONNECT_FIRST_S, None
     last: dict[str, Any] | None = None
-    while True:
-        try:
-            for event in api.events(path):
-                if event.event == "ticket":
-                    ticket = event.json()
-                    _check_ticket(ticket)
-                    delay, failing_since = RECONNECT_FIRST_S, None
-                    if ticket != last and on_change is not None:
-                        on_change(ticket)
-                    last = ticket
-                    if ticket.get("state") in SETTLED:
-                        return dict(ticket)
-                elif event.event == "end":
-                    end = event.json()
-                    reason = end.get("reason") if isinstance(end, dict) else None
-                    if reason == "session_ended":
-                        raise UsageError("the session ended while waiting; run `cpctl login "
-                                         f"SUBJECT`, then `cpctl approval wait {ticket_id}`")
-                    if reason == "ticket_not_found":
-                        raise ClientError(404, "ticket_not_found", "the ticket is gone")
-        except ClientError as exc:
-            if exc.status not in (429, 502, 503, 504):
-                raise
-            failing_since = failing_since or time.monotonic()
-            if time.monotonic() - failing_since > RECONNECT_GIVE_UP_S:
-                raise
-        except ConnectionFailed:
-            failing_since = failing_since or time.monotonic()
-            if time.monotonic() - failing_since > RECONNECT_GIVE_UP_S:
-                raise
-        # Reopened after a pause (short when the stream worked: the server closed it at its
-        # time limit or on a restart; growing while it fails).
-        time.sleep(delay * random.uniform(0.5, 1.0))  # jitter: reconnects do not come in step
-        delay = min(delay * 2, RECONNECT_MAX_S)
+
+    def seen(event: http.ServerEvent) -> bool:
+        nonlocal last
+        if event.event == "ticket":
+            ticket = event.json()
+            _check_ticket(ticket)
+            if ticket != last and on_change is not None:
+                on_change(ticket)
+            last = ticket
+            return ticket.get("state") in SETTLED
+        if event.event == "end":
+            end = event.json()
+            reason = end.get("reason") if isinstance(end, dict) else None
+            if reason == "session_ended":
+                raise UsageError("the session ended while waiting; run `cpctl login SUBJECT`, "
+                                 f"then `cpctl approval wait {ticket_id}`")
+            if reason == "ticket_not_found":
+                raise ClientError(404, "ticket_not_found", "the ticket is gone")
+        return False
+
+    api.follow(f"/api/v1/approvals/{_id(ticket_id)}/events", seen)
+    assert last is not None  # follow returns only once seen() said the ticket is settled
+    return dict(last)
 
 
 def _waiting(args: argparse.Namespace, body: Callable[[], int]) -> int:

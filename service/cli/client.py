@@ -20,6 +20,7 @@ import functools
 import http.client
 import json
 import os
+import random
 import socket
 import sys
 import tempfile
@@ -61,6 +62,11 @@ TIMEOUT_S = 30.0
 STREAM_READ_TIMEOUT_S = 60.0
 #: The longest event line accepted from a stream (a ticket with a large resource fits).
 MAX_EVENT_LINE = 4 * 1024 * 1024
+#: Reopening a live stream: first pause, longest pause, and how long the server may keep
+#: failing before ``Client.follow`` gives up.
+RECONNECT_FIRST_S, RECONNECT_MAX_S, RECONNECT_GIVE_UP_S = 0.5, 15.0, 300.0
+#: Answers after which a stream is worth reopening: too many streams, a gateway or a restart.
+_TEMPORARY = frozenset({429, 502, 503, 504})
 _MAX_DETAIL = 300
 
 
@@ -341,6 +347,39 @@ class Client:
         if auth and self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         return req
+
+    def follow(
+        self,
+        path: str,
+        on_event: Callable[[ServerEvent], bool],
+        *,
+        last_event_id: str | None = None,
+    ) -> None:
+        """Feed the events of the live stream at ``path`` to ``on_event`` until it returns True.
+
+        A stream that ends, drops, or is refused for a moment (429, 502-504: too many streams,
+        a restart) is reopened after a pause with exponential backoff and jitter, resuming with
+        the last event id seen; a pause is short again once a stream delivered an event. It
+        gives up (raising the last error) once the server has failed for
+        ``RECONNECT_GIVE_UP_S`` in a row; any other error answer is raised at once.
+        """
+        delay, failing_since = RECONNECT_FIRST_S, None
+        while True:
+            try:
+                for event in self.events(path, last_event_id=last_event_id):
+                    delay, failing_since = RECONNECT_FIRST_S, None
+                    last_event_id = event.id or last_event_id
+                    if on_event(event):
+                        return
+            except (ClientError, ConnectionFailed) as exc:
+                if isinstance(exc, ClientError) and exc.status not in _TEMPORARY:
+                    raise
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > RECONNECT_GIVE_UP_S:
+                    raise
+            # Jitter, so that clients cut off together do not come back in step.
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, RECONNECT_MAX_S)
 
     def events(
         self,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -37,7 +36,7 @@ from .approval import (
     show_progress,
     wait_for_ticket,
 )
-from .client import EXIT_ERROR, EXIT_OK, ClientError, ConnectionFailed, UsageError, guarded
+from .client import EXIT_ERROR, EXIT_OK, ClientError, UsageError, guarded
 from .session import prompt_otp, step_up_session
 
 __all__ = ["register", "run"]
@@ -46,8 +45,6 @@ ACTION = "installer.run.execute"
 #: Every answer moves the run one step on (step-up, ticket, wait); more rounds than this means
 #: the server keeps asking the same question, and the command stops instead of looping.
 MAX_ROUNDS = 6
-#: Reconnecting the task's stream after a drop: first delay and ceiling.
-RECONNECT_FIRST_S, RECONNECT_MAX_S, RECONNECT_GIVE_UP_S = 0.5, 15.0, 300.0
 
 
 def register(sub: Any) -> None:
@@ -197,32 +194,24 @@ class _Run:
         succeeded, 1 when it failed."""
         task_id = str(accepted.get("task_id") or self.args.task_id)
         path = f"/api/v1/tasks/{quote(task_id, safe='')}/events"
-        last = str(accepted["event"].get("seq", ""))
-        delay, failing_since = RECONNECT_FIRST_S, None
-        while True:
-            try:
-                for event in self.api.events(path, last_event_id=last or None):
-                    if event.event == "end":
-                        end = event.json()
-                        if isinstance(end, dict) and end.get("reason") == "session_ended":
-                            raise UsageError("the session ended while following the task; log in "
-                                             f"again and see `GET /api/v1/tasks/{task_id}/events`")
-                        return self.finished(task_id)
-                    self.show_event(event.json())
-                    last = event.id or last
-                    delay, failing_since = RECONNECT_FIRST_S, None
-            except ClientError as exc:
-                if exc.status not in (429, 502, 503, 504):
-                    raise
-                failing_since = failing_since or time.monotonic()
-                if time.monotonic() - failing_since > RECONNECT_GIVE_UP_S:
-                    raise
-            except ConnectionFailed:
-                failing_since = failing_since or time.monotonic()
-                if time.monotonic() - failing_since > RECONNECT_GIVE_UP_S:
-                    raise
-            time.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_S)
+        status: int | None = None
+
+        def seen(event: http.ServerEvent) -> bool:
+            nonlocal status
+            if event.event != "end":
+                self.show_event(event.json())
+                return False
+            end = event.json()
+            if isinstance(end, dict) and end.get("reason") == "session_ended":
+                raise UsageError("the session ended while following the task; log in again and "
+                                 f"see `GET /api/v1/tasks/{task_id}/events`")
+            status = self.finished(task_id)
+            return True
+
+        # Resumed after a drop from the last event seen (the stream's ids are event seqs).
+        self.api.follow(path, seen, last_event_id=str(accepted["event"].get("seq", "")) or None)
+        assert status is not None
+        return status
 
     def finished(self, task_id: str) -> int:
         task = self.api.get(f"/api/v1/tasks/{quote(task_id, safe='')}")

@@ -94,7 +94,7 @@ def flaky_server() -> Iterator[str]:
 
 def test_wait_reconnects_after_a_drop_and_a_refusal(flaky_server: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(approval, "RECONNECT_FIRST_S", 0.01)
+    monkeypatch.setattr("service.cli.client.RECONNECT_FIRST_S", 0.01)
     seen: list[str] = []
     final = approval.wait_for_ticket(Client(flaky_server, "token"), "tkt_" + "1" * 32,
                                      on_change=lambda t: seen.append(t["state"]))
