@@ -141,12 +141,17 @@ class _Run:
         raise UsageError("the server keeps refusing the run the same way; stopping")
 
     def step_up(self) -> None:
+        keep = f" (with --ticket {self.ticket_id} to keep the ticket)" if self.ticket_id else ""
+        principal = self.api.get("/api/v1/authn/sessions/current")
+        if isinstance(principal, dict) and principal.get("kind") != "human":
+            # Services and agents have no one-time codes: a fresh key login stands in.
+            raise UsageError("this run needs a fresh authentication: log in again with the key "
+                             "(`cpctl login SUBJECT --key PEM`) and run again" + keep)
         code, self.otp = self.otp, None  # a one-time code works once
         if code is None:
             if not sys.stdin.isatty():
-                raise UsageError("this run needs a fresh step-up: pass --otp CODE (a code not "
-                                 "used yet)" + (f", and --ticket {self.ticket_id} to keep the "
-                                                "ticket" if self.ticket_id else ""))
+                raise UsageError("this run needs a fresh step-up: run again with --otp CODE (a "
+                                 "code not used yet)" + keep)
             self.say("a fresh step-up is needed")
             code = prompt_otp()
         step_up_session(self.api, code)

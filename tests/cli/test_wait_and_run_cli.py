@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -76,15 +77,16 @@ class People:
             client.token = answer["access_token"]
         return client
 
-    def pending_ticket(self, reviewer: Client, resource: Any, proc: subprocess.Popen[str]) -> dict[str, Any]:
+    def pending_ticket(self, reviewer: Client, resource: Any, proc: subprocess.Popen[str] | None,
+                       subject: str = "alice") -> dict[str, Any]:
         """The pending ticket for ``resource`` once ``proc`` has requested it."""
         deadline = time.monotonic() + PROCESS_TIMEOUT_S
         while time.monotonic() < deadline:
-            page = reviewer.get("/api/v1/approvals", {"state": "pending", "subject_id": "alice"})
+            page = reviewer.get("/api/v1/approvals", {"state": "pending", "subject_id": subject})
             for ticket in page["items"]:
                 if ticket["resource"] == resource:
                     return dict(ticket)
-            assert proc.poll() is None, proc.communicate()
+            assert proc is None or proc.poll() is None, proc.communicate()
             time.sleep(0.1)
         raise AssertionError(f"no pending ticket for {resource}")
 
@@ -280,3 +282,40 @@ def test_installer_run_presents_a_ticket_requested_earlier(people: People,
     # Used up and forgotten: presenting it again needs a nonce cpctl no longer has.
     assert installer.run([*argv, "--command", json.dumps(command)]) == 1
     assert f"no nonce kept for ticket {ticket_id}" in capsys.readouterr().err
+
+
+def test_an_agent_runs_in_prod_with_its_command_bound(people: People, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """An agent: no step-up (its fresh key login stands in), the command must be bound, a person
+    approves. In-process cpctl, bob approving from another thread."""
+    answer = Client(people.base).post("/api/v1/authn/sessions", {"assertion": assertion("agent-7")},
+                                      auth=False)
+    creds = people.home / "agent-7" / "credentials.json"
+    CredentialStore(creds).put(people.base, token_entry(answer, "agent-7"))
+    monkeypatch.setenv("CONTROLPLANE_URL", people.base)
+    monkeypatch.setenv("CONTROLPLANE_CREDENTIALS", str(creds))
+    resource = unique_resource()
+    argv = ["run", "--task-id", "agent-" + uuid.uuid4().hex[:8], "--env", "prod",
+            "--resource", json.dumps(resource), "--no-follow"]
+    assert installer.run(argv) == 1
+    assert "pass --command" in capsys.readouterr().err
+
+    bob = people.api("bob", step_up=True)
+    approved: list[str] = []
+
+    def approve() -> None:
+        ticket = people.pending_ticket(bob, resource, None, subject="agent-7")
+        bob.post(f"/api/v1/approvals/{ticket['id']}/reviews", {"decision": "approve"})
+        approved.append(ticket["id"])
+
+    reviewer = threading.Thread(target=approve)
+    reviewer.start()
+    try:
+        code = installer.run([*argv, "--command", '["deploy", "web"]'])
+    finally:
+        reviewer.join(PROCESS_TIMEOUT_S)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert approved and f"ticket {approved[0]} consumed" in out
+    ticket = bob.get(f"/api/v1/approvals/{approved[0]}")
+    assert ticket["state"] == "consumed" and ticket["command_hash"] == command_hash(["deploy", "web"])
