@@ -346,13 +346,10 @@ def wait_for_ticket(
 def _waiting(args: argparse.Namespace, body: Callable[[], int]) -> int:
     """Run a waiting command: its own exit code, or ``EXIT_WAIT_FAILED`` with the error shown
     as any command shows it (so 1 and 2 keep meaning rejected and expired)."""
-    prog = "cpctl approval " + str(getattr(args, "approval_command", ""))
     try:
         return body()
-    except ClientError as exc:
-        http.report_client_error(args, exc)
-    except (ConnectionFailed, UsageError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+    except (ClientError, ConnectionFailed, UsageError) as exc:
+        http.report_error(args, exc)
     return EXIT_WAIT_FAILED
 
 

@@ -50,7 +50,7 @@ __all__ = [
     "client_for",
     "connection_parent",
     "guarded",
-    "report_client_error",
+    "report_error",
     "server_url",
     "write_private",
 ]
@@ -148,18 +148,11 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
 
     @functools.wraps(func)
     def wrapper(args: argparse.Namespace) -> int:
-        prog = _prog(args)
         try:
             return int(func(args) or EXIT_OK)
-        except ClientError as exc:
-            report_client_error(args, exc)
-            return EXIT_ERROR
-        except ConnectionFailed as exc:
-            print(f"{prog}: {exc}", file=sys.stderr)
-            return EXIT_UNAVAILABLE
-        except UsageError as exc:
-            print(f"{prog}: {exc}", file=sys.stderr)
-            return EXIT_ERROR
+        except (ClientError, ConnectionFailed, UsageError) as exc:
+            report_error(args, exc)
+            return EXIT_UNAVAILABLE if isinstance(exc, ConnectionFailed) else EXIT_ERROR
         except BrokenPipeError:
             # `cpctl ... | head`: the reader is gone; that is not an error of ours.
             _silence_stdout()
@@ -168,16 +161,23 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
     return wrapper
 
 
-def report_client_error(args: argparse.Namespace, exc: ClientError) -> None:
-    """One line on stderr (code, detail, reasons, correlation id) and a hint when there is one;
-    with ``--json`` also the error document on stdout, for scripts."""
+def report_error(args: argparse.Namespace, exc: ClientError | ConnectionFailed | UsageError) -> None:
+    """One line on stderr (a server's error with its code, detail, reasons and correlation id)
+    and a hint when there is one; with ``--json`` also the error document on stdout, for
+    scripts (local errors as ``usage_error`` / ``unreachable`` with no correlation id)."""
     prog = _prog(args)
-    print(f"{prog}: error: {exc}", file=sys.stderr)
-    hint = _HINTS.get(exc.code)
-    if hint:
-        print(f"{prog}: hint: {hint}", file=sys.stderr)
+    if isinstance(exc, ClientError):
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        hint = _HINTS.get(exc.code)
+        if hint:
+            print(f"{prog}: hint: {hint}", file=sys.stderr)
+        doc = exc.as_json()
+    else:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        code = "unreachable" if isinstance(exc, ConnectionFailed) else "usage_error"
+        doc = {"error": {"code": code, "detail": str(exc), "reasons": [], "correlation_id": None}}
     if getattr(args, "json", False):
-        json.dump(exc.as_json(), sys.stdout, indent=2, sort_keys=True)
+        json.dump(doc, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
         sys.stdout.flush()
 

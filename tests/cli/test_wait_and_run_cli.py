@@ -252,9 +252,11 @@ def test_installer_run_needs_no_ticket_where_the_policy_allows(people: People) -
 
 def test_json_looking_input_that_does_not_parse_is_an_error(people: People) -> None:
     done = people.cpctl("alice", "approval", "request", "--env", "prod", "--action",
-                        "installer.run.execute", "--resource", "{app:web}")
+                        "installer.run.execute", "--resource", "{app:web}", "--json")
     assert done.returncode == 1
     assert "--resource: invalid JSON at line 1 column 2" in done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error["code"] == "usage_error" and "line 1 column 2" in error["detail"]
 
 
 def test_errors_show_code_reasons_and_correlation_id(people: People) -> None:
