@@ -46,6 +46,7 @@ from service.authz.projection import Projection, build_projection
 from service.authz.regotest import (
     DECISION_ENTRYPOINT,
     EXPLAIN_ENTRYPOINT,
+    TestReport,
     run_tests_isolated,
     vet,
 )
@@ -155,6 +156,11 @@ class PolicyEngine:
     def load(self) -> LoadResult:
         """Load the policies directory (startup); same as ``reload``."""
         return self.reload()
+
+    def vet_revision(self, snapshot: Snapshot) -> TestReport:
+        """The vetting ``reload`` runs before a revision may serve, alone (nothing is swapped).
+        Blocking."""
+        return run_tests_isolated(snapshot, mode="vet") if self.vet_in_subprocess else vet(snapshot)
 
     def install(self, snapshot: Snapshot) -> LoadResult:
         """Vet, compile and swap in a revision read elsewhere (a published revision from the
