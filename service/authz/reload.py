@@ -21,8 +21,10 @@ from ..config import PolicyStoreConfig
 from ..store.base import PolicyActivation, Store, StoreError
 from .engine import PolicyEngine
 from .revisions import Bundle, BundleError, SignatureError, verify
+from .source import Snapshot
 
-__all__ = ["CHANNEL", "StoreFollower", "following", "reloading"]
+__all__ = ["CHANNEL", "RevisionRefused", "StoreFollower", "fetch_revision", "following",
+           "reloading"]
 
 log = logging.getLogger("controlplane.authz")
 
@@ -53,6 +55,34 @@ async def _reload(engine: PolicyEngine) -> None:
 
 #: The PostgreSQL channel migration 0007's trigger notifies on every activation.
 CHANNEL = "controlplane_policy"
+
+
+class RevisionRefused(Exception):
+    """A published revision that must not be loaded: missing, malformed or badly signed."""
+
+
+async def fetch_revision(store: Store, revision_id: str,
+                         trusted: Mapping[str, Any]) -> Snapshot:
+    """The engine snapshot of published revision ``revision_id``, only if a trusted key signed
+    exactly its content (``RevisionRefused`` otherwise; ``StoreError`` if the store fails).
+
+    What a store-following process loads, and what a candidate revision (shadow evaluation,
+    replay) is read with: ``engine.install(snapshot)``, or
+    ``revisions.materialize(Bundle.from_doc(record.bundle), directory)`` for a directory."""
+    record = await store.get_policy_revision(revision_id)
+    if record is None:
+        raise RevisionRefused("the revision is not in the store")
+    try:
+        bundle = Bundle.from_doc(record.bundle)
+        verify(bundle, record.signature, trusted, revision=record.id)
+        snapshot = await asyncio.to_thread(bundle.snapshot)
+    except SignatureError as exc:
+        raise RevisionRefused(f"signature: {exc.reason}: {exc}") from None
+    except BundleError as exc:
+        raise RevisionRefused(f"bundle: {exc}") from None
+    if snapshot.revision != record.id:
+        raise RevisionRefused("bundle: its content is not the revision it is stored as")
+    return snapshot
 
 
 class StoreFollower:
@@ -131,35 +161,25 @@ class StoreFollower:
             self._behind(refused)
             return
         try:
-            record = await store.get_policy_revision(active.revision_id)
+            if self._trust_error is not None:
+                raise SignatureError("untrusted_key", self._trust_error)
+            snapshot = await fetch_revision(store, active.revision_id, self._trusted)
         except StoreError:
             self._behind("the store is unreachable: the active revision cannot be read")
             return
-        if record is None:
-            self._refuse(active.revision_id, "the active revision is not in the store")
+        except RevisionRefused as exc:
+            self._refuse(active.revision_id, str(exc))
             return
-        try:
-            if self._trust_error is not None:
-                raise SignatureError("untrusted_key", self._trust_error)
-            bundle = Bundle.from_doc(record.bundle)
-            verify(bundle, record.signature, self._trusted, revision=record.id)
-            snapshot = await asyncio.to_thread(bundle.snapshot)
         except SignatureError as exc:
-            self._refuse(record.id, f"signature: {exc.reason}: {exc}")
-            return
-        except BundleError as exc:
-            self._refuse(record.id, f"bundle: {exc}")
-            return
-        if snapshot.revision != record.id:
-            self._refuse(record.id, "bundle: its content is not the revision it is stored as")
+            self._refuse(active.revision_id, f"signature: {exc.reason}: {exc}")
             return
         result = await asyncio.to_thread(self._engine.install, snapshot)
-        if not result.ok or self._engine.revision != record.id:
-            self._refuse(record.id, result.error or "the engine did not load it")
+        if not result.ok or self._engine.revision != snapshot.revision:
+            self._refuse(snapshot.revision, result.error or "the engine did not load it")
             return
-        log.info("policy revision %s of the store is running", record.id,
+        log.info("policy revision %s of the store is running", snapshot.revision,
                  extra={"fields": {"event": "policy.store_revision_running",
-                                   "revision": record.id, "seq": active.seq}})
+                                   "revision": snapshot.revision, "seq": active.seq}})
         self._caught_up()
 
     def _caught_up(self) -> None:
