@@ -235,8 +235,10 @@ class Client:
     def get(self, path: str, query: Mapping[str, Any] | None = None) -> Any:
         return self.request("GET", path, query=query).body
 
-    def post(self, path: str, body: Any = None, *, auth: bool = True) -> Any:
-        return self.request("POST", path, body=body if body is not None else {}, auth=auth).body
+    def post(self, path: str, body: Any = None, *, auth: bool = True,
+             headers: Mapping[str, str] | None = None) -> Any:
+        return self.request("POST", path, body=body if body is not None else {}, auth=auth,
+                            headers=headers).body
 
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path).body
@@ -249,6 +251,7 @@ class Client:
         body: Any = None,
         query: Mapping[str, Any] | None = None,
         auth: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> Response:
         url = self.base_url + path
         params = {k: str(v) for k, v in (query or {}).items() if v is not None}
@@ -261,6 +264,8 @@ class Client:
             req.add_header("Content-Type", "application/json")
         if auth and self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
+        for name, value in (headers or {}).items():
+            req.add_header(name, value)
         try:
             with _OPENER.open(req, timeout=self.timeout) as resp:
                 return Response(resp.status, dict(resp.headers), _decode(resp.read()))
