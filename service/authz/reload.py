@@ -111,6 +111,8 @@ class StoreFollower:
         #: monotonic time since which this process is not known to run the active revision
         self._behind_since: float | None = None
         self._synced_at: float | None = None
+        #: the engine rejected (vetting) the last revision it was given: its status says so
+        self._engine_rejected = False
         self._lock = asyncio.Lock()
         self.wake = asyncio.Event()
         self.listening = False
@@ -154,6 +156,13 @@ class StoreFollower:
             self._caught_up()
             return
         if active.revision_id == self._engine.revision:
+            if self._engine_rejected:
+                # The engine still reports the revision it rejected; the fleet has moved back
+                # to the one it serves: confirm it (same id, so nothing is vetted again).
+                with contextlib.suppress(StoreError, RevisionRefused):  # retried next sync
+                    snapshot = await fetch_revision(store, active.revision_id, self._trusted)
+                    await asyncio.to_thread(self._engine.install, snapshot)
+                    self._engine_rejected = False
             self._caught_up()
             return
         refused = self._refused.get(active.revision_id)
@@ -175,6 +184,7 @@ class StoreFollower:
             return
         result = await asyncio.to_thread(self._engine.install, snapshot)
         if not result.ok or self._engine.revision != snapshot.revision:
+            self._engine_rejected = not result.ok
             self._refuse(snapshot.revision, result.error or "the engine did not load it")
             return
         log.info("policy revision %s of the store is running", snapshot.revision,

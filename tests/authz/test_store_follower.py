@@ -162,9 +162,11 @@ async def test_follower_runs_the_active_revision_and_refuses_bad_ones(tmp_path: 
             assert seen[-1] == (bad, False)
         assert "untrusted_key" in str(follower._refused)
 
+        assert engine.status()["status"] == "degraded"  # the engine's own rejection
         back = await _publish(store, variant("good"))  # re-activating the good one recovers
         await follower.sync()
         assert back == good and follower.status()["degraded"] is False
+        assert engine.status()["status"] == "ready"
 
         # The store unreachable: not degraded within the bound, degraded past it.
         reachable = False
