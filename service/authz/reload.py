@@ -14,17 +14,18 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from .. import sighup
 from ..config import PolicyStoreConfig
 from ..store.base import PolicyActivation, Store, StoreError
 from .engine import PolicyEngine
-from .revisions import Bundle, BundleError, SignatureError, verify
+from .revisions import Bundle, BundleError, SignatureError, materialize, verify
 from .source import Snapshot
 
 __all__ = ["CHANNEL", "RevisionRefused", "StoreFollower", "fetch_revision", "following",
-           "reloading"]
+           "materialize_revision", "reloading"]
 
 log = logging.getLogger("controlplane.authz")
 
@@ -82,6 +83,21 @@ async def fetch_revision(store: Store, revision_id: str,
         raise RevisionRefused(f"bundle: {exc}") from None
     if snapshot.revision != record.id:
         raise RevisionRefused("bundle: its content is not the revision it is stored as")
+    return snapshot
+
+
+async def materialize_revision(store: Store, revision_id: str, trusted: Mapping[str, Any],
+                               directory: Path) -> Snapshot:
+    """``fetch_revision``, and its files written into ``directory`` (a policies directory, e.g.
+    for ``policies.candidate_dir``); returns the verified snapshot."""
+    snapshot = await fetch_revision(store, revision_id, trusted)
+    record = await store.get_policy_revision(revision_id)
+    if record is None:  # removed between the two reads: revisions are never removed
+        raise RevisionRefused("the revision is not in the store")
+    bundle = Bundle.from_doc(record.bundle)
+    if bundle.digest != record.digest or record.id != snapshot.revision:
+        raise RevisionRefused("bundle: the stored revision changed while it was read")
+    await asyncio.to_thread(materialize, bundle, directory)
     return snapshot
 
 

@@ -15,7 +15,7 @@ import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from service.authz.engine import PolicyEngine
-from service.authz.reload import StoreFollower, fetch_revision
+from service.authz.reload import StoreFollower, fetch_revision, materialize_revision
 from service.authz.revisions import (
     Bundle,
     BundleError,
@@ -150,6 +150,8 @@ async def test_follower_runs_the_active_revision_and_refuses_bad_ones(tmp_path: 
         assert engine.revision == good and follower.converged
         assert follower.status()["running_active"] is True and seen[-1] == (good, True)
         assert (await fetch_revision(store, good, TRUSTED)).revision == good
+        written = await materialize_revision(store, good, TRUSTED, tmp_path / "candidate")
+        assert read_snapshot(tmp_path / "candidate").revision == written.revision == good
 
         for bundle, key in ((variant("stranger"), Ed25519PrivateKey.generate()),
                             (variant("", "package controlplane.authz\nx := \n"), KEY)):
