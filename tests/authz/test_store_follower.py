@@ -199,3 +199,31 @@ def test_config_refuses_a_store_source_that_could_never_converge(
 
     with pytest.raises(ConfigError, match=message):
         load(None, {}, overrides=overrides)
+
+
+async def test_postgresql_notify_wakes_the_follower_long_before_its_poll(tmp_path: Path) -> None:
+    from service.authz.reload import following
+    from tests.store.pg import require_postgres, temp_schema
+
+    await require_postgres()
+    async with temp_schema("cp_notify") as (dsn, schema):
+        store = await open_store(dsn, schema=schema)
+        writer = await open_store(dsn, schema=schema)  # another replica's connection
+        engine = PolicyEngine(REPO / "policies", vet_in_subprocess=False)
+        assert engine.load().ok
+        follower = StoreFollower(engine, lambda: store, PolicyStoreConfig((), 60, 120), TRUSTED)
+        try:
+            async with following(follower, lambda: store, 60):
+                deadline = time.monotonic() + 5
+                while not follower.listening:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.02)
+                revision = await _publish(writer, variant("notified"))
+                started = time.monotonic()
+                while engine.revision != revision:
+                    # The poll is 60 s away: only the NOTIFY can have woken it.
+                    assert time.monotonic() - started < 10, follower.status()
+                    await asyncio.sleep(0.02)
+        finally:
+            await writer.close()
+            await store.close()
