@@ -15,7 +15,7 @@ import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from service.authz.engine import PolicyEngine
-from service.authz.reload import StoreFollower, fetch_revision, materialize_revision
+from service.authz.reload import StoreFollower, fetch_revision, following, materialize_revision
 from service.authz.revisions import (
     Bundle,
     BundleError,
@@ -26,9 +26,10 @@ from service.authz.revisions import (
     verify,
 )
 from service.authz.source import read_snapshot
-from service.config import PolicyStoreConfig
+from service.config import ConfigError, PolicyStoreConfig, load
 from service.store import Store, open_store
 from service.store.base import PolicyRevisionRecord
+from tests.store.pg import require_postgres, temp_schema
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = Ed25519PrivateKey.generate()
@@ -195,16 +196,11 @@ async def test_follower_runs_the_active_revision_and_refuses_bad_ones(tmp_path: 
 ])
 def test_config_refuses_a_store_source_that_could_never_converge(
         overrides: dict[str, Any], message: str) -> None:
-    from service.config import ConfigError, load
-
     with pytest.raises(ConfigError, match=message):
         load(None, {}, overrides=overrides)
 
 
 async def test_postgresql_notify_wakes_the_follower_long_before_its_poll(tmp_path: Path) -> None:
-    from service.authz.reload import following
-    from tests.store.pg import require_postgres, temp_schema
-
     await require_postgres()
     async with temp_schema("cp_notify") as (dsn, schema):
         store = await open_store(dsn, schema=schema)
