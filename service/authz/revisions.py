@@ -119,9 +119,11 @@ class Bundle:
                              if p.is_file() and p.suffix in DATA_SUFFIXES)
                       if data_dir.is_dir() else [])
         try:
-            modules = {p.name: p.read_text(encoding="utf-8")
+            # Bytes decoded as they are (no newline translation): the content hashed here is
+            # the content the engine hashes when it reads the same files.
+            modules = {p.name: p.read_bytes().decode("utf-8")
                        for p in sorted(policies_dir.glob("*.rego")) if p.is_file()}
-            data = {p.name: p.read_text(encoding="utf-8") for p in data_files}
+            data = {p.name: p.read_bytes().decode("utf-8") for p in data_files}
         except (OSError, UnicodeDecodeError) as exc:
             raise BundleError(f"cannot read the policies: {exc.__class__.__name__}") from None
         return cls(modules, data)
@@ -154,9 +156,9 @@ class Bundle:
         """Write the files into ``directory`` (a policies directory layout: ``data/`` beside)."""
         (directory / "data").mkdir(parents=True, exist_ok=True)
         for name, text in self.modules.items():
-            (directory / name).write_text(text, encoding="utf-8")
+            (directory / name).write_bytes(text.encode("utf-8"))
         for name, text in self.data.items():
-            (directory / "data" / name).write_text(text, encoding="utf-8")
+            (directory / "data" / name).write_bytes(text.encode("utf-8"))
 
     def snapshot(self) -> Snapshot:
         """The engine's snapshot of this content (read back exactly as from a directory, so

@@ -52,6 +52,11 @@ def _b64(doc: Any) -> str:
 def test_id_is_the_engine_revision_of_the_same_files(tmp_path: Path) -> None:
     bundle = variant("x")
     assert bundle.revision_id() == read_snapshot(materialize(bundle, tmp_path / "p")).revision
+    crlf = Bundle({**bundle.modules, "authz.rego": bundle.modules["authz.rego"] + "# a\r\n"},
+                  bundle.data)
+    materialize(crlf, tmp_path / "crlf")
+    assert Bundle.from_dir(tmp_path / "crlf") == crlf  # no newline translation either way
+    assert crlf.revision_id() == read_snapshot(tmp_path / "crlf").revision != bundle.revision_id()
     assert Bundle.from_dir(REPO / "policies").revision_id() == \
         read_snapshot(REPO / "policies").revision
 
