@@ -261,23 +261,31 @@ async def following(follower: StoreFollower, store: Callable[[], Store | None],
     ``CHANNEL`` (a LISTEN connection, re-opened when it drops) and at SIGHUP."""
     await follower.sync()
     listener: Any = None
+    warned = False
 
     async def listen() -> Any:
+        nonlocal warned
         target = store()
         open_listener = getattr(target, "listen", None)
         if open_listener is None:
             return None
         try:
-            return await open_listener(CHANNEL, lambda _payload: follower.wake.set())
-        except StoreError:
+            opened = await open_listener(CHANNEL, lambda _payload: follower.wake.set())
+        except Exception as exc:  # polling carries on; the next round tries again
+            if not warned:  # once per outage, not once per poll
+                log.warning("policy store: cannot LISTEN for activations (%s); polling only",
+                            type(exc).__name__)
+            warned = True
             return None
+        warned = False
+        return opened
 
     async def loop() -> None:
         nonlocal listener
         while True:
             if listener is None or not listener.alive:
                 if listener is not None:
-                    await listener.close()
+                    await listener.close()  # never raises
                 listener = await listen()
                 follower.listening = listener is not None
                 if listener is not None:
