@@ -21,6 +21,8 @@ from .appkeys import (
     CONFIG,
     ENGINE,
     METRICS,
+    POLICY_FOLLOWER,
+    POLICY_KEYS,
     STARTED_AT,
     STORE,
 )
@@ -32,7 +34,8 @@ from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
 from .authn.sessions import Authenticator
 from .authz.engine import LOG_FIELDS, PolicyEngine
-from .authz.reload import reloading
+from .authz.reload import StoreFollower, following, reloading
+from .authz.revisions import SignatureError, TrustedKeys
 from .compose.preflight import RuleSet
 from .config import Config
 from .edge import MAX_HEADER_FIELD_BYTES
@@ -99,6 +102,7 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     setup_health(app)
     app.cleanup_ctx.append(_policies)
     setup_store(app)
+    app.cleanup_ctx.append(_policy_store)  # policies.source: store follows the fleet's revision
     app.cleanup_ctx.append(_audit)
     app.cleanup_ctx.append(_audit_checkpoints)  # signed checkpoints of the chain; a last one on stop
     app.cleanup_ctx.append(_authenticator)
@@ -117,6 +121,13 @@ async def _policies(app: web.Application) -> AsyncIterator[None]:
     engine = PolicyEngine(config.policies.dir, config.environments,
                           [f for f in config.logging.mask_fields if f in LOG_FIELDS])
     engine.reload_listeners.append(app[METRICS].reloaded)
+    serving: list[str | None] = [None]
+
+    def served(_result: object) -> None:
+        app[METRICS].serving(serving[0], engine.revision)
+        serving[0] = engine.revision
+
+    engine.reload_listeners.append(served)
     result = await asyncio.to_thread(engine.load)
     if not result.ok:
         # Serving with no policy would mean every decision is a deny: start degraded and
@@ -124,7 +135,37 @@ async def _policies(app: web.Application) -> AsyncIterator[None]:
         log.error("no policy revision could be loaded: %s", result.error)
     app[ENGINE] = engine
     app[COMPOSE_RULES] = await asyncio.to_thread(RuleSet.load, config.policies.dir / "compose")
+    if config.policies.source == "store":
+        # The directory was only the bootstrap revision: from here on the store decides
+        # (_policy_store), and neither file changes nor SIGHUP may swap the directory back in.
+        yield
+        return
     async with reloading(engine, config.policies.reload_interval_s):
+        yield
+
+
+async def _policy_store(app: web.Application) -> AsyncIterator[None]:
+    """POLICY_KEYS; with ``policies.source: store``, POLICY_FOLLOWER: the fleet's active revision
+    is read (and run) before the first request, then followed (NOTIFY, polling, SIGHUP)."""
+    config, metrics = app[CONFIG], app[METRICS]
+    trust_error = None
+    try:
+        keys = await asyncio.to_thread(TrustedKeys.from_files, config.policies.store.trusted_keys)
+    except SignatureError as exc:
+        # Fail closed: no revision from the store is accepted until the keys can be read.
+        log.error("policy signing keys unusable: %s", exc)
+        keys, trust_error = TrustedKeys({}), str(exc)
+    app[POLICY_KEYS] = keys
+    app[POLICY_FOLLOWER] = None
+    if config.policies.source != "store":
+        yield
+        return
+    link = app[STORE]
+    follower = StoreFollower(app[ENGINE], lambda: link.store, config.policies.store, keys,
+                             trust_error=trust_error)
+    follower.listeners.append(metrics.converged)
+    app[POLICY_FOLLOWER] = follower
+    async with following(follower, lambda: link.store, config.policies.store.poll_interval_s):
         yield
 
 

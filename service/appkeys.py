@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from .audit.log import AuditLog
     from .authn.sessions import Authenticator
     from .authz.engine import PolicyEngine
+    from .authz.reload import StoreFollower
+    from .authz.revisions import TrustedKeys
     from .compose.preflight import RuleSet
     from .health import Reporter
     from .middleware.metrics import Metrics
@@ -33,6 +35,8 @@ __all__ = [
     "CORRELATION_ID",
     "ENGINE",
     "METRICS",
+    "POLICY_FOLLOWER",
+    "POLICY_KEYS",
     "PRINCIPAL",
     "STARTED_AT",
     "STORE",
@@ -47,6 +51,10 @@ METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 COMPONENTS: web.AppKey[dict[str, Reporter]] = web.AppKey("components")
 #: The policy engine (compiled revision, hot reload).
 ENGINE: web.AppKey[PolicyEngine] = web.AppKey("engine")
+#: The public keys trusted to sign policy revisions (``policies.store.trusted_keys``).
+POLICY_KEYS: web.AppKey[TrustedKeys] = web.AppKey("policy_keys")
+#: With ``policies.source: store``: what keeps this process on the fleet's active revision.
+POLICY_FOLLOWER: web.AppKey[StoreFollower | None] = web.AppKey("policy_follower")
 #: The compose preflight rule set.
 COMPOSE_RULES: web.AppKey[RuleSet] = web.AppKey("compose_rules")
 #: The store as this worker sees it: connected, or not (yet), with the reason.

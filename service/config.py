@@ -251,15 +251,55 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class PolicyStoreConfig:
+    """``policies.store``: how a process follows the fleet's active revision in the store
+    (``policies.source: store``) and which publishers' signatures it accepts."""
+
+    #: PEM files of the Ed25519 public keys trusted to sign policy revisions.
+    trusted_keys: tuple[Path, ...]
+    #: How often the active revision is read (PostgreSQL also wakes replicas by NOTIFY).
+    poll_interval_s: float
+    #: A process that does not run the active revision this long after it noticed it (it was
+    #: refused, or the store cannot be read) reports ``authz`` degraded.
+    convergence_s: float
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {"trusted_keys": [], "poll_interval_s": 1,
+                                          "convergence_s": 5}
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve) -> PolicyStoreConfig:
+        out = cls(trusted_keys=tuple(resolve(p) for p in raw["trusted_keys"]),
+                  poll_interval_s=float(raw["poll_interval_s"]),
+                  convergence_s=float(raw["convergence_s"]))
+        if out.convergence_s <= out.poll_interval_s:
+            raise ConfigError("policies.store.convergence_s must be longer than "
+                              "policies.store.poll_interval_s")
+        return out
+
+
+@dataclass(frozen=True)
 class PoliciesConfig:
     dir: Path
     reload_interval_s: float
+    #: ``dir`` (this process's directory) or ``store`` (the fleet's published, signed revision).
+    source: str = "dir"
+    store: PolicyStoreConfig = field(
+        default_factory=lambda: PolicyStoreConfig((), 1.0, 5.0))
 
-    DEFAULTS: ClassVar[dict[str, Any]] = {"dir": "policies", "reload_interval_s": 2}
+    DEFAULTS: ClassVar[dict[str, Any]] = {"dir": "policies", "reload_interval_s": 2,
+                                          "source": "dir", "store": PolicyStoreConfig.DEFAULTS}
 
     @classmethod
-    def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve) -> PoliciesConfig:
-        return cls(dir=resolve(raw["dir"]), reload_interval_s=float(raw["reload_interval_s"]))
+    def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve,
+                 store_backend: str = "sqlite") -> PoliciesConfig:
+        store = PolicyStoreConfig.from_raw(raw["store"], resolve)
+        if raw["source"] == "store" and store_backend == "none":
+            raise ConfigError("policies.source is store but store.backend is none")
+        if raw["source"] == "store" and not store.trusted_keys:
+            raise ConfigError("policies.source is store but policies.store.trusted_keys is empty: "
+                              "no revision could ever be accepted")
+        return cls(dir=resolve(raw["dir"]), reload_interval_s=float(raw["reload_interval_s"]),
+                   source=raw["source"], store=store)
 
 
 @dataclass(frozen=True)
@@ -623,7 +663,7 @@ def _build(raw: dict[str, Any], base: Path, source: str | None) -> Config:
         state_dir=state_dir,
         server=ServerConfig.from_raw(raw["server"]),
         store=store,
-        policies=PoliciesConfig.from_raw(raw["policies"], resolve),
+        policies=PoliciesConfig.from_raw(raw["policies"], resolve, store.backend),
         environments=Environments.from_raw(raw["environments"]),
         authn=AuthnConfig.from_raw(raw["authn"], resolve),
         approvals=ApprovalsConfig.from_raw(raw["approvals"], store.backend),

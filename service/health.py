@@ -14,7 +14,15 @@ from typing import Any
 from aiohttp import web
 
 from . import clock
-from .appkeys import AUTHENTICATOR, COMPONENTS, COMPOSE_RULES, CONFIG, ENGINE, STORE
+from .appkeys import (
+    AUTHENTICATOR,
+    COMPONENTS,
+    COMPOSE_RULES,
+    CONFIG,
+    ENGINE,
+    POLICY_FOLLOWER,
+    STORE,
+)
 from .store.base import StoreError
 
 __all__ = [
@@ -94,7 +102,19 @@ def setup_health(app: web.Application) -> None:
                 "detail": "no policy revision could be loaded"}
 
     async def authz() -> dict[str, Any]:
-        return app[ENGINE].status()
+        status = app[ENGINE].status()
+        follower = app.get(POLICY_FOLLOWER)
+        if follower is None:
+            return {**status, "distribution": {"source": "dir"}}
+        # policies.source: store: a refused active revision, or not running it past the
+        # convergence bound, degrades authz (the last good revision keeps serving).
+        distribution = follower.status()
+        if distribution.pop("degraded"):
+            error = distribution["error"] or "not running the active revision"
+            status = {**status, "status": "degraded", "error": error,
+                      "detail": "this process does not run the fleet's active policy revision; "
+                                "the previous revision keeps serving"}
+        return {**status, "distribution": distribution}
 
     async def store() -> dict[str, Any]:
         link = app[STORE]

@@ -19,12 +19,13 @@ from . import (
     inventory,
     legacy,
     openapi,
+    policy_revisions,
     system,
     tasks,
 )
 
 _MODULES = (system, authn, approvals, approval_events, installer, tasks, audit, compose, inventory,
-            legacy, openapi)
+            legacy, policy_revisions, openapi)
 
 
 def add_routes(app: web.Application) -> None:

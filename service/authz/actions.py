@@ -48,6 +48,12 @@ _CATALOGUE: tuple[Action, ...] = (
     Action("tasks.report", True, "append progress/step events to a running task", "task",
            ticketed=False),
     Action("audit.read", False, "read and verify the audit log", "audit_log"),
+    Action("policy.read", False, "list published policy revisions and the active one",
+           "policy_revisions"),
+    Action("policy.publish", True, "store a signed policy revision (it does not activate it)",
+           "policy_revision"),
+    Action("policy.activate", True, "make a published revision the fleet's active one (also "
+           "rollback)", "policy_revision"),
 )
 
 #: name -> Action, for every action the service knows.

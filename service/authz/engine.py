@@ -46,6 +46,7 @@ from service.authz.projection import Projection, build_projection
 from service.authz.regotest import (
     DECISION_ENTRYPOINT,
     EXPLAIN_ENTRYPOINT,
+    TestReport,
     run_tests_isolated,
     vet,
 )
@@ -156,14 +157,26 @@ class PolicyEngine:
         """Load the policies directory (startup); same as ``reload``."""
         return self.reload()
 
-    def reload(self) -> LoadResult:
-        """Read, vet and compile the directory's content; swap it in if it passes. Blocking."""
+    def vet_revision(self, snapshot: Snapshot) -> TestReport:
+        """The vetting ``reload`` runs before a revision may serve, alone (nothing is swapped).
+        Blocking."""
+        return run_tests_isolated(snapshot, mode="vet") if self.vet_in_subprocess else vet(snapshot)
+
+    def install(self, snapshot: Snapshot) -> LoadResult:
+        """Vet, compile and swap in a revision read elsewhere (a published revision from the
+        store), exactly as ``reload`` does with the directory's. Blocking."""
+        return self.reload(snapshot)
+
+    def reload(self, snapshot: Snapshot | None = None) -> LoadResult:
+        """Read, vet and compile the directory's content (or ``snapshot``); swap it in if it
+        passes. Blocking."""
         with self._reload_lock:
-            self._seen = fingerprint(self.policies_dir, self.data_dir)
-            try:
-                snapshot = read_snapshot(self.policies_dir, self.data_dir)
-            except SourceError as exc:
-                return self._failed("source", str(exc))
+            if snapshot is None:
+                self._seen = fingerprint(self.policies_dir, self.data_dir)
+                try:
+                    snapshot = read_snapshot(self.policies_dir, self.data_dir)
+                except SourceError as exc:
+                    return self._failed("source", str(exc))
             current = self._current
             if current is not None and current.id == snapshot.revision:
                 return self._succeeded(current.id, changed=False)

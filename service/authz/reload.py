@@ -1,7 +1,9 @@
-"""Hot reload of the policy revision: poll the files, and reload at once on SIGHUP.
+"""Hot reload of the policy revision: poll the files (or follow the store), reload on SIGHUP.
 
 A changed revision is compiled and vetted off the event loop and swapped in atomically by the
 engine; a revision that fails keeps the last good one serving (the engine reports the error).
+With ``policies.source: store`` (``StoreFollower``) the revision is the fleet's active one,
+published signed in the store; every process of every replica converges on it.
 """
 
 from __future__ import annotations
@@ -9,12 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 from .. import sighup
+from ..config import PolicyStoreConfig
+from ..store.base import PolicyActivation, Store, StoreError
 from .engine import PolicyEngine
+from .revisions import Bundle, BundleError, SignatureError, materialize, verify
+from .source import Snapshot
 
-__all__ = ["reloading"]
+__all__ = ["CHANNEL", "RevisionRefused", "StoreFollower", "fetch_revision", "following",
+           "materialize_revision", "reloading"]
 
 log = logging.getLogger("controlplane.authz")
 
@@ -39,3 +50,258 @@ async def _reload(engine: PolicyEngine) -> None:
         await asyncio.to_thread(engine.reload)
     except Exception:
         log.exception("policy reload failed")
+
+
+# ---- policies.source: store ------------------------------------------------------------------
+
+#: The PostgreSQL channel migration 0007's trigger notifies on every activation.
+CHANNEL = "controlplane_policy"
+
+
+class RevisionRefused(Exception):
+    """A published revision that must not be loaded: missing, malformed or badly signed."""
+
+
+async def fetch_revision(store: Store, revision_id: str,
+                         trusted: Mapping[str, Any]) -> Snapshot:
+    """The engine snapshot of published revision ``revision_id``, only if a trusted key signed
+    exactly its content (``RevisionRefused`` otherwise; ``StoreError`` if the store fails).
+
+    What a store-following process loads, and what a candidate revision (shadow evaluation,
+    replay) is read with: ``engine.install(snapshot)``, or
+    ``revisions.materialize(Bundle.from_doc(record.bundle), directory)`` for a directory."""
+    record = await store.get_policy_revision(revision_id)
+    if record is None:
+        raise RevisionRefused("the revision is not in the store")
+    try:
+        bundle = Bundle.from_doc(record.bundle)
+        verify(bundle, record.signature, trusted, revision=record.id)
+        snapshot = await asyncio.to_thread(bundle.snapshot)
+    except SignatureError as exc:
+        raise RevisionRefused(f"signature: {exc.reason}: {exc}") from None
+    except BundleError as exc:
+        raise RevisionRefused(f"bundle: {exc}") from None
+    if snapshot.revision != record.id:
+        raise RevisionRefused("bundle: its content is not the revision it is stored as")
+    return snapshot
+
+
+async def materialize_revision(store: Store, revision_id: str, trusted: Mapping[str, Any],
+                               directory: Path) -> Snapshot:
+    """``fetch_revision``, and its files written into ``directory`` (a policies directory, e.g.
+    for ``policies.candidate_dir``); returns the verified snapshot."""
+    snapshot = await fetch_revision(store, revision_id, trusted)
+    record = await store.get_policy_revision(revision_id)
+    if record is None:  # removed between the two reads: revisions are never removed
+        raise RevisionRefused("the revision is not in the store")
+    bundle = Bundle.from_doc(record.bundle)
+    if bundle.digest != record.digest or record.id != snapshot.revision:
+        raise RevisionRefused("bundle: the stored revision changed while it was read")
+    await asyncio.to_thread(materialize, bundle, directory)
+    return snapshot
+
+
+class StoreFollower:
+    """Keeps this process on the fleet's active revision (``policies.source: store``).
+
+    Each ``sync`` reads the active activation; when it names another revision than the engine
+    serves, the revision is read, its signature verified against the trusted keys, and only
+    then vetted and swapped in by the engine. A revision that fails any step is refused (logged
+    once, ``policy.revision_refused``) and the last good revision keeps serving; the process
+    reports ``degraded`` at once for a refusal, and when it has not run the active revision
+    for ``convergence_s`` for any other reason (the store cannot be read, loading is stuck).
+    """
+
+    def __init__(self, engine: PolicyEngine, store: Callable[[], Store | None],
+                 config: PolicyStoreConfig, trusted: Mapping[str, Any],
+                 *, trust_error: str | None = None) -> None:
+        self._engine = engine
+        self._store = store
+        self._config = config
+        self._trusted = trusted
+        self._trust_error = trust_error
+        self._active: PolicyActivation | None = None
+        #: revision id -> why it was refused (content and keys do not change: never re-vetted)
+        self._refused: dict[str, str] = {}
+        self._error: str | None = None
+        #: monotonic time since which this process is not known to run the active revision
+        self._behind_since: float | None = None
+        self._synced_at: float | None = None
+        #: the engine rejected (vetting) the last revision it was given: its status says so
+        self._engine_rejected = False
+        self._lock = asyncio.Lock()
+        self.wake = asyncio.Event()
+        self.listening = False
+        #: called with (active revision id or None, whether this process runs it) after a sync
+        self.listeners: list[Callable[[str | None, bool], None]] = []
+
+    @property
+    def active(self) -> PolicyActivation | None:
+        return self._active
+
+    @property
+    def converged(self) -> bool:
+        active = self._active
+        return active is not None and active.revision_id == self._engine.revision
+
+    async def sync(self) -> None:
+        """Read the active revision and run it if this process does not yet. Never raises."""
+        async with self._lock:
+            try:
+                await self._sync()
+            except Exception:
+                log.exception("policy store sync failed")
+                self._behind(None)
+            for listener in self.listeners:
+                listener(self._active.revision_id if self._active else None, self.converged)
+
+    async def _sync(self) -> None:
+        store = self._store()
+        if store is None:
+            self._behind("the store is unreachable: the active revision cannot be read")
+            return
+        try:
+            active = await store.active_policy()
+        except StoreError:
+            self._behind("the store is unreachable: the active revision cannot be read")
+            return
+        self._synced_at = time.time()
+        self._active = active
+        if active is None:
+            # Nothing published and activated yet: the local policies.dir serves (bootstrap).
+            self._caught_up()
+            return
+        if active.revision_id == self._engine.revision:
+            if self._engine_rejected:
+                # The engine still reports the revision it rejected; the fleet has moved back
+                # to the one it serves: confirm it (same id, so nothing is vetted again).
+                with contextlib.suppress(StoreError, RevisionRefused):  # retried next sync
+                    snapshot = await fetch_revision(store, active.revision_id, self._trusted)
+                    await asyncio.to_thread(self._engine.install, snapshot)
+                    self._engine_rejected = False
+            self._caught_up()
+            return
+        refused = self._refused.get(active.revision_id)
+        if refused is not None:
+            self._behind(refused)
+            return
+        try:
+            if self._trust_error is not None:
+                raise SignatureError("untrusted_key", self._trust_error)
+            snapshot = await fetch_revision(store, active.revision_id, self._trusted)
+        except StoreError:
+            self._behind("the store is unreachable: the active revision cannot be read")
+            return
+        except RevisionRefused as exc:
+            self._refuse(active.revision_id, str(exc))
+            return
+        except SignatureError as exc:
+            self._refuse(active.revision_id, f"signature: {exc.reason}: {exc}")
+            return
+        result = await asyncio.to_thread(self._engine.install, snapshot)
+        if not result.ok or self._engine.revision != snapshot.revision:
+            self._engine_rejected = not result.ok
+            self._refuse(snapshot.revision, result.error or "the engine did not load it")
+            return
+        log.info("policy revision %s of the store is running", snapshot.revision,
+                 extra={"fields": {"event": "policy.store_revision_running",
+                                   "revision": snapshot.revision, "seq": active.seq}})
+        self._caught_up()
+
+    def _caught_up(self) -> None:
+        self._error = None
+        self._behind_since = None
+
+    def _behind(self, error: str | None) -> None:
+        if error is not None:
+            self._error = error
+        if self._behind_since is None:
+            self._behind_since = time.monotonic()
+
+    def _refuse(self, revision: str, error: str) -> None:
+        self._refused[revision] = error
+        log.error("policy revision %s refused: %s; still serving %s", revision, error,
+                  self._engine.revision,
+                  extra={"fields": {"event": "policy.revision_refused", "revision": revision,
+                                    "serving_revision": self._engine.revision}})
+        self._behind(error)
+        self._error = error
+
+    def status(self) -> dict[str, Any]:
+        """The ``distribution`` member of ``authz/status``, and whether it degrades it."""
+        active = self._active
+        behind_s = (None if self._behind_since is None
+                    else round(time.monotonic() - self._behind_since, 3))
+        refused = active is not None and active.revision_id in self._refused
+        late = behind_s is not None and behind_s > self._config.convergence_s
+        return {
+            "source": "store",
+            "active_revision": active.revision_id if active else None,
+            "active_seq": active.seq if active else None,
+            "activated_at": _iso(active.activated_at) if active else None,
+            "activated_by": active.activated_by if active else None,
+            "running_active": self.converged if active else None,
+            "behind_s": behind_s,
+            "convergence_s": self._config.convergence_s,
+            "listening": self.listening,
+            "last_sync_at": _iso(self._synced_at) if self._synced_at else None,
+            "error": self._error if (refused or late or self._error) else None,
+            "degraded": refused or late,
+        }
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+@contextlib.asynccontextmanager
+async def following(follower: StoreFollower, store: Callable[[], Store | None],
+                    interval_s: float) -> AsyncIterator[None]:
+    """While open: sync at once, then every ``interval_s``, at each PostgreSQL NOTIFY on
+    ``CHANNEL`` (a LISTEN connection, re-opened when it drops) and at SIGHUP."""
+    await follower.sync()
+    listener: Any = None
+    warned = False
+
+    async def listen() -> Any:
+        nonlocal warned
+        target = store()
+        open_listener = getattr(target, "listen", None)
+        if open_listener is None:
+            return None
+        try:
+            opened = await open_listener(CHANNEL, lambda _payload: follower.wake.set())
+        except Exception as exc:  # polling carries on; the next round tries again
+            if not warned:  # once per outage, not once per poll
+                log.warning("policy store: cannot LISTEN for activations (%s); polling only",
+                            type(exc).__name__)
+            warned = True
+            return None
+        warned = False
+        return opened
+
+    async def loop() -> None:
+        nonlocal listener
+        while True:
+            if listener is None or not listener.alive:
+                if listener is not None:
+                    await listener.close()  # never raises
+                listener = await listen()
+                follower.listening = listener is not None
+                if listener is not None:
+                    await follower.sync()  # a change between the last sync and LISTEN
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await follower.wake.wait()
+            follower.wake.clear()
+            await follower.sync()
+
+    task = asyncio.create_task(loop())
+    try:
+        with sighup.on_sighup(follower.wake.set):
+            yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if listener is not None:
+            await listener.close()

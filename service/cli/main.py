@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import approval, audit, compose, identities, installer, keyring, policy, serve, session
+from . import approval, audit, compose, identities, installer, keyring, policy, revisions, serve, session
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for module in (serve, session, approval, installer, audit, policy, compose, identities, keyring):
         module.register(sub)
+    revisions.extend(sub.choices["policy"])  # publish, activate, rollback, revisions, keygen
     return parser
 
 

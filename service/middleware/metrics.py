@@ -64,6 +64,8 @@ EXPORTED = (
     "controlplane_policy_revision_info",
     "controlplane_policy_reload_total",
     "controlplane_policy_last_reload_success_timestamp_seconds",
+    "controlplane_policy_process_revision",
+    "controlplane_policy_store_converged",
     "controlplane_decisions_total",
     "controlplane_decision_duration_seconds",
     "controlplane_approvals_pending",
@@ -91,6 +93,10 @@ class Metrics:
     approvals: Counter
     audit_append_failures: Counter
     login_failures: Counter
+    #: Per process (a ``pid`` label with several workers): the revision it serves, and whether
+    #: that is the fleet's active one; an operator sees convergence across workers and replicas.
+    process_revision: Gauge | None = None
+    store_converged: Gauge | None = None
     multiprocess: bool = False
 
     def exposition_registry(self) -> CollectorRegistry:
@@ -109,6 +115,20 @@ class Metrics:
         self.reloads.labels("ok" if outcome.ok else "rejected").inc()
         if outcome.ok:
             self.last_reload_success.set(time.time())
+
+    def serving(self, previous: str | None, revision: str | None) -> None:
+        """This process now serves ``revision`` (it served ``previous``)."""
+        if self.process_revision is None:
+            return
+        if previous is not None and previous != revision:
+            self.process_revision.labels(previous).set(0)
+        if revision is not None:
+            self.process_revision.labels(revision).set(1)
+
+    def converged(self, active: str | None, running: bool) -> None:
+        """After each read of the store's active revision (``policies.source: store``)."""
+        if self.store_converged is not None:
+            self.store_converged.set(1 if running or active is None else 0)
 
     def decided(self, result: str, cached: bool, duration_s: float) -> None:
         """One AuthZ decision of the chain."""
@@ -206,8 +226,25 @@ class Metrics:
                 ["reason"],
                 registry=registry,
             ),
+            process_revision=Gauge(
+                "controlplane_policy_process_revision",
+                "1 for the policy revision this process serves (0 for those it served before); "
+                "one series per process.",
+                ["revision"],
+                registry=registry,
+                multiprocess_mode="liveall",
+            ),
+            store_converged=Gauge(
+                "controlplane_policy_store_converged",
+                "1 when this process runs the fleet's active policy revision from the store "
+                "(or none is active yet, or policies come from the directory); one series per "
+                "process.",
+                registry=registry,
+                multiprocess_mode="liveall",
+            ),
             multiprocess=multiprocess,
         )
+        metrics.converged(None, True)
         for result in RELOAD_RESULTS:
             metrics.reloads.labels(result)
         for result in DECISION_RESULTS:

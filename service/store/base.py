@@ -36,6 +36,9 @@ __all__ = [
     "EventRecord",
     "Json",
     "NotFound",
+    "PolicyActivation",
+    "PolicyRevisionOps",
+    "PolicyRevisionRecord",
     "ReviewRecord",
     "Seal",
     "SessionOps",
@@ -217,6 +220,40 @@ class AuditCheckpoint:
     sig: str
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyRevisionRecord:
+    """A published policy revision: immutable once stored (``authz.revisions`` owns the format).
+
+    ``bundle`` is the bundle document (policy modules and data files), ``signature`` the
+    flattened JWS over its digest by key ``kid``; ``author``/``message``/``created_at`` are what
+    the publisher signed, ``published_by``/``published_at`` who stored it and when."""
+
+    id: str
+    digest: str
+    bundle: dict[str, Any]
+    signature: dict[str, Any]
+    kid: str
+    author: str
+    message: str
+    created_at: float
+    published_by: str
+    published_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyActivation:
+    """One change of the fleet's active revision (``kind``: ``activate`` or ``rollback``);
+    ``previous_id`` is what was active before (``""``: none)."""
+
+    seq: int
+    revision_id: str
+    previous_id: str
+    kind: str
+    activated_by: str
+    activated_at: float
+    reason: str | None = None
+
+
 # ------------------------------------------------------------------------------------ protocols
 
 
@@ -363,11 +400,34 @@ class AuditOps(Protocol):
     async def latest_audit_checkpoint(self) -> AuditCheckpoint | None: ...
 
 
-class Tx(SessionOps, TicketOps, TaskOps, AuditOps, Protocol):
+class PolicyRevisionOps(Protocol):
+    """Published policy revisions and the fleet's active one (every replica follows it)."""
+
+    # Stores a revision; False (nothing changed) when that id is already stored with the same
+    # digest; Conflict ``duplicate_id`` when it is stored with other content.
+    async def add_policy_revision(self, rec: PolicyRevisionRecord) -> bool: ...
+    async def get_policy_revision(self, id: str) -> PolicyRevisionRecord | None: ...
+    # Newest first; ``before``: a published_at cursor (the last item of the previous page).
+    async def list_policy_revisions(
+        self, limit: int = 50, before: float | None = None
+    ) -> list[PolicyRevisionRecord]: ...
+    # Makes ``revision_id`` the active revision (NotFound if it is not stored). ``expected``:
+    # only if this is the active one now (``""``: none), else Conflict ``state_conflict``; one
+    # conditional write, so concurrent activations from any replica apply one at a time.
+    async def activate_policy_revision(
+        self, revision_id: str, *, kind: str, by: str, at: float, reason: str | None = None,
+        expected: str | None = None,
+    ) -> PolicyActivation: ...
+    # The latest activation (what every replica must run), or None before the first.
+    async def active_policy(self) -> PolicyActivation | None: ...
+    async def policy_activations(self, limit: int = 50) -> list[PolicyActivation]: ...
+
+
+class Tx(SessionOps, TicketOps, TaskOps, AuditOps, PolicyRevisionOps, Protocol):
     """Every operation, all inside one transaction: they commit together or not at all."""
 
 
-class Store(SessionOps, TicketOps, TaskOps, AuditOps, Protocol):
+class Store(SessionOps, TicketOps, TaskOps, AuditOps, PolicyRevisionOps, Protocol):
     """A durable store: every operation is its own transaction; ``transaction()`` groups them."""
 
     async def ping(self) -> None: ...

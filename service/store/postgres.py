@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -26,7 +26,7 @@ from ..limits import JSONValueRefused
 from .base import StoreError, StoreUnavailable
 from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
 
-__all__ = ["PostgresStore"]
+__all__ = ["Listener", "PostgresStore"]
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +172,15 @@ class PostgresStore(SqlStore):
 
     dialect = DIALECT
 
-    def __init__(self, pool: asyncpg.Pool, timeout_s: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, timeout_s: float, *, dsn: str | None = None,
+                 settings: dict[str, str] | None = None) -> None:
         self._pool = pool
         self.timeout_s = timeout_s
         self._closed = False
+        # For dedicated (non-pooled) connections: LISTEN holds its connection for as long as
+        # it listens, so it never takes one from the pool.
+        self._dsn = dsn
+        self._settings = dict(settings or {})
 
     @classmethod
     async def open(
@@ -210,7 +215,24 @@ class PostgresStore(SqlStore):
             ), timeout_s)
         except _WRAPPED as exc:
             raise _opening_error(exc, dsn) from exc
-        return cls(pool, timeout_s)
+        return cls(pool, timeout_s, dsn=dsn, settings=settings)
+
+    async def listen(self, channel: str, on_notify: Callable[[str], None]) -> Listener:
+        """LISTEN on ``channel`` over a dedicated connection; ``on_notify(payload)`` runs on the
+        event loop for each notification. Raises ``StoreUnavailable`` if it cannot connect."""
+        if self._closed or self._dsn is None:
+            raise StoreUnavailable("postgresql store is closed")
+        try:
+            conn = await asyncio.wait_for(asyncpg.connect(
+                self._dsn, timeout=self.timeout_s, server_settings=self._settings
+            ), self.timeout_s)
+            listener = Listener(conn, channel, on_notify)
+            await conn.add_listener(channel, listener.deliver)
+        except _WRAPPED as exc:
+            raise _wrap(exc) from exc
+        except TimeoutError:
+            raise _late() from None
+        return listener
 
     @asynccontextmanager
     async def _transaction(self, *, write: bool) -> AsyncIterator[_Conn]:
@@ -285,6 +307,32 @@ class PostgresStore(SqlStore):
             return
         self._closed = True
         await self._pool.close()
+
+
+class Listener:
+    """One LISTEN connection: ``alive`` until the connection ends (then listen again)."""
+
+    def __init__(self, conn: asyncpg.Connection, channel: str,
+                 on_notify: Callable[[str], None]) -> None:
+        self._conn = conn
+        self._channel = channel
+        self._on_notify = on_notify
+
+    def deliver(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            self._on_notify(payload)
+        except Exception:
+            log.exception("postgresql notification handler failed")
+
+    @property
+    def alive(self) -> bool:
+        return not self._conn.is_closed()
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self._conn.close(), 2.0)
+        except Exception:
+            self._conn.terminate()
 
 
 async def _migrate(dsn: str, schema: str | None, timeout_s: float) -> None:

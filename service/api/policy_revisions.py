@@ -1,0 +1,213 @@
+"""Policy revisions for the fleet: publish (signed), list, activate, roll back — through the chain.
+
+Publishing stores an immutable revision; activating (or rolling back) sets the fleet's active
+revision, which every replica with ``policies.source: store`` runs within the convergence bound.
+Both are mutations of the whole fleet, so they are authorised as the strictest environment
+(``environments.strictest()``): in a fleet that serves production they need step-up and an
+approved ticket bound to the revision, like any other production mutation.
+
+Before the chain's AuthZ, a published bundle's signature must verify with a trusted key
+(``policies.store.trusted_keys``) and the bundle must pass the same vetting every process runs
+before it loads a revision (compile, probe decision, ``*_test.rego``, in a child process): only
+holders of a signing key can make the service vet anything, and nothing unvetted is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from ..appkeys import CONFIG, ENGINE, POLICY_KEYS, STORE
+from ..authz.revisions import Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
+from ..chain import Outcome, Run, Target, Write, protected
+from ..clock import iso
+from ..errors import Conflict, NotFound, SchemaValidationFailed
+from ..store.base import PolicyActivation, PolicyRevisionRecord
+from .queries import query_page_limit, query_str
+
+__all__ = ["activation_view", "revision_view", "routes"]
+
+routes = web.RouteTableDef()
+
+def _fleet_env(request: web.Request) -> str:
+    # A revision decides for every environment the fleet serves: judged as the strictest.
+    return request.app[CONFIG].environments.strictest()
+
+
+def _invalid(code: str, pointer: str, message: str, **extra: Any) -> SchemaValidationFailed:
+    return SchemaValidationFailed(message, code=code,
+                                  errors=[{"pointer": pointer, "message": message}], **extra)
+
+
+def revision_view(rec: PolicyRevisionRecord, active: str | None) -> dict[str, Any]:
+    """A revision as listed: who, when, why, which key; never its policy text or data."""
+    return {
+        "id": rec.id, "digest": rec.digest, "kid": rec.kid, "author": rec.author,
+        "message": rec.message, "created_at": iso(rec.created_at),
+        "published_by": rec.published_by, "published_at": iso(rec.published_at),
+        "active": rec.id == active,
+    }
+
+
+def activation_view(a: PolicyActivation) -> dict[str, Any]:
+    return {
+        "seq": a.seq, "revision": a.revision_id, "previous": a.previous_id or None,
+        "kind": a.kind, "activated_by": a.activated_by, "activated_at": iso(a.activated_at),
+        "reason": a.reason,
+    }
+
+
+# ---- publish ---------------------------------------------------------------------------------
+
+
+async def _publish_target(request: web.Request, body: Any) -> Target:
+    try:
+        bundle = Bundle.from_doc(body["bundle"])
+        snapshot = await asyncio.to_thread(bundle.snapshot)
+    except BundleError as exc:
+        raise _invalid("invalid_bundle", "/bundle", str(exc)[:300]) from None
+    keys: TrustedKeys = request.app[POLICY_KEYS]
+    try:
+        claims = verify(bundle, body["signature"], keys, revision=snapshot.revision)
+        created_at = datetime.fromisoformat(claims.created_at).timestamp()
+    except SignatureError as exc:
+        raise _invalid("policy_signature_invalid", "/signature", str(exc),
+                       reason=exc.reason) from None
+    except ValueError:
+        raise _invalid("policy_signature_invalid", "/signature",
+                       "the signed created_at is not an RFC 3339 time", reason="malformed") from None
+    if not math.isfinite(created_at):
+        raise _invalid("policy_signature_invalid", "/signature", "created_at out of range",
+                       reason="malformed")
+    report = await asyncio.to_thread(request.app[ENGINE].vet_revision, snapshot)
+    if not report.ok:
+        raise _invalid("policy_rejected", "/bundle", report.summary()[:300])
+    return Target(resource={"revision": snapshot.revision, "digest": bundle.digest},
+                  env=_fleet_env(request), id=snapshot.revision,
+                  attributes={"kid": claims.kid}, record=(bundle, claims, created_at))
+
+
+@routes.post("/api/v1/policy/revisions")
+@protected("policy.publish", target=_publish_target, body="policy-publish.schema.json")
+async def publish_revision(run: Write) -> Outcome:
+    """Store a signed, vetted revision (201; 200 when that exact revision was stored before).
+    Publishing does not activate it."""
+    bundle: Bundle
+    claims: Claims
+    bundle, claims, created_at = run.target.record
+    rec = PolicyRevisionRecord(
+        id=claims.revision, digest=claims.digest, bundle=bundle.to_doc(),
+        signature=dict(run.body["signature"]), kid=claims.kid, author=claims.author,
+        message=claims.message, created_at=created_at, published_by=run.principal.subject_id,
+        published_at=run.now,
+    )
+    stored = await run.tx.add_policy_revision(rec)
+    if not stored:
+        rec = await run.tx.get_policy_revision(rec.id) or rec
+    active = await run.tx.active_policy()
+    return Outcome(
+        201 if stored else 200,
+        revision_view(rec, active.revision_id if active else None),
+        headers={"Location": "/api/v1/policy/revisions"},
+        audit={"revision": rec.id, "digest": rec.digest, "kid": rec.kid, "stored": stored},
+    )
+
+
+# ---- list ------------------------------------------------------------------------------------
+
+
+async def _list_target(request: web.Request, body: Any) -> Target:
+    return Target(resource={"collection": "policy_revisions"}, env=_fleet_env(request))
+
+
+@routes.get("/api/v1/policy/revisions")
+@protected("policy.read", target=_list_target)
+async def list_revisions(run: Run) -> Outcome:
+    """Published revisions, newest first (cursor paging), the active one and recent changes."""
+    limit = query_page_limit(run.request, default=50, high=200)
+    cursor = query_str(run.request, "cursor", pattern=r"[0-9]{1,12}(\.[0-9]{1,9})?")
+    before = float(cursor) if cursor else None
+    revisions = await run.store.list_policy_revisions(limit=limit, before=before)
+    history = await run.store.policy_activations(limit=20)
+    active = history[0] if history else None
+    next_cursor = (repr(revisions[-1].published_at) if len(revisions) == limit else None)
+    return Outcome(200, {
+        "active": activation_view(active) if active else None,
+        "items": [revision_view(r, active.revision_id if active else None) for r in revisions],
+        "activations": [activation_view(a) for a in history],
+        "next_cursor": next_cursor,
+    })
+
+
+# ---- activate and roll back ------------------------------------------------------------------
+
+
+async def _activate_target(request: web.Request, body: Any) -> Target:
+    store = request.app[STORE].require()
+    rec = await store.get_policy_revision(body["revision"])
+    if rec is None:
+        raise NotFound("no such policy revision", code="policy_revision_not_found")
+    _check_trusted(request, rec)
+    return Target(resource={"revision": rec.id}, env=_fleet_env(request), id=rec.id, record=rec)
+
+
+async def _rollback_target(request: web.Request, body: Any) -> Target:
+    store = request.app[STORE].require()
+    active = await store.active_policy()
+    if active is None or not active.previous_id:
+        raise Conflict("there is no previous revision to roll back to", code="no_rollback_target")
+    rec = await store.get_policy_revision(active.previous_id)
+    if rec is None:
+        raise NotFound("no such policy revision", code="policy_revision_not_found")
+    _check_trusted(request, rec)
+    # The same resource as activating that revision: one ticket shape for both.
+    return Target(resource={"revision": rec.id}, env=_fleet_env(request), id=rec.id,
+                  attributes={"rollback_from": active.revision_id}, record=active)
+
+
+def _check_trusted(request: web.Request, rec: PolicyRevisionRecord) -> None:
+    # Every replica would refuse it: activating it would only degrade the fleet.
+    keys: TrustedKeys = request.app[POLICY_KEYS]
+    try:
+        verify(Bundle.from_doc(rec.bundle), rec.signature, keys, revision=rec.id)
+    except (SignatureError, BundleError) as exc:
+        reason = exc.reason if isinstance(exc, SignatureError) else "malformed"
+        raise _invalid("policy_signature_invalid", "/revision",
+                       f"this service does not trust the revision's signature: {exc}",
+                       reason=reason) from None
+
+
+@routes.post("/api/v1/policy/activation")
+@protected("policy.activate", target=_activate_target, body="policy-activate.schema.json")
+async def activate_revision(run: Write) -> Outcome:
+    """Make a published revision the fleet's active one."""
+    activation = await run.tx.activate_policy_revision(
+        run.target.record.id, kind="activate", by=run.principal.subject_id, at=run.now,
+        reason=run.body.get("reason"),
+    )
+    return _activated(activation)
+
+
+@routes.post("/api/v1/policy/rollback")
+@protected("policy.activate", target=_rollback_target, body="policy-rollback.schema.json")
+async def rollback_revision(run: Write) -> Outcome:
+    """Activate the revision that was active before the current one (409 state_conflict if the
+    active revision changed since the request was authorised)."""
+    current: PolicyActivation = run.target.record
+    activation = await run.tx.activate_policy_revision(
+        current.previous_id, kind="rollback", by=run.principal.subject_id, at=run.now,
+        reason=run.body.get("reason"), expected=current.revision_id,
+    )
+    return _activated(activation)
+
+
+def _activated(activation: PolicyActivation) -> Outcome:
+    return Outcome(200, activation_view(activation),
+                   audit={"revision": activation.revision_id,
+                          "previous": activation.previous_id or None,
+                          "seq": activation.seq, "kind": activation.kind})
+

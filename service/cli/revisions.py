@@ -1,0 +1,220 @@
+"""``cpctl policy keygen | publish | activate | rollback | revisions``: policy revisions for a fleet.
+
+``publish`` vets the revision here exactly as every server does before it loads one (compile,
+probe decision, ``*_test.rego``, in a child process), then checks the decision cases, signs the
+bundle with the publisher's Ed25519 key (JWS, ``authz.revisions``) and sends it; nothing about
+the signature is trusted from the server. ``activate`` and ``rollback`` set the fleet's active
+revision. In a fleet that serves production each of them needs step-up and an approved ticket
+bound to the revision (the server's 403 ``approval_required`` names the bindings); present it
+with ``--ticket ID --nonce NONCE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .. import clock
+from ..authz.cases import CaseError, load_cases
+from ..authz.engine import DEFAULT_ENVIRONMENTS, PolicyEngine, default_policies_dir
+from ..authz.regotest import run_tests_isolated
+from ..authz.revisions import (
+    Bundle,
+    BundleError,
+    SignatureError,
+    key_id,
+    load_private_key,
+    sign,
+)
+from . import client as http
+from .client import EXIT_OK, UsageError, guarded
+
+__all__ = ["extend", "run"]
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def extend(policy_parser: argparse.ArgumentParser) -> None:
+    """Add the revision subcommands to ``cpctl policy`` (its existing subparsers)."""
+    # argparse has no accessor for an existing subparsers action.
+    commands = next(a for a in policy_parser._actions
+                    if isinstance(a, argparse._SubParsersAction))
+    conn = http.connection_parent()
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--json", action="store_true", help="print the server's JSON answer")
+    ticket = argparse.ArgumentParser(add_help=False)
+    ticket.add_argument("--ticket", metavar="ID", help="an approved ticket for this change")
+    ticket.add_argument("--nonce", help="the ticket's nonce (shown once when it was requested)")
+
+    kg = commands.add_parser("keygen", help="create a policy-signing key (Ed25519)")
+    kg.add_argument("key", type=Path, metavar="KEY.pem",
+                    help="private key to write (0600); the public key goes to KEY.pub.pem")
+    kg.set_defaults(func=guarded(keygen))
+
+    pb = commands.add_parser("publish", parents=[conn, out, ticket],
+                             help="vet, sign and publish a policies directory as a revision")
+    pb.add_argument("dir", nargs="?", type=Path, default=None,
+                    help="policies directory (default: the repository's policies/)")
+    pb.add_argument("--key", type=Path, required=True, help="the policy-signing private key")
+    pb.add_argument("--message", "-m", default="", help="why (signed, shown in revisions)")
+    pb.add_argument("--author", default=None, help="who wrote it (default: the local user)")
+    pb.add_argument("--cases", type=Path, default=_REPO / "examples" / "decisions",
+                    help="decision cases the revision must satisfy (default: examples/decisions)")
+    pb.add_argument("--no-cases", action="store_true", help="do not check decision cases")
+    pb.add_argument("--out", type=Path, default=None,
+                    help="write the signed request body to this file instead of sending it")
+    pb.set_defaults(func=guarded(publish))
+
+    ac = commands.add_parser("activate", parents=[conn, out, ticket],
+                             help="make a published revision the fleet's active one")
+    ac.add_argument("revision", metavar="REVISION")
+    ac.add_argument("--reason", help="why (recorded with the activation)")
+    ac.set_defaults(func=guarded(activate))
+
+    rb = commands.add_parser("rollback", parents=[conn, out, ticket],
+                             help="activate the revision that was active before the current one")
+    rb.add_argument("--reason", help="why (recorded with the activation)")
+    rb.set_defaults(func=guarded(rollback))
+
+    ls = commands.add_parser("revisions", parents=[conn, out],
+                             help="published revisions: who, when, why, and which is active")
+    ls.add_argument("--limit", type=int, default=20, help="at most this many (1-200)")
+    ls.set_defaults(func=guarded(revisions))
+
+
+def run(argv: list[str]) -> int:
+    """Run ``cpctl policy`` with ``argv`` (its words after ``policy``); the exit code."""
+    from .main import build_parser
+
+    try:
+        args = build_parser().parse_args(["policy", *argv])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return int(args.func(args))
+
+
+# -- handlers ----------------------------------------------------------------------------------
+
+
+def keygen(args: argparse.Namespace) -> int:
+    path: Path = args.key
+    public_path = path.with_name(path.name.removesuffix(".pem") + ".pub.pem")
+    if path.exists() or public_path.exists():
+        raise UsageError(f"{path} or {public_path} exists; not overwriting a key")
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private)
+    public_path.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    print(f"private key: {path} (keep it with the publisher; never on the servers)")
+    print(f"public key:  {public_path} (list it in policies.store.trusted_keys)")
+    print(f"kid:         {key_id(key.public_key())}")
+    return EXIT_OK
+
+
+def publish(args: argparse.Namespace) -> int:
+    policies: Path = args.dir or default_policies_dir()
+    try:
+        key = load_private_key(args.key)
+        bundle = Bundle.from_dir(policies)
+        snapshot = bundle.snapshot()
+    except (SignatureError, BundleError) as exc:
+        raise UsageError(str(exc)) from None
+    # The server's own vetting, in a child process as the server runs it.
+    report = run_tests_isolated(snapshot, mode="vet")
+    if not report.ok:
+        raise UsageError(f"the revision is rejected: {report.summary()}")
+    print(f"vetted {snapshot.revision}: {len(snapshot.modules)} modules, {report.summary()}",
+          file=sys.stderr)
+    if not args.no_cases and args.cases.exists():
+        _check_cases(policies, args.cases)
+    body = {"bundle": bundle.to_doc(), "signature": sign(
+        bundle, key, author=args.author or getpass.getuser(), message=args.message,
+        created_at=clock.iso(clock.now()) or "", revision=snapshot.revision)}
+    if args.out is not None:
+        args.out.write_text(json.dumps(body), encoding="utf-8")
+        print(f"signed {snapshot.revision} ({bundle.digest}) written to {args.out}")
+        return EXIT_OK
+    answer = http.client_for(args).post("/api/v1/policy/revisions", body,
+                                        headers=_ticket_headers(args))
+    if args.json:
+        print(json.dumps(answer, indent=2, sort_keys=True))
+    else:
+        print(f"published {answer['id']} ({answer['digest']}); activate it with "
+              f"`cpctl policy activate {answer['id']}`")
+    return EXIT_OK
+
+
+def _check_cases(policies: Path, cases_dir: Path) -> None:
+    try:
+        cases = load_cases(cases_dir)
+    except CaseError as exc:
+        raise UsageError(f"decision cases: {exc}") from None
+    engine = PolicyEngine(policies, DEFAULT_ENVIRONMENTS, cache_size=0, vet_in_subprocess=False)
+    result = engine.load()
+    if not result.ok:
+        raise UsageError(f"the revision is rejected: {result.error}")
+    failed = [c.id for c in cases if c.mismatch(engine.decide(c.input)) is not None]
+    if failed:
+        raise UsageError(f"{len(failed)} of {len(cases)} decision cases fail "
+                         f"(`cpctl policy check` shows them): {', '.join(failed[:5])}")
+    print(f"{len(cases)} decision cases pass", file=sys.stderr)
+
+
+def activate(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"revision": args.revision}
+    if args.reason:
+        body["reason"] = args.reason
+    answer = http.client_for(args).post("/api/v1/policy/activation", body,
+                                        headers=_ticket_headers(args))
+    return _print_activation(args, answer)
+
+
+def rollback(args: argparse.Namespace) -> int:
+    body = {"reason": args.reason} if args.reason else {}
+    answer = http.client_for(args).post("/api/v1/policy/rollback", body,
+                                        headers=_ticket_headers(args))
+    return _print_activation(args, answer)
+
+
+def revisions(args: argparse.Namespace) -> int:
+    answer = http.client_for(args).get("/api/v1/policy/revisions", {"limit": args.limit})
+    if args.json:
+        print(json.dumps(answer, indent=2, sort_keys=True))
+        return EXIT_OK
+    active = answer.get("active")
+    print(f"active: {active['revision']} (seq {active['seq']}, {active['kind']} by "
+          f"{active['activated_by']} at {active['activated_at']})" if active
+          else "active: none (every replica serves its policies.dir)")
+    for item in answer["items"]:
+        mark = "*" if item["active"] else " "
+        print(f"{mark} {item['id']}  {item['published_at']}  {item['author']} "
+              f"(published by {item['published_by']})  {item['message']}")
+    return EXIT_OK
+
+
+def _print_activation(args: argparse.Namespace, answer: dict[str, Any]) -> int:
+    if args.json:
+        print(json.dumps(answer, indent=2, sort_keys=True))
+    else:
+        print(f"active: {answer['revision']} (seq {answer['seq']}, {answer['kind']}; was "
+              f"{answer['previous'] or 'none'}); every replica follows within its "
+              "convergence bound (see authz/status)")
+    return EXIT_OK
+
+
+def _ticket_headers(args: argparse.Namespace) -> dict[str, str]:
+    if bool(args.ticket) != bool(args.nonce):
+        raise UsageError("--ticket and --nonce go together")
+    return {"Approval-Ticket": args.ticket, "Approval-Nonce": args.nonce} if args.ticket else {}

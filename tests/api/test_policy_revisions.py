@@ -1,0 +1,161 @@
+"""Publishing, listing, activating and rolling back policy revisions over HTTP, through the chain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from service.appkeys import STORE
+from service.authz.revisions import Bundle, sign
+from tests.auth import bearer, login, step_up
+from tests.problems import assert_problem
+
+REPO = Path(__file__).resolve().parents[2]
+NON_PRODUCTION = {"environments": {"dev": {"production": False}, "staging": {"production": False}}}
+
+
+def keypair(tmp_path: Path, name: str = "signer") -> tuple[Ed25519PrivateKey, Path]:
+    key = Ed25519PrivateKey.generate()
+    public = tmp_path / f"{name}.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key, public
+
+
+def published(key: Ed25519PrivateKey, bundle: Bundle | None = None,
+              message: str = "tighten reads") -> dict[str, Any]:
+    bundle = bundle or Bundle.from_dir(REPO / "policies")
+    return {"bundle": bundle.to_doc(),
+            "signature": sign(bundle, key, author="alice", message=message,
+                              created_at="2026-11-23T18:00:00+00:00")}
+
+
+def variant(comment: str) -> Bundle:
+    """The shipped policies with one more comment line: another revision, same behaviour."""
+    base = Bundle.from_dir(REPO / "policies")
+    modules = dict(base.modules)
+    modules["authz.rego"] = modules["authz.rego"] + f"\n# {comment}\n"
+    return Bundle(modules, base.data)
+
+
+async def audit_actions(client: Any) -> list[tuple[str, str]]:
+    store = client.server.app[STORE].require()
+    return [(r.entry["action"], r.entry["outcome"]) for r in await store.audit_range(0, 1000)]
+
+
+async def test_fleet_publish_list_activate_and_roll_back(make_client, tmp_path):
+    key, public = keypair(tmp_path)
+    client = await make_client({**NON_PRODUCTION,
+                                "policies": {"store": {"trusted_keys": [str(public)]}}})
+    alice = await login(client, "alice")
+    # The shipped policies (vetted once per test session) and one variant of them.
+    first, second = Bundle.from_dir(REPO / "policies"), variant("two")
+
+    r = await client.post("/api/v1/policy/revisions", json=published(key, first),
+                          headers=bearer(alice))
+    assert r.status == 201, await r.text()
+    one = await r.json()
+    assert one["id"] == first.revision_id() and one["digest"] == first.digest
+    assert (one["author"], one["message"], one["active"]) == ("alice", "tighten reads", False)
+    again = await client.post("/api/v1/policy/revisions", json=published(key, first),
+                              headers=bearer(alice))
+    assert again.status == 200  # the same content: stored once
+    r = await client.post("/api/v1/policy/revisions", json=published(key, second, "second"),
+                          headers=bearer(alice))
+    two = await r.json()
+
+    nothing = await client.post("/api/v1/policy/rollback", json={}, headers=bearer(alice))
+    await assert_problem(nothing, 409, "no_rollback_target")
+    for rev in (one, two):
+        r = await client.post("/api/v1/policy/activation",
+                              json={"revision": rev["id"], "reason": "roll out"},
+                              headers=bearer(alice))
+        assert r.status == 200, await r.text()
+    activated = await r.json()
+    assert (activated["revision"], activated["previous"], activated["kind"]) == (
+        two["id"], one["id"], "activate")
+
+    back = await client.post("/api/v1/policy/rollback", json={"reason": "bad"},
+                             headers=bearer(alice))
+    assert back.status == 200, await back.text()
+    assert (await back.json())["revision"] == one["id"]
+
+    carol = await login(client, "carol")  # a viewer reads the list, cannot change it
+    listing = await (await client.get("/api/v1/policy/revisions", headers=bearer(carol))).json()
+    assert listing["active"]["revision"] == one["id"] and listing["active"]["kind"] == "rollback"
+    assert [(i["id"], i["active"]) for i in listing["items"]] == [
+        (two["id"], False), (one["id"], True)]
+    assert [a["seq"] for a in listing["activations"]] == [3, 2, 1]
+    denied = await client.post("/api/v1/policy/activation", json={"revision": two["id"]},
+                               headers=bearer(carol))
+    await assert_problem(denied, 403, "denied")
+    missing = await client.post("/api/v1/policy/activation",
+                                json={"revision": "sha256:0000000000000000"},
+                                headers=bearer(alice))
+    await assert_problem(missing, 404, "policy_revision_not_found")
+
+
+async def test_publish_refuses_what_no_replica_would_load(make_client, tmp_path):
+    key, public = keypair(tmp_path)
+    client = await make_client({**NON_PRODUCTION,
+                                "policies": {"store": {"trusted_keys": [str(public)]}}})
+    alice = await login(client, "alice")
+    untrusted = published(Ed25519PrivateKey.generate())
+    tampered = published(key)  # signed content, then a module changed
+    tampered["bundle"]["modules"]["authz.rego"] += "\n# changed after signing\n"
+    base = Bundle.from_dir(REPO / "policies")
+    broken = published(key, Bundle(  # signed, but it does not compile
+        {**base.modules, "authz.rego": "package controlplane.authz\nx := \n"}, base.data))
+    for body, code, reason in ((untrusted, "policy_signature_invalid", "untrusted_key"),
+                               (tampered, "policy_signature_invalid", "digest_mismatch"),
+                               (broken, "policy_rejected", None)):
+        r = await client.post("/api/v1/policy/revisions", json=body, headers=bearer(alice))
+        problem = await assert_problem(r, 422, code)
+        assert problem.get("reason") == reason
+    store = client.server.app[STORE].require()
+    assert await store.list_policy_revisions() == []
+
+
+async def test_production_fleet_needs_an_approved_ticket(make_client, tmp_path):
+    """Default environments (prod is production): publish and activate are production
+    mutations: without a ticket 403 approval_required, one audit record each."""
+    key, public = keypair(tmp_path)
+    client = await make_client({"policies": {"store": {"trusted_keys": [str(public)]}}})
+    alice = await step_up(client, await login(client, "alice"), "alice")
+    body = published(key)
+    refused = await client.post("/api/v1/policy/revisions", json=body, headers=bearer(alice))
+    await assert_problem(refused, 403, "approval_required")
+    assert await audit_actions(client) == [("policy.publish", "approval_required")]
+    store = client.server.app[STORE].require()
+    assert await store.list_policy_revisions() == []
+
+    # With an approved ticket bound to {revision, digest}, it is published.
+    bundle = Bundle.from_doc(body["bundle"])
+    resource = {"revision": bundle.revision_id(), "digest": bundle.digest}
+    ticket = await _approved(client, alice, "policy.publish", resource)
+    ok = await client.post("/api/v1/policy/revisions", json=body, headers=bearer(
+        alice, **{"Approval-Ticket": ticket["id"], "Approval-Nonce": ticket["nonce"]}))
+    assert ok.status == 201, await ok.text()
+
+    before = len(await audit_actions(client))
+    refused = await client.post("/api/v1/policy/activation",
+                                json={"revision": resource["revision"]}, headers=bearer(alice))
+    await assert_problem(refused, 403, "approval_required")
+    assert (await audit_actions(client))[before:] == [("policy.activate", "approval_required")]
+    assert await store.active_policy() is None
+
+
+async def _approved(client: Any, alice: str, action: str, resource: Any) -> dict[str, Any]:
+    r = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": action, "resource": resource,
+        "reason": "policy change"})
+    assert r.status == 201, await r.text()
+    ticket = await r.json()
+    bob = await step_up(client, await login(client, "bob"), "bob")
+    review = await client.post(f"/api/v1/approvals/{ticket['id']}/reviews",
+                               json={"decision": "approve"}, headers=bearer(bob))
+    assert review.status == 200, await review.text()
+    return dict(ticket)

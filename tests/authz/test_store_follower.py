@@ -1,0 +1,230 @@
+"""``StoreFollower`` and ``revisions``: the signature rules, and a process following the store's
+active revision (real SQLite store, real engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rfc8785
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from service.authz.engine import PolicyEngine
+from service.authz.reload import StoreFollower, fetch_revision, following, materialize_revision
+from service.authz.revisions import (
+    Bundle,
+    BundleError,
+    SignatureError,
+    key_id,
+    materialize,
+    sign,
+    verify,
+)
+from service.authz.source import read_snapshot
+from service.config import ConfigError, PolicyStoreConfig, load
+from service.store import Store, open_store
+from service.store.base import PolicyRevisionRecord
+from tests.store.pg import require_postgres, temp_schema
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = Ed25519PrivateKey.generate()
+TRUSTED = {key_id(KEY.public_key()): KEY.public_key()}
+
+
+def variant(comment: str, module: str | None = None) -> Bundle:
+    base = Bundle.from_dir(REPO / "policies")
+    text = module if module is not None else base.modules["authz.rego"] + f"\n# {comment}\n"
+    return Bundle({**base.modules, "authz.rego": text}, base.data)
+
+
+def _b64(doc: Any) -> str:
+    return base64.urlsafe_b64encode(rfc8785.dumps(doc)).decode().rstrip("=")
+
+
+# ---- the signature ---------------------------------------------------------------------------
+
+
+def test_id_is_the_engine_revision_of_the_same_files(tmp_path: Path) -> None:
+    bundle = variant("x")
+    assert bundle.revision_id() == read_snapshot(materialize(bundle, tmp_path / "p")).revision
+    crlf = Bundle({**bundle.modules, "authz.rego": bundle.modules["authz.rego"] + "# a\r\n"},
+                  bundle.data)
+    materialize(crlf, tmp_path / "crlf")
+    assert Bundle.from_dir(tmp_path / "crlf") == crlf  # no newline translation either way
+    assert crlf.revision_id() == read_snapshot(tmp_path / "crlf").revision != bundle.revision_id()
+    assert Bundle.from_dir(REPO / "policies").revision_id() == \
+        read_snapshot(REPO / "policies").revision
+
+
+def _forged(bundle: Bundle, jws: dict[str, str], case: str) -> tuple[Bundle, dict[str, str]]:
+    header = json.loads(base64.urlsafe_b64decode(jws["protected"] + "=="))
+    payload = json.loads(base64.urlsafe_b64decode(jws["payload"] + "=="))
+    if case == "alg_none":
+        return bundle, {**jws, "protected": _b64({**header, "alg": "none"}), "signature": ""}
+    if case == "alg_hs256":
+        return bundle, {**jws, "protected": _b64({**header, "alg": "HS256"})}
+    if case == "unknown_kid":
+        return bundle, sign(bundle, Ed25519PrivateKey.generate(), author="m", message="",
+                            created_at="t")
+    if case == "payload_swapped":  # the signature of one payload over another
+        return bundle, {**jws, "payload": _b64({**payload, "author": "mallory"})}
+    if case == "content_changed":
+        return variant("other"), jws
+    if case == "wrong_purpose":
+        forged = _b64({**payload, "purpose": "controlplane-audit-checkpoint"})
+        sig = KEY.sign(f"{jws['protected']}.{forged}".encode())
+        return bundle, {**jws, "payload": forged,
+                        "signature": base64.urlsafe_b64encode(sig).decode().rstrip("=")}
+    if case == "garbage":
+        return bundle, {"protected": "!!", "payload": "x", "signature": "y"}
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("alg_none", "algorithm_not_allowed"), ("alg_hs256", "algorithm_not_allowed"),
+    ("unknown_kid", "untrusted_key"), ("payload_swapped", "bad_signature"),
+    ("content_changed", "digest_mismatch"), ("wrong_purpose", "wrong_purpose"),
+    ("garbage", "malformed"),
+])
+def test_verify_refuses(case: str, reason: str) -> None:
+    bundle = variant("signed")
+    jws = sign(bundle, KEY, author="alice", message="m", created_at="2026-11-23T18:00:00Z")
+    assert verify(bundle, jws, TRUSTED).author == "alice"
+    forged_bundle, forged = _forged(bundle, jws, case)
+    with pytest.raises(SignatureError) as exc:
+        verify(forged_bundle, forged, TRUSTED)
+    assert exc.value.reason == reason
+
+
+def test_verify_refuses_another_revision_id() -> None:
+    bundle = variant("signed")
+    jws = sign(bundle, KEY, author="a", message="", created_at="t")
+    with pytest.raises(SignatureError) as exc:
+        verify(bundle, jws, TRUSTED, revision="sha256:0000000000000000")
+    assert exc.value.reason == "revision_mismatch"
+
+
+@pytest.mark.parametrize("modules, data", [
+    ({"../x.rego": "package x"}, {}),
+    ({"a.rego": "package a"}, {"roles.txt": ""}),
+    ({"a_test.rego": "package a"}, {}),  # tests alone are no revision
+    ({"a.rego": "x" * (4 * 1024 * 1024 + 1)}, {}),
+])
+def test_bundle_refuses_unsafe_or_empty_content(modules: dict[str, str],
+                                                 data: dict[str, str]) -> None:
+    with pytest.raises(BundleError):
+        Bundle(modules, data)
+
+
+# ---- following the store ---------------------------------------------------------------------
+
+
+async def _publish(store: Store, bundle: Bundle, key: Ed25519PrivateKey = KEY) -> str:
+    revision = bundle.revision_id()
+    await store.add_policy_revision(PolicyRevisionRecord(
+        id=revision, digest=bundle.digest, bundle=bundle.to_doc(),
+        signature=sign(bundle, key, author="alice", message="", created_at="t"),
+        kid=key_id(key.public_key()), author="alice", message="", created_at=0.0,
+        published_by="alice", published_at=time.time()))
+    await store.activate_policy_revision(revision, kind="activate", by="alice", at=time.time())
+    return revision
+
+
+async def test_follower_runs_the_active_revision_and_refuses_bad_ones(tmp_path: Path) -> None:
+    store = await open_store(f"sqlite:///{tmp_path / 'cp.db'}")
+    engine = PolicyEngine(REPO / "policies", vet_in_subprocess=False)
+    assert engine.load().ok
+    bootstrap = engine.revision
+    reachable = True
+    follower = StoreFollower(engine, lambda: store if reachable else None,
+                             PolicyStoreConfig((), 0.1, 0.5), TRUSTED)
+    seen: list[tuple[str | None, bool]] = []
+    follower.listeners.append(lambda active, running: seen.append((active, running)))
+    try:
+        await follower.sync()  # nothing activated yet: the directory's revision serves
+        status = follower.status()
+        assert (status["active_revision"], status["degraded"], engine.revision) == (
+            None, False, bootstrap)
+
+        good = await _publish(store, variant("good"))
+        await follower.sync()
+        assert engine.revision == good and follower.converged
+        assert follower.status()["running_active"] is True and seen[-1] == (good, True)
+        assert (await fetch_revision(store, good, TRUSTED)).revision == good
+        written = await materialize_revision(store, good, TRUSTED, tmp_path / "candidate")
+        assert read_snapshot(tmp_path / "candidate").revision == written.revision == good
+
+        for bundle, key in ((variant("stranger"), Ed25519PrivateKey.generate()),
+                            (variant("", "package controlplane.authz\nx := \n"), KEY)):
+            bad = await _publish(store, bundle, key)
+            await follower.sync()
+            status = follower.status()
+            # Refused at once (not after the bound), the last good revision keeps serving.
+            assert engine.revision == good and status["degraded"] is True
+            assert status["active_revision"] == bad and status["running_active"] is False
+            assert seen[-1] == (bad, False)
+        assert "untrusted_key" in str(follower._refused)
+
+        assert engine.status()["status"] == "degraded"  # the engine's own rejection
+        back = await _publish(store, variant("good"))  # re-activating the good one recovers
+        await follower.sync()
+        assert back == good and follower.status()["degraded"] is False
+        assert engine.status()["status"] == "ready"
+
+        # The store unreachable: not degraded within the bound, degraded past it.
+        reachable = False
+        await follower.sync()
+        assert follower.status()["degraded"] is False
+        await asyncio.sleep(0.6)
+        await follower.sync()
+        status = follower.status()
+        assert status["degraded"] is True and "unreachable" in status["error"]
+        assert engine.revision == good
+        reachable = True
+        await follower.sync()
+        assert follower.status()["degraded"] is False
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"policies": {"source": "store"}}, "trusted_keys is empty"),
+    ({"policies": {"source": "store", "store": {"trusted_keys": ["k.pem"]}},
+      "store": {"backend": "none"}}, "store.backend is none"),
+    ({"policies": {"store": {"poll_interval_s": 5, "convergence_s": 5}}}, "convergence_s"),
+    ({"policies": {"source": "git"}}, "source"),
+])
+def test_config_refuses_a_store_source_that_could_never_converge(
+        overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(None, {}, overrides=overrides)
+
+
+async def test_postgresql_notify_wakes_the_follower_long_before_its_poll(tmp_path: Path) -> None:
+    await require_postgres()
+    async with temp_schema("cp_notify") as (dsn, schema):
+        store = await open_store(dsn, schema=schema)
+        writer = await open_store(dsn, schema=schema)  # another replica's connection
+        engine = PolicyEngine(REPO / "policies", vet_in_subprocess=False)
+        assert engine.load().ok
+        follower = StoreFollower(engine, lambda: store, PolicyStoreConfig((), 60, 120), TRUSTED)
+        try:
+            async with following(follower, lambda: store, 60):
+                deadline = time.monotonic() + 5
+                while not follower.listening:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.02)
+                revision = await _publish(writer, variant("notified"))
+                started = time.monotonic()
+                while engine.revision != revision:
+                    # The poll is 60 s away: only the NOTIFY can have woken it.
+                    assert time.monotonic() - started < 10, follower.status()
+                    await asyncio.sleep(0.02)
+        finally:
+            await writer.close()
+            await store.close()
