@@ -19,8 +19,10 @@ from .appkeys import (
     AUTHENTICATOR,
     COMPOSE_RULES,
     CONFIG,
+    DECISION_LOG,
     ENGINE,
     METRICS,
+    SHADOW,
     STARTED_AT,
     STORE,
 )
@@ -31,8 +33,11 @@ from .authn.keyring import KeyRing
 from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
 from .authn.sessions import Authenticator
+from .authz.decide import observe
+from .authz.decisionlog import DecisionLog
 from .authz.engine import LOG_FIELDS, PolicyEngine
 from .authz.reload import reloading
+from .authz.shadow import Shadow
 from .compose.preflight import RuleSet
 from .config import Config
 from .edge import MAX_HEADER_FIELD_BYTES
@@ -98,6 +103,7 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     # reach the store through the link per call; housekeeping runs last, over all of them.
     setup_health(app)
     app.cleanup_ctx.append(_policies)
+    app.cleanup_ctx.append(_decision_observers)  # decision log, shadow evaluation (if configured)
     setup_store(app)
     app.cleanup_ctx.append(_audit)
     app.cleanup_ctx.append(_audit_checkpoints)  # signed checkpoints of the chain; a last one on stop
@@ -126,6 +132,39 @@ async def _policies(app: web.Application) -> AsyncIterator[None]:
     app[COMPOSE_RULES] = await asyncio.to_thread(RuleSet.load, config.policies.dir / "compose")
     async with reloading(engine, config.policies.reload_interval_s):
         yield
+
+
+async def _decision_observers(app: web.Application) -> AsyncIterator[None]:
+    """DECISION_LOG and SHADOW, when configured: each observes the chain's decisions (a queue
+    append on the request path) and works in its own thread."""
+    config, engine = app[CONFIG], app[ENGINE]
+    removers: list[Callable[[], None]] = []
+    closers: list[Callable[[], None]] = []
+    if config.decision_log.path is not None:
+        sink = DecisionLog(config.decision_log.path, max_bytes=config.decision_log.max_bytes,
+                           backups=config.decision_log.backups,
+                           queue_size=config.decision_log.queue_size)
+        await asyncio.to_thread(sink.start)
+        app[DECISION_LOG] = sink
+        removers.append(observe(engine, sink.record))
+        closers.append(sink.close)
+    if config.policies.candidate_dir is not None:
+        shadow = Shadow(config.policies.candidate_dir, config.environments,
+                        sample_rate=config.policies.shadow_sample_rate,
+                        queue_size=config.policies.shadow_queue_size,
+                        poll_interval_s=config.policies.reload_interval_s or 2.0,
+                        on_divergence=app[METRICS].shadow_diverged)
+        shadow.start()
+        app[SHADOW] = shadow
+        removers.append(observe(engine, shadow.submit))
+        closers.append(shadow.close)
+    try:
+        yield
+    finally:
+        for remove in removers:
+            remove()
+        for close in reversed(closers):
+            await asyncio.to_thread(close)
 
 
 async def _audit(app: web.Application) -> AsyncIterator[None]:

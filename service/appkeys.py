@@ -16,7 +16,9 @@ from .config import Config
 if TYPE_CHECKING:
     from .audit.log import AuditLog
     from .authn.sessions import Authenticator
+    from .authz.decisionlog import DecisionLog
     from .authz.engine import PolicyEngine
+    from .authz.shadow import Shadow
     from .compose.preflight import RuleSet
     from .health import Reporter
     from .middleware.metrics import Metrics
@@ -31,9 +33,11 @@ __all__ = [
     "COMPOSE_RULES",
     "CONFIG",
     "CORRELATION_ID",
+    "DECISION_LOG",
     "ENGINE",
     "METRICS",
     "PRINCIPAL",
+    "SHADOW",
     "STARTED_AT",
     "STORE",
     "STREAMS",
@@ -47,6 +51,10 @@ METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
 COMPONENTS: web.AppKey[dict[str, Reporter]] = web.AppKey("components")
 #: The policy engine (compiled revision, hot reload).
 ENGINE: web.AppKey[PolicyEngine] = web.AppKey("engine")
+#: Set by ``_decision_observers`` only when configured (``decision_log.path``,
+#: ``policies.candidate_dir``).
+DECISION_LOG: web.AppKey[DecisionLog] = web.AppKey("decision_log")
+SHADOW: web.AppKey[Shadow] = web.AppKey("shadow")
 #: The compose preflight rule set.
 COMPOSE_RULES: web.AppKey[RuleSet] = web.AppKey("compose_rules")
 #: The store as this worker sees it: connected, or not (yet), with the reason.

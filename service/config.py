@@ -254,12 +254,47 @@ class StoreConfig:
 class PoliciesConfig:
     dir: Path
     reload_interval_s: float
+    #: Shadow evaluation: a candidate revision decided alongside the live one, off the request
+    #: path (sampled, bounded queue), never changing a decision; None turns it off.
+    candidate_dir: Path | None = None
+    shadow_sample_rate: float = 1.0
+    shadow_queue_size: int = 1000
 
-    DEFAULTS: ClassVar[dict[str, Any]] = {"dir": "policies", "reload_interval_s": 2}
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "dir": "policies", "reload_interval_s": 2, "candidate_dir": None,
+        "shadow_sample_rate": 1.0, "shadow_queue_size": 1000,
+    }
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve) -> PoliciesConfig:
-        return cls(dir=resolve(raw["dir"]), reload_interval_s=float(raw["reload_interval_s"]))
+        candidate = raw.get("candidate_dir")
+        return cls(dir=resolve(raw["dir"]), reload_interval_s=float(raw["reload_interval_s"]),
+                   candidate_dir=resolve(candidate) if candidate else None,
+                   shadow_sample_rate=float(raw["shadow_sample_rate"]),
+                   shadow_queue_size=int(raw["shadow_queue_size"]))
+
+
+@dataclass(frozen=True)
+class DecisionLogConfig:
+    """The decision log with inputs (service/authz/decisionlog.py), the material for
+    ``cpctl policy replay``. Off by default: it keeps every decision's input (subjects,
+    resources, command hashes: personal and operational data that needs a retention decision),
+    so an operator turns it on by choosing where it goes and how much of it is kept."""
+
+    path: Path | None
+    max_bytes: int
+    backups: int
+    queue_size: int
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "path": None, "max_bytes": 50_000_000, "backups": 5, "queue_size": 10_000,
+    }
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve) -> DecisionLogConfig:
+        path = raw.get("path")
+        return cls(path=resolve(path) if path else None, max_bytes=int(raw["max_bytes"]),
+                   backups=int(raw["backups"]), queue_size=int(raw["queue_size"]))
 
 
 @dataclass(frozen=True)
@@ -445,6 +480,9 @@ class Config:
     audit: AuditConfig
     logging: LoggingConfig
     inventory: InventoryConfig
+    decision_log: DecisionLogConfig = field(
+        default_factory=lambda: DecisionLogConfig(None, 50_000_000, 5, 10_000)
+    )
     source: str | None = None  # the file it came from, for messages
 
     def is_production(self, env: str) -> bool:
@@ -472,6 +510,7 @@ DEFAULTS: dict[str, Any] = {
     "audit": AuditConfig.DEFAULTS,
     "logging": LoggingConfig.DEFAULTS,
     "inventory": InventoryConfig.DEFAULTS,
+    "decision_log": DecisionLogConfig.DEFAULTS,
 }
 
 
@@ -630,6 +669,7 @@ def _build(raw: dict[str, Any], base: Path, source: str | None) -> Config:
         audit=AuditConfig.from_raw(raw["audit"], resolve, state_dir),
         logging=LoggingConfig.from_raw(raw["logging"]),
         inventory=InventoryConfig.from_raw(raw["inventory"]),
+        decision_log=DecisionLogConfig.from_raw(raw["decision_log"], resolve),
         source=source,
     )
 

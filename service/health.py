@@ -14,7 +14,16 @@ from typing import Any
 from aiohttp import web
 
 from . import clock
-from .appkeys import AUTHENTICATOR, COMPONENTS, COMPOSE_RULES, CONFIG, ENGINE, STORE
+from .appkeys import (
+    AUTHENTICATOR,
+    COMPONENTS,
+    COMPOSE_RULES,
+    CONFIG,
+    DECISION_LOG,
+    ENGINE,
+    SHADOW,
+    STORE,
+)
 from .store.base import StoreError
 
 __all__ = [
@@ -94,7 +103,13 @@ def setup_health(app: web.Application) -> None:
                 "detail": "no policy revision could be loaded"}
 
     async def authz() -> dict[str, Any]:
-        return app[ENGINE].status()
+        status = app[ENGINE].status()
+        shadow, sink = app.get(SHADOW), app.get(DECISION_LOG)
+        if shadow is not None:
+            status["shadow"] = shadow.status()
+        if sink is not None:
+            status["decision_log"] = sink.status()
+        return status
 
     async def store() -> dict[str, Any]:
         link = app[STORE]

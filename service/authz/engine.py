@@ -136,6 +136,9 @@ class PolicyEngine:
         #: False for offline tooling that reports unit tests itself (``cpctl policy check``):
         #: the revision is still compiled and probed, its ``*_test.rego`` are not run.
         self.vet_tests = vet_tests
+        #: False for a shadow (candidate) engine: its decisions are not the service's, so they
+        #: stay out of the decision log.
+        self.log_decisions = True
         self._current: _Revision | None = None
         self._reload_lock = threading.Lock()
         self._seen: tuple[tuple[str, int, int], ...] | None = None
@@ -275,7 +278,7 @@ class PolicyEngine:
                 revision,
                 error,
             )
-        if decision_log.isEnabledFor(logging.INFO):
+        if self.log_decisions and decision_log.isEnabledFor(logging.INFO):
             self._log(input_doc, decision, duration_us)
         return decision
 
