@@ -142,6 +142,26 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _dirs(q)
     q.set_defaults(handler=_case_new)
 
+    p = _sub(sub, "replay", "re-decide recorded decisions with a candidate revision", """
+        cpctl policy replay --log .state/decisions.jsonl --policies ./candidate
+        cpctl policy replay --log decisions.jsonl --since 2026-01-01T00:00:00Z \\
+            --policies ./candidate --expect rollout-expect.yaml --format junit
+        cpctl policy replay --cases examples/decisions --audit audit.jsonl --policies ./candidate
+    """)
+    p.add_argument("--log", type=Path, action="append", default=[],
+                   help="decision log file (JSON lines; its rotated files are read too)")
+    p.add_argument("--cases", type=Path, action="append", default=[],
+                   help="decision case file or directory")
+    p.add_argument("--audit", type=Path, action="append", default=[],
+                   help="audit records as JSON lines (approximate inputs)")
+    p.add_argument("--since", default=None,
+                   help="only records at or after this time (ISO 8601, e.g. 2026-01-01T00:00:00Z)")
+    p.add_argument("--expect", type=Path, default=None,
+                   help="YAML file listing the intended changes; any other change fails")
+    p.add_argument("--examples", type=int, default=3, help="examples shown per group")
+    p.add_argument("--format", choices=("text", "json", "junit"), default="text")
+    _dirs(p)
+    p.set_defaults(handler=_replay)
     return parser
 
 
@@ -672,6 +692,70 @@ def _lint(args: argparse.Namespace, out: TextIO) -> int:
             print(str(p), file=out)
         print(f"{count} modules, {len(problems)} problem(s)", file=out)
     return 1 if problems else 0
+
+
+# ---- replay ------------------------------------------------------------------------------
+
+
+@_guard
+def _replay(args: argparse.Namespace, out: TextIO) -> int:
+    from datetime import UTC, datetime
+
+    from service.authz import replay as rp
+
+    if not (args.log or args.cases or args.audit):
+        raise _Fatal("give at least one of --log, --cases, --audit")
+    since = None
+    if args.since:
+        try:
+            since = datetime.fromisoformat(args.since.replace("Z", "+00:00"))
+        except ValueError:
+            raise _Fatal(f"--since: not an ISO 8601 time: {args.since!r}") from None
+        if since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
+    policies, data = _header(args, out, args.format == "text")
+    try:
+        records: list[rp.Recorded] = []
+        for path in args.log:
+            records += rp.from_log(path, since)
+        for path in args.cases:
+            records += rp.from_cases(path)
+        for path in args.audit:
+            records += rp.from_audit(path, since)
+        expectations = rp.load_expectations(args.expect) if args.expect else []
+    except rp.ReplayError as exc:
+        raise _Fatal(str(exc)) from None
+    # The candidate is vetted like a live revision (compiled, probed, its own tests run).
+    engine = _offline_engine(policies, data, vet_tests=True)
+    report = rp.replay(records, engine.decide, expectations)
+    if args.format == "json":
+        print(json.dumps({"candidate": str(policies), "revision": engine.revision,
+                          **report.to_json(args.examples)}, indent=2), file=out)
+    elif args.format == "junit":
+        rows = [(f"{c.transition} {c.recorded.source} {c.recorded.ref}", c not in
+                 report.unexpected, json.dumps(c.to_json()), 0.0, "") for c in report.changes]
+        rows += [(f"count {m}", False, m, 0.0, "") for m in report.count_mismatches]
+        if not rows:
+            rows = [("no decision changes", True, "", 0.0, "")]
+        print(_junit("policy-replay", rows), file=out)
+    else:
+        print(f"candidate revision {engine.revision}: {report.total} decisions replayed, "
+              f"{len(report.changes)} would change, {report.reasons_only} change reasons only",
+              file=out)
+        for transition, changes in report.groups().items():
+            print(f"  {transition}: {len(changes)}", file=out)
+            for c in changes[: args.examples]:
+                r = c.recorded
+                mark = "" if c not in report.unexpected else "  UNEXPECTED"
+                print(f"    {r.source} {r.ref} {r.subject} {r.input.get('action')} "
+                      f"{r.input.get('env')}: {list(r.reasons)} -> {list(c.reasons)}"
+                      f"{'' if r.exact else ' (approximate input)'}{mark}", file=out)
+        for m in report.count_mismatches:
+            print(f"  expected count differs: {m}", file=out)
+        if report.unexpected:
+            print(f"{len(report.unexpected)} change(s) not listed in "
+                  f"{args.expect or 'an --expect file'}", file=out)
+    return 0 if report.ok else 1
 
 
 # ---- case new ----------------------------------------------------------------------------
