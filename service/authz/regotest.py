@@ -529,7 +529,7 @@ def run_tests_isolated(
         c.entrypoint for c in cases
         if (rule := _rule(infos.get(c.file), c.name)) is not None and _has_with(rule)
     }
-    pending = [ep for ep in by_ep if ep not in {r_ep(r, by_ep) for r in results}]
+    pending = [ep for ep in by_ep if ep not in {_result_ep(r, by_ep) for r in results}]
     if not suspects & set(pending):
         return TestReport(tuple(results), compile_crash)
     rest = [ep for ep in pending if ep not in suspects]
@@ -546,11 +546,11 @@ def run_tests_isolated(
         else:
             results += one
     order = {ep: k for k, ep in enumerate(by_ep)}
-    results.sort(key=lambda r: order.get(r_ep(r, by_ep), 0))
+    results.sort(key=lambda r: order.get(_result_ep(r, by_ep), 0))
     return TestReport(tuple(results))
 
 
-def r_ep(result: TestResult, by_ep: dict[str, TestCase]) -> str:
+def _result_ep(result: TestResult, by_ep: dict[str, TestCase]) -> str:
     for ep, case in by_ep.items():
         if case.file == result.file and case.name == result.name:
             return ep

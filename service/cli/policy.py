@@ -148,15 +148,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
             --policies ./candidate --expect rollout-expect.yaml --format junit
         cpctl policy replay --cases examples/decisions --audit audit.jsonl --policies ./candidate
     """)
-    p.add_argument("--log", type=Path, action="append", default=[],
+    p.add_argument("--log", type=Path, action="append", default=[], metavar="FILE",
                    help="decision log file (JSON lines; its rotated files are read too)")
-    p.add_argument("--cases", type=Path, action="append", default=[],
+    p.add_argument("--cases", type=Path, action="append", default=[], metavar="PATH",
                    help="decision case file or directory")
-    p.add_argument("--audit", type=Path, action="append", default=[],
+    p.add_argument("--audit", type=Path, action="append", default=[], metavar="FILE",
                    help="audit records as JSON lines (approximate inputs)")
-    p.add_argument("--since", default=None,
+    p.add_argument("--since", default=None, metavar="TIME",
                    help="only records at or after this time (ISO 8601, e.g. 2026-01-01T00:00:00Z)")
-    p.add_argument("--expect", type=Path, default=None,
+    p.add_argument("--expect", type=Path, default=None, metavar="FILE",
                    help="YAML file listing the intended changes; any other change fails")
     p.add_argument("--examples", type=int, default=3, help="examples shown per group")
     p.add_argument("--format", choices=("text", "json", "junit"), default="text")
@@ -166,12 +166,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _dirs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policies", type=Path, default=None,
+    p.add_argument("--policies", type=Path, default=None, metavar="DIR",
                    help="policies directory (default: policies.dir of the configuration, "
                    "./policies unless configured)")
-    p.add_argument("--data", type=Path, default=None,
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
                    help="data directory (default: POLICIES/data)")
-    p.add_argument("--config", default=None,
+    p.add_argument("--config", default=None, metavar="FILE",
                    help="configuration file to read policies.dir from")
 
 
@@ -184,8 +184,8 @@ def _coverage_flags(p: argparse.ArgumentParser, *, cases_help: str | None) -> No
     p.add_argument("--coverage", action="store_true",
                    help="measure which rule clauses and lines were exercised")
     if cases_help:
-        p.add_argument("--cases", type=Path, default=None, help=cases_help)
-    p.add_argument("--coverage-out", type=Path, default=None,
+        p.add_argument("--cases", type=Path, default=None, metavar="DIR", help=cases_help)
+    p.add_argument("--coverage-out", type=Path, default=None, metavar="FILE",
                    help="write the coverage report to this file")
     p.add_argument("--coverage-format", choices=("json", "lcov", "cobertura"), default=None,
                    help="format of --coverage-out (default from its suffix, else json)")
