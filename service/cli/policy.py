@@ -261,7 +261,11 @@ def _guard(handler: Callable[[argparse.Namespace, TextIO], int]) -> Callable[...
 
 
 def _offline_engine(policies: Path, data: Path | None, *, vet_tests: bool) -> PolicyEngine:
-    engine = PolicyEngine(policies, data_dir=data, vet_tests=vet_tests)
+    """The engine as the service builds it. ``vet_tests``: vet the revision fully (its tests
+    too, in a child process, as a live revision is); else compile and probe it in this process,
+    which evaluates in-process anyway (``test``/``check`` run and report the tests)."""
+    engine = PolicyEngine(policies, data_dir=data, vet_tests=vet_tests,
+                          vet_in_subprocess=vet_tests)
     result = engine.load()
     if not result.ok:
         raise _Fatal(f"error: policy revision rejected: {result.error}", 1)
@@ -285,7 +289,7 @@ def _eval(args: argparse.Namespace, out: TextIO) -> int:
             print(f"error: input{v.pointer}: {v.message}", file=out)
         return 2
     policies, data = _header(args, out, text_mode=False)
-    engine = _offline_engine(policies, data, vet_tests=True)
+    engine = _offline_engine(policies, data, vet_tests=False)
     decision = engine.decide(doc)
     result: dict[str, Any] = decision.to_dict()
     if args.explain:
