@@ -5,11 +5,16 @@ app tests do; tests/authz/test_engine.py covers child-process vetting.)"""
 
 from __future__ import annotations
 
+import asyncio
+import io
+import json
 import shutil
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.appkeys import ENGINE, SHADOW
+from service.appkeys import DECISION_LOG, ENGINE, SHADOW
+from service.authz.decisionlog import read_records
+from service.cli.policy import run
 from tests.auth import bearer, login
 from tests.authz.conftest import REPO
 from tests.authz.test_replay_shadow import candidate_without_carols_role
@@ -48,6 +53,24 @@ async def test_shadow_counts_exactly_the_diverging_requests(make_client, tmp_pat
     assert status["shadow"]["evaluated"] == 6 and status["shadow"]["diverged"] == 3
     assert status["shadow"]["divergences"] == {"allow->deny": 3}
     assert status["decision_log"]["dropped"] == 0
+
+    # The chain's decisions reached the decision log with their inputs, and replaying that log
+    # against the same candidate lists exactly carol's three reads.
+    sink = app[DECISION_LOG]
+    for _ in range(200):
+        if sink.written >= 6:
+            break
+        await asyncio.sleep(0.02)
+    records = [r for _, r in read_records(log_path)]
+    assert [r["input"]["principal"]["subject_id"] for r in records] == ["carol", "alice"] * 3
+    assert all(r["correlation_id"] and r["result"]["decision"] == "allow" for r in records)
+    out = io.StringIO()
+    assert run(["replay", "--log", str(log_path), "--policies", str(candidate),
+                "--format", "json"], out, io.StringIO()) == 1
+    report = json.loads(out.getvalue())
+    assert [c["subject"] for c in report["changes"]] == ["carol"] * 3
+    assert {c["ref"] for c in report["changes"]} == {
+        r["decision_id"] for r in records if r["input"]["principal"]["subject_id"] == "carol"}
 
 
 async def test_a_broken_candidate_never_affects_serving(make_client, tmp_path):

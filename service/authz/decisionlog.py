@@ -9,12 +9,18 @@ nest in the input, so the log never holds a credential.
 
 Writing is off the request path: ``record`` appends to a bounded queue (O(1); when the queue is
 full the record is dropped and counted, never blocking a decision) and one writer thread
-serialises, writes and rotates the file (``path``, ``path.1`` ... ``path.N``).
+serialises, writes and rotates the file (``path``, ``path.1`` ... ``path.N``) under a lock file
+(``path.lock``) that the workers of one server share.
+
+``logging.mask_fields`` (which may mask the subject in the structured decision log lines) does
+not apply here: a replay needs the subject to project its roles. That is why this log is off
+by default and lives where the operator puts it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import threading
@@ -135,9 +141,13 @@ class DecisionLog:
             return
         data = ("\n".join(lines) + "\n").encode("utf-8")
         try:
-            self._rotate_if_needed(len(data))
-            with self.path.open("ab") as fh:
-                fh.write(data)
+            # Workers of one server (``--workers N``) share the file: a lock next to it makes
+            # rotate-then-append one step across processes.
+            with self.path.with_name(self.path.name + ".lock").open("a") as lock:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                self._rotate_if_needed(len(data))
+                with self.path.open("ab") as fh:
+                    fh.write(data)
             self.written += len(lines)
         except OSError:
             self.errors += len(lines)
