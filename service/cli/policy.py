@@ -467,8 +467,8 @@ def _print_tests(
             elif args.verbose:
                 print(f"PASS {r.file}:{r.line} {r.name} ({r.duration_ms:.1f} ms)", file=out)
                 if r.output.strip():
-                    print(textwrap.indent("print output:\n" + r.output.rstrip(), "  "),
-                          file=out)
+                    text = "print output:\n" + textwrap.indent(r.output.rstrip(), "  ")
+                    print(textwrap.indent(text, "  "), file=out)
         print(f"{len(results) - len(failed)} passed, {len(failed)} failed", file=out)
     return 1 if failed or error or not results else 0
 

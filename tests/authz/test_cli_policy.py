@@ -141,12 +141,14 @@ def test_policy_lint_accepts_with_input_the_runner_rewrites_and_flags_the_rest(t
         tmp_path / "p",
         "package controlplane.authz\ndecision := 1\n",
         tests="package t\nimport rego.v1\ntest_x if { 1 == 1 with input as {} }\n"
-        "test_y if {\n  v := {}\n  1 == 1 with input as v\n}\n",
+        "test_y if {\n  v := {}\n  1 == 1 with input as v\n}\n"
+        "test_z if { 1 == 1 with data.environments as {} }\n",
     )
     code, out = call("lint", str(root))
     assert code == 1
     assert "authz_test.rego:3:" not in out
     assert "authz_test.rego:6:3: with:" in out
+    assert "authz_test.rego:8:13: with: `with data.environments as` is evaluated as written" in out
 
 
 def test_the_cpctl_entry_point_runs_every_policy_subcommand(tmp_path):

@@ -46,6 +46,7 @@ test_negation if {
 }
 
 test_passes_with_input if {
+	print("checking", input.env)
 	authz.decision.decision == "allow" with input as req("dev")
 }
 """
@@ -189,6 +190,9 @@ def test_run_selects_and_verbose_shows_print_output(shapes):
     code, out = call("test", str(shapes), "--run", "passes_with", "-v")
     assert code == 0, out
     assert "PASS authz_test.rego:25 test_passes_with_input" in out and "1 passed, 0 failed" in out
+    assert "print output:\n    checking dev" in out  # the test ran under the input V
+    _, quiet = call("test", str(shapes), "--run", "passes_with")
+    assert "checking" not in quiet
 
 
 def test_json_junit_and_github_formats(shapes):
