@@ -483,11 +483,12 @@ def _child() -> int:
                frozenset(job_doc.get("exclude", ())))
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray native output (compile diagnostics) goes to stderr, not the protocol
+    stray_fd = os.dup(1)  # where fd 1 goes back to after each captured test
 
     def emit(doc: dict[str, Any]) -> None:
         os.write(out_fd, (_MARKER + json.dumps(doc) + "\n").encode())
 
-    for kind, value in _evaluate(job, lambda: Capture(out_fd)):
+    for kind, value in _evaluate(job, lambda: Capture(stray_fd)):
         if kind == "result":
             emit({"result": value.to_json()})
         elif kind == "start":
