@@ -1,10 +1,11 @@
 # Platform RBAC for the control plane.
 #
-# Entry point: data.controlplane.authz.decision (and `explain` for `cpctl policy eval --explain`).
+# Entry point: data.controlplane.authz.decision (`explain` adds a summary to
+# `cpctl policy eval --explain`, which derives the contributing rules itself).
 #
 # Every rule is a function of the input document `inp` and `decision := decide(input)` is the
-# only place that reads `input`. Tests call `decide({...})` directly: regopy 1.5 crashes on
-# `with input as ...` when the target rule depends on other rules, so tests never use `with`.
+# only place that reads `input`, so tests call `decide({...})` directly (`with input as V` works
+# too under `cpctl policy test`: policies/README.md says which `with` forms do).
 #
 # The engine projects facts into the input before evaluation (see policies/README.md):
 #   input.principal.roles   role names bound to the subject (policies/data bindings)

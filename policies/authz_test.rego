@@ -1,6 +1,7 @@
 # Unit tests of the policy logic with synthetic projected grants (the engine's projection of
 # policies/data is exercised by the decision cases under examples/decisions/).
-# No `with input as ...`: regopy 1.5 crashes on it; every test calls decide({...}) directly.
+# Most tests call decide({...}) directly; `with input as V` also works under `cpctl policy test`
+# (the runner evaluates such a test with the input set to V: see policies/README.md).
 package controlplane.authz_test
 
 import rego.v1
@@ -193,4 +194,17 @@ test_explain_lists_matching_grants if {
 	e := authz.explanation(req("alice", "human", "tasks.read", "dev", [all_envs, dev_only]))
 	count(e.matching_grants) == 2
 	e.production == false
+}
+
+test_explain_flags_a_production_mutation if {
+	e := authz.explanation(req("alice", "human", "installer.run.execute", "prod", [all_envs]))
+	e.production == true
+	e.ticketed_action == true
+	e.needs_approval == true
+	e.denials == []
+}
+
+# `with input as V` works in the runner: the test is evaluated with the input set to V.
+test_explain_entrypoint_reads_input if {
+	authz.explain.production == true with input as req("alice", "human", "tasks.read", "prod", [all_envs])
 }

@@ -19,10 +19,12 @@ from .appkeys import (
     AUTHENTICATOR,
     COMPOSE_RULES,
     CONFIG,
+    DECISION_LOG,
     ENGINE,
     METRICS,
     POLICY_FOLLOWER,
     POLICY_KEYS,
+    SHADOW,
     STARTED_AT,
     STORE,
 )
@@ -33,9 +35,12 @@ from .authn.keyring import KeyRing
 from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
 from .authn.sessions import Authenticator
+from .authz.decide import observe
+from .authz.decisionlog import DecisionLog
 from .authz.engine import LOG_FIELDS, PolicyEngine
 from .authz.reload import StoreFollower, following, reloading
 from .authz.revisions import SignatureError, TrustedKeys
+from .authz.shadow import Shadow
 from .compose.preflight import RuleSet
 from .config import Config
 from .edge import MAX_HEADER_FIELD_BYTES
@@ -101,6 +106,7 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     # reach the store through the link per call; housekeeping runs last, over all of them.
     setup_health(app)
     app.cleanup_ctx.append(_policies)
+    app.cleanup_ctx.append(_decision_observers)  # decision log, shadow evaluation (if configured)
     setup_store(app)
     app.cleanup_ctx.append(_policy_store)  # policies.source: store follows the fleet's revision
     app.cleanup_ctx.append(_audit)
@@ -167,6 +173,39 @@ async def _policy_store(app: web.Application) -> AsyncIterator[None]:
     app[POLICY_FOLLOWER] = follower
     async with following(follower, lambda: link.store, config.policies.store.poll_interval_s):
         yield
+
+
+async def _decision_observers(app: web.Application) -> AsyncIterator[None]:
+    """DECISION_LOG and SHADOW, when configured: each observes the chain's decisions (a queue
+    append on the request path) and works in its own thread."""
+    config, engine = app[CONFIG], app[ENGINE]
+    removers: list[Callable[[], None]] = []
+    closers: list[Callable[[], None]] = []
+    if config.decision_log.path is not None:
+        sink = DecisionLog(config.decision_log.path, max_bytes=config.decision_log.max_bytes,
+                           backups=config.decision_log.backups,
+                           queue_size=config.decision_log.queue_size)
+        await asyncio.to_thread(sink.start)
+        app[DECISION_LOG] = sink
+        removers.append(observe(engine, sink.record))
+        closers.append(sink.close)
+    if config.policies.candidate_dir is not None:
+        shadow = Shadow(config.policies.candidate_dir, config.environments,
+                        sample_rate=config.policies.shadow_sample_rate,
+                        queue_size=config.policies.shadow_queue_size,
+                        poll_interval_s=config.policies.reload_interval_s or 2.0,
+                        on_divergence=app[METRICS].shadow_diverged)
+        shadow.start()
+        app[SHADOW] = shadow
+        removers.append(observe(engine, shadow.submit))
+        closers.append(shadow.close)
+    try:
+        yield
+    finally:
+        for remove in removers:
+            remove()
+        for close in reversed(closers):
+            await asyncio.to_thread(close)
 
 
 async def _audit(app: web.Application) -> AsyncIterator[None]:

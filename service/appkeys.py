@@ -16,9 +16,11 @@ from .config import Config
 if TYPE_CHECKING:
     from .audit.log import AuditLog
     from .authn.sessions import Authenticator
+    from .authz.decisionlog import DecisionLog
     from .authz.engine import PolicyEngine
     from .authz.reload import StoreFollower
     from .authz.revisions import TrustedKeys
+    from .authz.shadow import Shadow
     from .compose.preflight import RuleSet
     from .health import Reporter
     from .middleware.metrics import Metrics
@@ -33,11 +35,13 @@ __all__ = [
     "COMPOSE_RULES",
     "CONFIG",
     "CORRELATION_ID",
+    "DECISION_LOG",
     "ENGINE",
     "METRICS",
     "POLICY_FOLLOWER",
     "POLICY_KEYS",
     "PRINCIPAL",
+    "SHADOW",
     "STARTED_AT",
     "STORE",
     "STREAMS",
@@ -55,6 +59,10 @@ ENGINE: web.AppKey[PolicyEngine] = web.AppKey("engine")
 POLICY_KEYS: web.AppKey[TrustedKeys] = web.AppKey("policy_keys")
 #: With ``policies.source: store``: what keeps this process on the fleet's active revision.
 POLICY_FOLLOWER: web.AppKey[StoreFollower | None] = web.AppKey("policy_follower")
+#: Set by ``_decision_observers`` only when configured (``decision_log.path``,
+#: ``policies.candidate_dir``).
+DECISION_LOG: web.AppKey[DecisionLog] = web.AppKey("decision_log")
+SHADOW: web.AppKey[Shadow] = web.AppKey("shadow")
 #: The compose preflight rule set.
 COMPOSE_RULES: web.AppKey[RuleSet] = web.AppKey("compose_rules")
 #: The store as this worker sees it: connected, or not (yet), with the reason.

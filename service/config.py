@@ -285,9 +285,17 @@ class PoliciesConfig:
     source: str = "dir"
     store: PolicyStoreConfig = field(
         default_factory=lambda: PolicyStoreConfig((), 1.0, 5.0))
+    #: Shadow evaluation: a candidate revision decided alongside the live one, off the request
+    #: path (sampled, bounded queue), never changing a decision; None turns it off.
+    candidate_dir: Path | None = None
+    shadow_sample_rate: float = 1.0
+    shadow_queue_size: int = 1000
 
-    DEFAULTS: ClassVar[dict[str, Any]] = {"dir": "policies", "reload_interval_s": 2,
-                                          "source": "dir", "store": PolicyStoreConfig.DEFAULTS}
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "dir": "policies", "reload_interval_s": 2, "source": "dir",
+        "store": PolicyStoreConfig.DEFAULTS, "candidate_dir": None,
+        "shadow_sample_rate": 1.0, "shadow_queue_size": 1000,
+    }
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve,
@@ -298,8 +306,35 @@ class PoliciesConfig:
         if raw["source"] == "store" and not store.trusted_keys:
             raise ConfigError("policies.source is store but policies.store.trusted_keys is empty: "
                               "no revision could ever be accepted")
+        candidate = raw.get("candidate_dir")
         return cls(dir=resolve(raw["dir"]), reload_interval_s=float(raw["reload_interval_s"]),
-                   source=raw["source"], store=store)
+                   source=raw["source"], store=store,
+                   candidate_dir=resolve(candidate) if candidate else None,
+                   shadow_sample_rate=float(raw["shadow_sample_rate"]),
+                   shadow_queue_size=int(raw["shadow_queue_size"]))
+
+
+@dataclass(frozen=True)
+class DecisionLogConfig:
+    """The decision log with inputs (service/authz/decisionlog.py), the material for
+    ``cpctl policy replay``. Off by default: it keeps every decision's input (subjects,
+    resources, command hashes: personal and operational data that needs a retention decision),
+    so an operator turns it on by choosing where it goes and how much of it is kept."""
+
+    path: Path | None
+    max_bytes: int
+    backups: int
+    queue_size: int
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "path": None, "max_bytes": 50_000_000, "backups": 5, "queue_size": 10_000,
+    }
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve) -> DecisionLogConfig:
+        path = raw.get("path")
+        return cls(path=resolve(path) if path else None, max_bytes=int(raw["max_bytes"]),
+                   backups=int(raw["backups"]), queue_size=int(raw["queue_size"]))
 
 
 @dataclass(frozen=True)
@@ -485,6 +520,9 @@ class Config:
     audit: AuditConfig
     logging: LoggingConfig
     inventory: InventoryConfig
+    decision_log: DecisionLogConfig = field(
+        default_factory=lambda: DecisionLogConfig(None, 50_000_000, 5, 10_000)
+    )
     source: str | None = None  # the file it came from, for messages
 
     def is_production(self, env: str) -> bool:
@@ -512,6 +550,7 @@ DEFAULTS: dict[str, Any] = {
     "audit": AuditConfig.DEFAULTS,
     "logging": LoggingConfig.DEFAULTS,
     "inventory": InventoryConfig.DEFAULTS,
+    "decision_log": DecisionLogConfig.DEFAULTS,
 }
 
 
@@ -670,6 +709,7 @@ def _build(raw: dict[str, Any], base: Path, source: str | None) -> Config:
         audit=AuditConfig.from_raw(raw["audit"], resolve, state_dir),
         logging=LoggingConfig.from_raw(raw["logging"]),
         inventory=InventoryConfig.from_raw(raw["inventory"]),
+        decision_log=DecisionLogConfig.from_raw(raw["decision_log"], resolve),
         source=source,
     )
 

@@ -19,8 +19,10 @@ from .appkeys import (
     COMPONENTS,
     COMPOSE_RULES,
     CONFIG,
+    DECISION_LOG,
     ENGINE,
     POLICY_FOLLOWER,
+    SHADOW,
     STORE,
 )
 from .store.base import StoreError
@@ -103,6 +105,11 @@ def setup_health(app: web.Application) -> None:
 
     async def authz() -> dict[str, Any]:
         status = app[ENGINE].status()
+        shadow, sink = app.get(SHADOW), app.get(DECISION_LOG)
+        if shadow is not None:
+            status["shadow"] = shadow.status()
+        if sink is not None:
+            status["decision_log"] = sink.status()
         follower = app.get(POLICY_FOLLOWER)
         if follower is None:
             return {**status, "distribution": {"source": "dir"}}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import Environments
@@ -12,7 +14,27 @@ from .decision import Decision, enforce_production_rule
 from .engine import PolicyEngine
 from .input import build_input
 
-__all__ = ["decide"]
+__all__ = ["Observer", "decide", "observe"]
+
+log = logging.getLogger("controlplane.authz")
+
+#: Sees every decision of the chain with its input (the decision log, shadow evaluation). It must
+#: return at once (queue the work; never evaluate on the request path) and cannot change it.
+Observer = Callable[[Mapping[str, Any], Decision], None]
+
+_observers: weakref.WeakKeyDictionary[PolicyEngine, tuple[Observer, ...]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def observe(engine: PolicyEngine, observer: Observer) -> Callable[[], None]:
+    """Register ``observer`` for ``engine``'s chain decisions; returns the unregister call."""
+    _observers[engine] = (*_observers.get(engine, ()), observer)
+
+    def remove() -> None:
+        _observers[engine] = tuple(o for o in _observers.get(engine, ()) if o is not observer)
+
+    return remove
 
 
 def decide(
@@ -28,11 +50,17 @@ def decide(
     The engine already applies the production rule; it is applied again here through the same
     function, so a production mutation is never a plain ``allow`` whatever answered.
     """
-    decision = engine.decide(
-        build_input(principal, action.name, target.policy_resource(action), target.env, context)
+    input_doc = build_input(
+        principal, action.name, target.policy_resource(action), target.env, context
     )
-    return enforce_production_rule(
-        decision,
+    decision = enforce_production_rule(
+        engine.decide(input_doc),
         ticketed=action.needs_ticket_in_production,
         production=environments.is_production(target.env),
     )
+    for observer in _observers.get(engine, ()):
+        try:
+            observer(input_doc, decision)
+        except Exception:  # an observer never changes or fails a decision
+            log.exception("decision observer failed")
+    return decision

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
@@ -121,6 +121,7 @@ class PolicyEngine:
         data_dir: Path | None = None,
         cache_size: int = 10_000,
         vet_in_subprocess: bool = True,
+        vet_tests: bool = True,
     ) -> None:
         self.policies_dir = Path(policies_dir)
         self.data_dir = Path(data_dir) if data_dir is not None else self.policies_dir / "data"
@@ -133,6 +134,12 @@ class PolicyEngine:
             raise ValueError(f"unknown decision log field(s) to mask: {sorted(unknown)}")
         self.cache_size = cache_size
         self.vet_in_subprocess = vet_in_subprocess
+        #: False for offline tooling that reports unit tests itself (``cpctl policy check``):
+        #: the revision is still compiled and probed, its ``*_test.rego`` are not run.
+        self.vet_tests = vet_tests
+        #: False for a shadow (candidate) engine: its decisions are not the service's, so they
+        #: stay out of the decision log.
+        self.log_decisions = True
         self._current: _Revision | None = None
         self._reload_lock = threading.Lock()
         self._seen: tuple[tuple[str, int, int], ...] | None = None
@@ -184,10 +191,11 @@ class PolicyEngine:
                 projection = build_projection(snapshot.data, self.environments)
             except SourceError as exc:
                 return self._failed("data", str(exc))
+            vetted = snapshot if self.vet_tests else replace(snapshot, test_modules=())
             report = (
-                run_tests_isolated(snapshot, mode="vet")
+                run_tests_isolated(vetted, mode="vet")
                 if self.vet_in_subprocess
-                else vet(snapshot)
+                else vet(vetted)
             )
             if not report.ok:
                 return self._failed("tests" if not report.error else "compile", report.summary())
@@ -283,7 +291,7 @@ class PolicyEngine:
                 revision,
                 error,
             )
-        if decision_log.isEnabledFor(logging.INFO):
+        if self.log_decisions and decision_log.isEnabledFor(logging.INFO):
             self._log(input_doc, decision, duration_us)
         return decision
 

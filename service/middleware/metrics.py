@@ -75,6 +75,7 @@ EXPORTED = (
     "controlplane_audit_head_seq",
     "controlplane_login_failures_total",
     "controlplane_store_up",
+    "controlplane_policy_shadow_divergence_total",
 )
 
 
@@ -93,6 +94,7 @@ class Metrics:
     approvals: Counter
     audit_append_failures: Counter
     login_failures: Counter
+    shadow_divergence: Counter
     #: Per process (a ``pid`` label with several workers): the revision it serves, and whether
     #: that is the fleet's active one; an operator sees convergence across workers and replicas.
     process_revision: Gauge | None = None
@@ -135,6 +137,11 @@ class Metrics:
         if result in DECISION_RESULTS:
             self.decisions.labels(result, "true" if cached else "false").inc()
         self.decision_latency.observe(duration_s)
+
+    def shadow_diverged(self, live: str, candidate: str) -> None:
+        """A shadow (candidate) decision differed from the live one (``authz/shadow.py``)."""
+        if live in DECISION_RESULTS and candidate in DECISION_RESULTS:
+            self.shadow_divergence.labels(live, candidate).inc()
 
     def approval(self, outcome: str, count: int = 1) -> None:
         if outcome in APPROVAL_OUTCOMES and count > 0:
@@ -224,6 +231,13 @@ class Metrics:
                 "controlplane_login_failures",
                 "Failed logins and step-ups, by reason (a fixed set).",
                 ["reason"],
+                registry=registry,
+            ),
+            shadow_divergence=Counter(
+                "controlplane_policy_shadow_divergence",
+                "Shadow evaluation: decisions where the candidate revision (policies."
+                "candidate_dir) decided differently from the live one, by both results.",
+                ["live", "candidate"],
                 registry=registry,
             ),
             process_revision=Gauge(

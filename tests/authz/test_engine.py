@@ -250,7 +250,8 @@ def test_reload_rejects_bad_data_without_leaking_it(policy_dir):
 
 
 def test_reload_survives_a_policy_that_crashes_the_native_engine(policy_dir):
-    # `with input as` over dependent rules crashes regopy 1.5; vetting runs in a child process.
+    # `with input as v` over dependent rules crashes regopy 1.5 (the runner rewrites only a value
+    # that does not use the test's variables); vetting runs in a child process.
     root = policy_dir(ALLOW_ALL)
     engine = engine_for(root)
     crashing = """
@@ -258,11 +259,15 @@ def test_reload_survives_a_policy_that_crashes_the_native_engine(policy_dir):
         import rego.v1
         a := 1 if input.x == 1
         b := 1 if a == 1
-        test_crash if { b == 1 with input as {"x": 1} }
+        test_crash if {
+            v := {"x": 1}
+            b == 1 with input as v
+        }
     """
     write_policy(root, ALLOW_ALL.replace("everything", "new"), tests=crashing)
     result = engine.reload()
     assert not result.ok
+    assert "test_crash" in (result.error or "")
     assert engine.decide(doc()).reasons == ("everything",)
 
 

@@ -1,0 +1,305 @@
+"""``cpctl policy lint``: compile errors (in a child process) and static checks regopy lacks.
+
+regopy compiles unbound variables, references to data that does not exist and rules that can
+never be defined without a word (they are just undefined at run time), and it can abort the
+process on some forms. So the compile runs in a child interpreter (an abort is reported, never
+fatal), and the static checks read the source (``regosrc``):
+
+- ``unsafe-var``: a variable read in a rule that nothing binds (``input.x == truee``);
+- ``unknown-ref``: ``data.a.b`` that is neither in the data files nor a rule of a package;
+- ``never-defined``: a body with ``false``, a comparison of two different constants, or one
+  reference compared equal to two different constants;
+- ``with``: ``with`` forms regopy 1.5 mishandles and the test runner cannot rewrite.
+
+Each problem is reported once, with file:line:col.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from service import rego
+from service.authz import regosrc
+from service.authz.projection import build_projection
+from service.authz.regotest import DECISION_ENTRYPOINT, _exit, _with_input, prepare
+from service.authz.source import Snapshot, SourceError, locate_errors
+
+__all__ = ["Problem", "lint"]
+
+_KEYWORDS = {
+    "not", "some", "every", "in", "if", "else", "with", "as", "default", "contains", "import",
+    "package", "true", "false", "null", "input", "data", "_",
+}
+_LITERALS = {"number", "string", "raw"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int
+    col: int
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}: {self.code}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "col": self.col, "code": self.code,
+                "message": self.message}
+
+
+def lint(snapshot: Snapshot, timeout: float = 60.0) -> list[Problem]:
+    """Every problem found: the compile (in a child) first, then the static checks."""
+    problems = _compile_in_child(snapshot, timeout)
+    try:
+        data: Mapping[str, Any] = build_projection(snapshot.data).rego_data
+    except SourceError as exc:
+        return [*problems, Problem("data", 0, 0, "data", str(exc))]
+    infos = [regosrc.parse_module(m.name, m.source) for m in snapshot.all_modules]
+    rules_by_package: dict[str, set[str]] = {}
+    for info in infos:
+        rules_by_package.setdefault(info.package, set()).update(
+            r.name.split(".")[0] for r in info.rules
+        )
+    seen: set[tuple[str, int, int, str]] = set()
+    for info in infos:
+        for problem in [
+            *_unsafe_vars(info, rules_by_package.get(info.package, set())),
+            *_unknown_refs(info, data, rules_by_package),
+            *_never_defined(info),
+            *_with_forms(info),
+        ]:
+            key = (problem.file, problem.line, problem.col, problem.code)
+            if key not in seen:
+                seen.add(key)
+                problems.append(problem)
+    return sorted(problems, key=lambda p: (p.file, p.line, p.col))
+
+
+def _compile_in_child(snapshot: Snapshot, timeout: float) -> list[Problem]:
+    try:
+        proc = subprocess.run(  # our own interpreter and module
+            [sys.executable, "-m", "service.authz.lint"], input=snapshot.to_json(),
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return [Problem("-", 0, 0, "compile", f"compiling timed out after {timeout:.0f}s")]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@lint@@ ")]
+    if proc.returncode != 0 or not lines:
+        return [Problem("-", 0, 0, "compile",
+                        f"the policy engine aborted ({_exit(proc.returncode)}) compiling the "
+                        "modules; the static checks below still ran")]
+    message = json.loads(lines[-1][len("@@lint@@ ") :])["error"]
+    if not message:
+        return []
+    sources = {m.name: m.source for m in snapshot.all_modules}
+    located = locate_errors(message, sources)
+    if not located:
+        return [Problem("-", 0, 0, "compile", message[:500])]
+    return [Problem(x.file, x.line, x.column, "compile", x.message) for x in located]
+
+
+def _child() -> int:
+    snapshot = Snapshot.from_json(sys.stdin.read())
+    error = ""
+    try:
+        data = build_projection(snapshot.data).rego_data
+        # as the test runner compiles it: tests' `with input as V` clauses rewritten
+        prepared, _ = prepare(snapshot)
+        rego.compile_bundle(prepared.all_modules, data, [DECISION_ENTRYPOINT])
+    except rego.RegoCompileError as exc:
+        error = str(exc)
+    except SourceError:
+        error = ""  # reported by the parent's data check
+    print("@@lint@@ " + json.dumps({"error": error}), flush=True)
+    return 0
+
+
+# ---- static checks -------------------------------------------------------------------------
+
+
+def _unsafe_vars(info: regosrc.ModuleInfo, package_rules: set[str]) -> list[Problem]:
+    known = _KEYWORDS | package_rules | set(info.imports)
+    out: list[Problem] = []
+    for rule in info.rules:
+        toks = [t for t in rule.tokens if t.kind != "newline"]
+        bound = set(rule.args)
+        for k, t in enumerate(toks):
+            if t.kind != "ident":
+                continue
+            nxt = toks[k + 1].text if k + 1 < len(toks) else ""
+            prev = toks[k - 1].text if k > 0 else ""
+            if nxt in (":=", "="):
+                bound.add(t.text)
+            if prev in ("=",) and t.text not in known:
+                bound.add(t.text)
+            if prev in ("some", "every", ",") and _in_decl(toks, k):
+                bound.add(t.text)
+            if _inside_brackets(toks, k):
+                bound.add(t.text)
+            if prev == "contains" or (nxt == "|" and prev in ("[", "{")):
+                bound.add(t.text)
+        reported: set[str] = set()
+        for k, t in enumerate(toks):
+            if t.kind != "ident" or t.text in known or t.text in bound or t.text in reported:
+                continue
+            prev = toks[k - 1].text if k > 0 else ""
+            if prev == "." or k == 0 or (rule.is_default and k == 1):
+                continue
+            j = k
+            while j + 2 < len(toks) and toks[j + 1].text == "." and toks[j + 2].kind == "ident":
+                j += 2
+            if j + 1 < len(toks) and toks[j + 1].text == "(":
+                continue  # a function call: the compiler checks those
+            if j + 1 < len(toks) and toks[j + 1].text == ":" and prev in ("{", ","):
+                continue  # an object key written bare
+            reported.add(t.text)
+            out.append(Problem(info.name, t.line, t.col, "unsafe-var",
+                               f"`{t.text}` is not bound: not an argument, assigned, iterated, "
+                               "a rule of the package or an import (a typo?)"))
+    return out
+
+
+def _in_decl(toks: list[regosrc.Token], k: int) -> bool:
+    """Token ``k`` is in the name list of a ``some``/``every`` declaration."""
+    j = k
+    while j > 0 and toks[j - 1].text == "," and j - 2 >= 0 and toks[j - 2].kind == "ident":
+        j -= 2
+    return j > 0 and toks[j - 1].text in ("some", "every")
+
+
+def _inside_brackets(toks: list[regosrc.Token], k: int) -> bool:
+    """Token ``k`` is the whole index of a ref (``x[i]``): Rego binds ``i`` by iteration."""
+    return (
+        0 < k < len(toks) - 1 and toks[k - 1].text == "[" and toks[k + 1].text == "]"
+        and k >= 2 and (toks[k - 2].kind == "ident" or toks[k - 2].text in ("]", ")"))
+    )
+
+
+def _unknown_refs(
+    info: regosrc.ModuleInfo, data: Mapping[str, Any], rules_by_package: dict[str, set[str]]
+) -> list[Problem]:
+    out: list[Problem] = []
+    for rule in info.rules:
+        toks = [t for t in rule.tokens if t.kind != "newline"]
+        aliases = {a: p for a, p in info.imports.items() if p.startswith("data.")}
+        for k, t in enumerate(toks):
+            if t.kind != "ident" or (k > 0 and toks[k - 1].text == "."):
+                continue
+            if t.text == "data":
+                path: list[str] = []
+            elif t.text in aliases:
+                path = aliases[t.text].split(".")[1:]
+            else:
+                continue
+            j = k
+            while j + 2 < len(toks) and toks[j + 1].text == "." and toks[j + 2].kind == "ident":
+                path.append(toks[j + 2].text)
+                j += 2
+            problem = _check_path(path, data, rules_by_package)
+            if problem:
+                out.append(Problem(info.name, t.line, t.col, "unknown-ref", problem))
+    return out
+
+
+def _check_path(
+    path: list[str], data: Mapping[str, Any], rules_by_package: dict[str, set[str]]
+) -> str | None:
+    if not path:
+        return None
+    dotted = ".".join(path)
+    for package, rules in rules_by_package.items():
+        parts = package.split(".")
+        if path[: len(parts)] == parts:
+            rest = path[len(parts) :]
+            if rest and rest[0] not in rules:
+                return f"data.{dotted}: package {package} has no rule `{rest[0]}`"
+            return None
+        if parts[: len(path)] == path:
+            return None  # a prefix of a package path
+    node: Any = data
+    for k, segment in enumerate(path):
+        if not isinstance(node, Mapping):
+            return None  # past the data the files define; the policy indexes a value
+        if segment not in node:
+            where = "data." + ".".join(path[:k]) if k else "data"
+            return (f"data.{dotted}: {where} has no key `{segment}` in the data files "
+                    "and no package defines it")
+        node = node[segment]
+    return None
+
+
+def _never_defined(info: regosrc.ModuleInfo) -> list[Problem]:
+    out: list[Problem] = []
+    for rule in info.rules:
+        for body in rule.bodies:
+            equal: dict[str, tuple[str, regosrc.Expr]] = {}
+            for expr in body.exprs:
+                toks = [t for t in expr.tokens if t.kind != "newline"]
+                reason = None
+                if len(toks) == 1 and toks[0].text == "false":
+                    reason = "its body has `false`"
+                cmp = regosrc.comparison(expr)
+                if cmp is not None and cmp[1] == "==":
+                    lhs, _, rhs = cmp
+                    if _literal(lhs) and _literal(rhs) and _norm(lhs) != _norm(rhs):
+                        reason = f"`{expr.text}` compares two different constants"
+                    for ref, const in ((lhs, rhs), (rhs, lhs)):
+                        if _literal(const) and not _literal(ref):
+                            prev = equal.get(ref)
+                            if prev is not None and _norm(prev[0]) != _norm(const):
+                                reason = (f"`{ref}` must equal both {prev[0]} (line "
+                                          f"{prev[1].line}) and {const}")
+                            equal.setdefault(ref, (const, expr))
+                if reason:
+                    out.append(Problem(info.name, expr.line, expr.col, "never-defined",
+                                       f"rule `{rule.name}` can never be defined here: {reason}"))
+                    break
+    return out
+
+
+def _literal(text: str) -> bool:
+    toks = regosrc.tokenize(text.strip())
+    return len(toks) == 1 and (
+        toks[0].kind in _LITERALS or toks[0].text in ("true", "false", "null")
+    )
+
+
+def _norm(text: str) -> Any:
+    try:
+        return json.dumps(json.loads(text.strip()))
+    except ValueError:
+        return text.strip()
+
+
+def _with_forms(info: regosrc.ModuleInfo) -> list[Problem]:
+    out: list[Problem] = []
+    for rule in info.rules:
+        rewritable = rule.name.startswith("test_") and _with_input(rule) is not None
+        for body in rule.bodies:
+            for expr in body.exprs:
+                _, pairs = regosrc.with_clauses(expr)
+                for target, _value in pairs:
+                    if target == "input" and rewritable:
+                        continue
+                    if target == "input":
+                        msg = ("`with input as` here is evaluated as written and aborts regopy "
+                               "1.5 over rules that depend on other rules; give every `with "
+                               "input` of a test_ rule the same value, one that does not use "
+                               "the test's own variables, and the runner evaluates it safely")
+                    else:
+                        msg = (f"`with {target} as` is evaluated as written: regopy 1.5 leaves "
+                               "rules that depend on a replaced rule undefined; pass the value "
+                               "to a function instead")
+                    out.append(Problem(info.name, expr.line, expr.col, "with", msg))
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child())
