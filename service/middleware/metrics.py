@@ -73,6 +73,7 @@ EXPORTED = (
     "controlplane_audit_head_seq",
     "controlplane_login_failures_total",
     "controlplane_store_up",
+    "controlplane_store_transactions_total",
 )
 
 
@@ -91,6 +92,7 @@ class Metrics:
     approvals: Counter
     audit_append_failures: Counter
     login_failures: Counter
+    store_transactions: Counter
     multiprocess: bool = False
 
     def exposition_registry(self) -> CollectorRegistry:
@@ -136,6 +138,10 @@ class Metrics:
             # Assertion verification codes are many; none is a subject or token value.
             reason = "invalid_assertion" if reason.startswith(("token_", "assertion_")) else "other"
         self.login_failures.labels(reason).inc()
+
+    def store_transaction(self, write: bool) -> None:
+        """One store transaction opened by this worker (a store call or a chain's transaction)."""
+        self.store_transactions.labels("write" if write else "read").inc()
 
     @classmethod
     def create(cls, *, multiprocess: bool = False) -> Metrics:
@@ -206,6 +212,12 @@ class Metrics:
                 ["reason"],
                 registry=registry,
             ),
+            store_transactions=Counter(
+                "controlplane_store_transactions",
+                "Store transactions opened, by kind (read or write).",
+                ["kind"],
+                registry=registry,
+            ),
             multiprocess=multiprocess,
         )
         for result in RELOAD_RESULTS:
@@ -217,6 +229,8 @@ class Metrics:
             metrics.approvals.labels(outcome)
         for reason in LOGIN_FAILURE_REASONS:
             metrics.login_failures.labels(reason)
+        for kind in ("read", "write"):
+            metrics.store_transactions.labels(kind)
         return metrics
 
 

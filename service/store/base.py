@@ -370,6 +370,9 @@ class Tx(SessionOps, TicketOps, TaskOps, AuditOps, Protocol):
 class Store(SessionOps, TicketOps, TaskOps, AuditOps, Protocol):
     """A durable store: every operation is its own transaction; ``transaction()`` groups them."""
 
+    #: Told of every transaction the store opens (``write``); the worker's metrics hook.
+    on_transaction: Callable[[bool], None] | None
+
     async def ping(self) -> None: ...
     async def close(self) -> None: ...
     async def describe(self) -> dict[str, Any]: ...

@@ -18,7 +18,7 @@ connection, or a fresh transaction per operation. One body per operation, no for
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from ..base import Tx
@@ -78,6 +78,8 @@ class SqlStore(_Operations):
     dialect: Dialect
     #: The deadline of one store call (a transaction from its start to its COMMIT), seconds.
     timeout_s: float = 5.0
+    #: Told of every transaction opened (``write``): the worker's metrics count store calls.
+    on_transaction: Callable[[bool], None] | None = None
 
     def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]:
         """Open a transaction (backend-specific); commit on clean exit, roll back on error."""
@@ -85,6 +87,8 @@ class SqlStore(_Operations):
 
     @asynccontextmanager
     async def _unit(self, *, write: bool) -> AsyncIterator[Query]:
+        if self.on_transaction is not None:
+            self.on_transaction(write)
         async with self._transaction(write=write) as conn:
             q = Query(conn, self.dialect)
             try:
