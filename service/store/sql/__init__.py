@@ -10,6 +10,7 @@ classification — lives in this package, so SQLite and PostgreSQL cannot drift 
     tickets.py   approval tickets and reviews                   (base.TicketOps)
     tasks.py     tasks and step events                          (base.TaskOps)
     audit.py     the audit hash chain                           (base.AuditOps)
+    signingkeys.py  published token signing keys               (base.PublishedKeyOps)
 
 Each kind is a class of operations whose bodies run in ``self._unit(write=...)``. ``SqlTx`` and
 ``SqlStore`` inherit the same classes and differ only in what a unit is: the transaction's own
@@ -35,6 +36,7 @@ from .core import (
     pending_migrations,
 )
 from .sessions import SessionSql
+from .signingkeys import SigningKeySql
 from .tasks import TaskSql
 from .tickets import TicketSql
 
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 
-class _Operations(SessionSql, TicketSql, TaskSql, AuditSql):
+class _Operations(SessionSql, TicketSql, TaskSql, AuditSql, SigningKeySql):
     """Every operation of ``base.Tx``; where they run is the subclass's ``_unit``."""
 
     __slots__ = ()
