@@ -6,6 +6,7 @@ Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--out FILE]
 2. bench/ticket_bench.py  ticket create -> approve -> consume, store level and HTTP
 3. bench/decision_bench.py  per-decision policy latency (its own output, included verbatim)
 4. bench/shadow_bench.py  live-path latency with and without shadow evaluation, divergence metric
+4. bench/audit_bench.py   the audit chain's global section on PostgreSQL: hold time, ceiling
 
 Benchmarks are never tests: nothing here fails on a slow number. A benchmark that cannot run
 (PostgreSQL unreachable, wrk or py-spy missing) is skipped or falls back, and RESULTS.md says so.
@@ -23,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+import audit_bench
 import http_bench
 import shadow_bench
 import ticket_bench
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     shadow_md = shadow_bench.markdown(shadow_bench.run(shadow_bench.options(common)))
     print(shadow_md, flush=True)
+    audit_md = audit_bench.markdown(audit_bench.run(audit_bench.options(common)))
+    print(audit_md, flush=True)
 
     m = http_doc["machine"]
     invocation = "make bench" + (f" ARGS={shlex.quote(' '.join(argv or []))}" if argv else "")
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     Path(args.out).write_text("\n".join(header) + "\n" + http_md + "\n" + ticket_md + "\n"
-                              + decision_md + "\n" + shadow_md)
+                              + audit_md + "\n" + decision_md + "\n" + shadow_md)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

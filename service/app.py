@@ -31,7 +31,7 @@ from .appkeys import (
 from .approvals.expiry import expire_once
 from .audit.checkpointer import checkpointing
 from .audit.log import AuditLog
-from .authn.keyring import KeyRing
+from .authn.published import PublishedKeyRing
 from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
 from .authn.sessions import Authenticator
@@ -233,11 +233,16 @@ async def _authenticator(app: web.Application) -> AsyncIterator[None]:
                     "their passwords, TOTP secrets and keys are public; set authn.identities")
     source = IdentityFile(config.authn.identities)
     directory = await asyncio.to_thread(source.load)
-    keys = await asyncio.to_thread(KeyRing.open, config.state_dir / "keys",
+    keys = await asyncio.to_thread(PublishedKeyRing.open, config.state_dir / "keys",
                                    retain_s=config.authn.key_retain_s, now=clock.now())
     app[AUTHENTICATOR] = Authenticator(app[STORE].require, directory, keys, config.authn)
     app[AUTHENTICATOR].failed = app[METRICS].login_failed
-    async with identities_reloading(app[AUTHENTICATOR], source):
+    async with contextlib.AsyncExitStack() as stack:
+        if config.store.backend != "none":
+            # Every replica's public keys through the store: a token from any replica verifies.
+            keys.attach(app[STORE].require)
+            await stack.enter_async_context(keys.publishing())
+        await stack.enter_async_context(identities_reloading(app[AUTHENTICATOR], source))
         yield
 
 

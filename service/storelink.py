@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from aiohttp import web
 
-from .appkeys import CONFIG, STORE
+from .appkeys import CONFIG, METRICS, STORE
 from .config import Config
 from .store import open_store
 from .store.base import Store, StoreError, StoreUnavailable
 from .store.sql import SchemaTooNew
 
-__all__ = ["CONNECT_RETRY_MAX_S", "CONNECT_RETRY_S", "StoreLink", "setup_store"]
+__all__ = ["CONNECT_RETRY_MAX_S", "CONNECT_RETRY_S", "STATUS_REFRESH_S", "StoreLink", "setup_store"]
 
 log = logging.getLogger("controlplane.store")
 
@@ -28,6 +29,9 @@ log = logging.getLogger("controlplane.store")
 #: to ``CONNECT_RETRY_MAX_S``.
 CONNECT_RETRY_S = 2.0
 CONNECT_RETRY_MAX_S = 60.0
+#: How often the store is pinged in the background for the status surfaces, which serve the
+#: last result from memory: an anonymous status call never costs a store round trip.
+STATUS_REFRESH_S = 1.0
 
 
 class StoreLink:
@@ -42,6 +46,12 @@ class StoreLink:
         self.schema_too_new = False
         #: Failed connection attempts since the last success (the first one is logged).
         self.failures = 0
+        #: The last check's status object (``check``), served by the status surfaces.
+        self.status: dict[str, Any] = {"status": "degraded", "detail": "store not checked yet"}
+        #: How many checks (store pings) this worker has made.
+        self.checks = 0
+        #: Told of every store transaction this worker opens (``write``): the metrics hook.
+        self.on_transaction: Callable[[bool], None] | None = None
 
     @property
     def timeout_s(self) -> float:
@@ -84,12 +94,57 @@ class StoreLink:
                     extra={"fields": {"event": "store.unavailable", "attempt": self.failures,
                                       "backend": self._config.store.backend}})
             return False
+        store.on_transaction = self.on_transaction
         self.store, self.error = store, None
+        self.status = {"status": "ready", "describe": await store.describe()}
         log.info("store connected", extra={"fields": {
             "event": "store.connected", "backend": self._config.store.backend,
             "failed_attempts": self.failures}})
         self.failures = 0
         return True
+
+    async def check(self) -> dict[str, Any]:
+        """Ping the store (within the deadline) and keep the result as ``status``: ``ready``
+        with the store's self-description, or ``degraded`` with why (never the DSN)."""
+        store = self.store
+        if store is None:
+            self.status = self.current_status()
+            return self.status
+        self.checks += 1
+        try:
+            # The store bounds its own calls; this bounds the whole check (readiness answers
+            # promptly even if a call were to ignore its deadline).
+            async with asyncio.timeout(self.timeout_s):
+                await store.ping()
+        except (StoreError, TimeoutError):
+            status = {"status": "degraded", "detail": "store unreachable",
+                      "describe": await store.describe()}
+        else:
+            status = {"status": "ready", "describe": await store.describe()}
+        if self.store is store:  # not closed or replaced meanwhile
+            self.status = status
+        return status
+
+    def current_status(self) -> dict[str, Any]:
+        """The status object from memory: the last ``check``, or (while there is no store)
+        why not, which needs no round trip."""
+        if self.store is None:
+            if self.schema_too_new:
+                return {"status": "degraded", "detail": "the database schema is newer than "
+                        "this build; deploy a newer build"}
+            if self.configured:
+                return {"status": "degraded", "detail": "store unreachable; retrying"}
+            return {"status": "placeholder", "detail": "no store configured (store.backend: none)"}
+        return self.status
+
+    async def refreshing(self, interval_s: float) -> None:
+        """Check the store every ``interval_s`` for the status surfaces (never raises)."""
+        while True:
+            try:
+                await self.check()
+            except Exception:
+                log.exception("store status check failed")
+            await asyncio.sleep(interval_s)
 
     async def retry(self) -> None:
         """Retry until the store answers (each failure is logged by ``connect``), with
@@ -115,6 +170,7 @@ def setup_store(app: web.Application) -> None:
 
     async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         link = app[STORE] = StoreLink(app[CONFIG])
+        link.on_transaction = app[METRICS].store_transaction
         retrying: asyncio.Task[None] | None = None
         if link.configured and not await link.connect():
             if app[CONFIG].store.required:
@@ -123,12 +179,15 @@ def setup_store(app: web.Application) -> None:
                                        f"true: {link.error}")
             if not link.schema_too_new:
                 retrying = asyncio.create_task(link.retry())
+        await link.check()
+        refreshing = asyncio.create_task(link.refreshing(STATUS_REFRESH_S))
         try:
             yield
         finally:
-            if retrying is not None:
-                retrying.cancel()
-                await asyncio.gather(retrying, return_exceptions=True)
+            tasks = [t for t in (retrying, refreshing) if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await link.close()
 
     app.cleanup_ctx.append(store_ctx)

@@ -9,7 +9,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
-from ..appkeys import CONFIG, STARTED_AT
+from ..appkeys import CONFIG, STARTED_AT, STORE
 from ..chain import public
 from ..clock import iso
 from ..errors import ServiceUnavailable
@@ -92,7 +92,9 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz")
 @public
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: 200 only when configuration, policies and store are loaded."""
+    """Readiness: 200 only when configuration, policies and store are loaded (the store is
+    pinged now, not read from the status surfaces' background check)."""
+    await request.app[STORE].check()
     statuses = await component_statuses(request.app)
     not_ready = sorted(
         name

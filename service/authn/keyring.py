@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -119,7 +119,7 @@ class KeyRing:
         self._dir_mtime: int | None = None
 
     @classmethod
-    def open(cls, directory: Path, *, retain_s: float, now: float) -> KeyRing:
+    def open(cls, directory: Path, *, retain_s: float, now: float) -> Self:
         """Load the ring, creating the directory and a first key if there is none yet."""
         ring = cls(directory, retain_s=retain_s)
         ring.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -131,7 +131,7 @@ class KeyRing:
         return ring
 
     @classmethod
-    def read(cls, directory: Path, *, retain_s: float) -> KeyRing:
+    def read(cls, directory: Path, *, retain_s: float) -> Self:
         """Load the ring as it is on disk, creating nothing (no directory, no key, no lock file);
         ``KeyRingError`` if the directory does not exist or cannot be read."""
         ring = cls(directory, retain_s=retain_s)

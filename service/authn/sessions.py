@@ -51,11 +51,13 @@ from .errors import (
     StepUpUnavailable,
     SubjectDisabled,
     Throttled,
+    UnknownKey,
 )
 from .identities import IdentityDirectory
 from .identities import load as load_identities
 from .keyring import ALG, KeyRing
 from .principal import Principal
+from .published import PublishedKeyRing
 from .stepup import ACR_STEP_UP, AMR_STEP_UP, METHOD_ASSERTION
 from .tokens import AccessTokens
 
@@ -220,7 +222,13 @@ class Authenticator:
 
     async def authenticate_bearer(self, token: str, now: float) -> Principal:
         """The principal of a bearer access token; raises an ``InvalidToken`` subclass."""
-        claims = self.tokens.verify(token, now)
+        try:
+            claims = self.tokens.verify(token, now)
+        except UnknownKey:
+            # Perhaps a key another replica published since this worker last read them.
+            if not isinstance(self.keys, PublishedKeyRing) or not await self.keys.look_up(now):
+                raise
+            claims = self.tokens.verify(token, now)
         subject, kind = claims["sub"], claims["kind"]
         identity = self.identities.active(subject)
         if identity is None or identity.kind != kind:

@@ -32,7 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from service import rego
-from service.authz import actions
+from service.authz import actions, inputrefs
 from service.authz.decision import (
     POLICY_ERROR,
     Decision,
@@ -107,6 +107,10 @@ class _Revision:
     cache: OrderedDict[str, Decision] = field(default_factory=OrderedDict)
     cache_lock: threading.Lock = field(default_factory=threading.Lock)
     explain_bundle: rego.Bundle | None = None
+    #: The input paths this revision may read (``inputrefs``); None: it may read all of it.
+    refs: inputrefs.InputRefs = field(default_factory=lambda: inputrefs.InputRefs(None))
+    #: What the decision cache keys on (``inputrefs.key_paths``); None: the whole input.
+    key_paths: tuple[inputrefs.Path, ...] | None = None
 
 
 class PolicyEngine:
@@ -207,7 +211,12 @@ class PolicyEngine:
                 return self._failed("compile", str(exc))
             # One attribute assignment: a concurrent decide() sees the old or the new revision,
             # never a mix. The old revision's cache goes with it (invalidation on reload).
-            self._current = _Revision(snapshot.revision, bundle, projection, snapshot, time.time())
+            # The cache keys on the parts of the input this revision can read (once per revision).
+            refs = inputrefs.analyse(m.source for m in snapshot.modules)
+            self._current = _Revision(
+                snapshot.revision, bundle, projection, snapshot, time.time(), refs=refs,
+                key_paths=None if refs.paths is None else inputrefs.key_paths(refs.paths),
+            )
             return self._succeeded(snapshot.revision, changed=True)
 
     def poll_changes(self) -> bool:
@@ -313,7 +322,11 @@ class PolicyEngine:
         if self.cache_size:
             # not JSON: no key; regopy will refuse it below, and errors are never cached
             with contextlib.suppress(TypeError, ValueError):
-                key = json.dumps(stripped, sort_keys=True, separators=(",", ":"))
+                key = (
+                    json.dumps(stripped, sort_keys=True, separators=(",", ":"))
+                    if current.key_paths is None
+                    else inputrefs.cache_key(current.key_paths, stripped)
+                )
         if key is not None:
             with current.cache_lock:
                 hit = current.cache.get(key)
@@ -440,6 +453,7 @@ class PolicyEngine:
                 "hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0,
                 "size": len(current.cache) if current else 0,
                 "capacity": self.cache_size,
+                **(current.refs.describe() if current else {}),
             },
         }
 

@@ -76,6 +76,7 @@ EXPORTED = (
     "controlplane_login_failures_total",
     "controlplane_store_up",
     "controlplane_policy_shadow_divergence_total",
+    "controlplane_store_transactions_total",
 )
 
 
@@ -94,6 +95,7 @@ class Metrics:
     approvals: Counter
     audit_append_failures: Counter
     login_failures: Counter
+    store_transactions: Counter
     shadow_divergence: Counter
     #: Per process (a ``pid`` label with several workers): the revision it serves, and whether
     #: that is the fleet's active one; an operator sees convergence across workers and replicas.
@@ -163,6 +165,10 @@ class Metrics:
             # Assertion verification codes are many; none is a subject or token value.
             reason = "invalid_assertion" if reason.startswith(("token_", "assertion_")) else "other"
         self.login_failures.labels(reason).inc()
+
+    def store_transaction(self, write: bool) -> None:
+        """One store transaction opened by this worker (a store call or a chain's transaction)."""
+        self.store_transactions.labels("write" if write else "read").inc()
 
     @classmethod
     def create(cls, *, multiprocess: bool = False) -> Metrics:
@@ -256,6 +262,12 @@ class Metrics:
                 registry=registry,
                 multiprocess_mode="liveall",
             ),
+            store_transactions=Counter(
+                "controlplane_store_transactions",
+                "Store transactions opened, by kind (read or write).",
+                ["kind"],
+                registry=registry,
+            ),
             multiprocess=multiprocess,
         )
         metrics.converged(None, True)
@@ -268,6 +280,8 @@ class Metrics:
             metrics.approvals.labels(outcome)
         for reason in LOGIN_FAILURE_REASONS:
             metrics.login_failures.labels(reason)
+        for kind in ("read", "write"):
+            metrics.store_transactions.labels(kind)
         return metrics
 
 

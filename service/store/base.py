@@ -39,6 +39,8 @@ __all__ = [
     "PolicyActivation",
     "PolicyRevisionOps",
     "PolicyRevisionRecord",
+    "PublishedKey",
+    "PublishedKeyOps",
     "ReviewRecord",
     "Seal",
     "SessionOps",
@@ -137,6 +139,18 @@ class SessionRecord:
     step_up_at: float | None = None
     step_up_method: str | None = None
     revoked_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedKey:
+    """The public half of one replica's token signing key: ``public_key`` is the base64url raw
+    Ed25519 key (a JWK's ``x``), ``kid`` its RFC 7638 thumbprint; ``verify_until`` is None while
+    the key signs."""
+
+    kid: str
+    public_key: str
+    created_at: float
+    verify_until: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,12 +437,25 @@ class PolicyRevisionOps(Protocol):
     async def policy_activations(self, limit: int = 50) -> list[PolicyActivation]: ...
 
 
-class Tx(SessionOps, TicketOps, TaskOps, AuditOps, PolicyRevisionOps, Protocol):
+class PublishedKeyOps(Protocol):
+    """Token signing keys published by every replica (public halves only)."""
+
+    # Insert or update each key (by kid), then delete every key whose window closed before
+    # ``now``.
+    async def publish_signing_keys(self, keys: Sequence[PublishedKey], now: float) -> None: ...
+    # Every key that verifies at ``now``.
+    async def published_signing_keys(self, now: float) -> list[PublishedKey]: ...
+
+
+class Tx(SessionOps, TicketOps, TaskOps, AuditOps, PolicyRevisionOps, PublishedKeyOps, Protocol):
     """Every operation, all inside one transaction: they commit together or not at all."""
 
 
-class Store(SessionOps, TicketOps, TaskOps, AuditOps, PolicyRevisionOps, Protocol):
+class Store(SessionOps, TicketOps, TaskOps, AuditOps, PolicyRevisionOps, PublishedKeyOps, Protocol):
     """A durable store: every operation is its own transaction; ``transaction()`` groups them."""
+
+    #: Told of every transaction the store opens (``write``); the worker's metrics hook.
+    on_transaction: Callable[[bool], None] | None
 
     async def ping(self) -> None: ...
     async def close(self) -> None: ...

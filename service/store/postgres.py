@@ -41,6 +41,7 @@ DIALECT = Dialect(
     # The jsonb codec registered on every connection does the (de)serialisation.
     json_in=_identity,
     json_out=_identity,
+    writes_in_cte=True,
 )
 
 # One cluster-wide key: concurrent starters (any schema) apply migrations one at a time.

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
+import time
 
 from service.app import create_app
+from service.appkeys import METRICS, STORE
 from service.health import register_component
+from service.storelink import STATUS_REFRESH_S
 from tests.problems import assert_problem
 
 
@@ -133,3 +138,53 @@ async def test_status_reporter_failure_is_degraded_not_500(aiohttp_client, make_
     body = await response.json()
     assert body["components"]["exporter"]["status"] == "degraded"
     assert "reporter bug" not in json.dumps(body)
+
+
+def _store_transactions(app) -> float:
+    registry = app[METRICS].registry
+    return sum(registry.get_sample_value("controlplane_store_transactions_total", {"kind": kind})
+               or 0.0 for kind in ("read", "write"))
+
+
+async def test_status_surfaces_are_served_from_memory_without_a_store_round_trip(client):
+    app = client.server.app
+    calls = 0
+    started = time.monotonic()
+    before = _store_transactions(app)
+    for _ in range(40):
+        for path in ("/api/v1/system/info", "/api/v1/authn/status", "/api/v1/authz/status"):
+            response = await client.get(path)
+            assert response.status == 200
+            calls += 1
+    elapsed = time.monotonic() - started
+    # Only the background work ran meanwhile: the store check and the signing key sync, each
+    # at most once a second (and once more for a tick already due when the loop started).
+    background = 2 * (math.ceil(elapsed / STATUS_REFRESH_S) + 1)
+    spent = _store_transactions(app) - before
+    assert spent <= background < calls, (spent, background, calls)
+    info = await (await client.get("/api/v1/system/info")).json()
+    assert info["components"]["store"]["status"] == "ready"
+
+
+async def test_readiness_checks_the_store_live(client):
+    app = client.server.app
+    before = app[STORE].checks
+    assert (await client.get("/readyz")).status == 200
+    assert app[STORE].checks > before
+
+
+async def test_status_follows_the_store_within_the_refresh_interval(client):
+    app = client.server.app
+    store = app[STORE].store
+    assert store is not None
+
+    await store.close()  # the database going away: every call now fails with StoreUnavailable
+    assert (await client.get("/api/v1/system/info")).status == 200
+    deadline = asyncio.get_running_loop().time() + STATUS_REFRESH_S * 3
+    while True:
+        info = await (await client.get("/api/v1/system/info")).json()
+        if info["components"]["store"]["status"] == "degraded":
+            break
+        assert asyncio.get_running_loop().time() < deadline, "status still ready"
+        await asyncio.sleep(0.05)
+    assert info["status"] == "degraded"

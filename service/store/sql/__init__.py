@@ -11,6 +11,7 @@ classification — lives in this package, so SQLite and PostgreSQL cannot drift 
     tasks.py     tasks and step events                          (base.TaskOps)
     audit.py     the audit hash chain                           (base.AuditOps)
     policy_revisions.py  published policy revisions, the active one (base.PolicyRevisionOps)
+    signingkeys.py  published token signing keys               (base.PublishedKeyOps)
 
 Each kind is a class of operations whose bodies run in ``self._unit(write=...)``. ``SqlTx`` and
 ``SqlStore`` inherit the same classes and differ only in what a unit is: the transaction's own
@@ -19,7 +20,7 @@ connection, or a fresh transaction per operation. One body per operation, no for
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from ..base import Tx
@@ -37,6 +38,7 @@ from .core import (
 )
 from .policy_revisions import PolicyRevisionSql
 from .sessions import SessionSql
+from .signingkeys import SigningKeySql
 from .tasks import TaskSql
 from .tickets import TicketSql
 
@@ -54,7 +56,7 @@ __all__ = [
 ]
 
 
-class _Operations(SessionSql, TicketSql, TaskSql, AuditSql, PolicyRevisionSql):
+class _Operations(SessionSql, TicketSql, TaskSql, AuditSql, PolicyRevisionSql, SigningKeySql):
     """Every operation of ``base.Tx``; where they run is the subclass's ``_unit``."""
 
     __slots__ = ()
@@ -80,6 +82,8 @@ class SqlStore(_Operations):
     dialect: Dialect
     #: The deadline of one store call (a transaction from its start to its COMMIT), seconds.
     timeout_s: float = 5.0
+    #: Told of every transaction opened (``write``): the worker's metrics count store calls.
+    on_transaction: Callable[[bool], None] | None = None
 
     def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]:
         """Open a transaction (backend-specific); commit on clean exit, roll back on error."""
@@ -87,6 +91,8 @@ class SqlStore(_Operations):
 
     @asynccontextmanager
     async def _unit(self, *, write: bool) -> AsyncIterator[Query]:
+        if self.on_transaction is not None:
+            self.on_transaction(write)
         async with self._transaction(write=write) as conn:
             q = Query(conn, self.dialect)
             try:

@@ -83,6 +83,8 @@ class Dialect:
     # on its connections, so both are the identity there; SQLite stores text.
     json_in: Callable[[Any], Any]
     json_out: Callable[[Any], Any]
+    # Data-modifying statements inside WITH (PostgreSQL): two writes in one round trip.
+    writes_in_cte: bool = False
 
     def sql(self, text: str) -> str:
         return _numbered(text) if self.numbered_params else text

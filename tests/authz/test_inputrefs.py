@@ -1,0 +1,285 @@
+"""The decision cache keys on the input paths a revision can read (service/authz/inputrefs.py).
+
+Soundness is the point: two inputs with the same key must get the same (uncached) decision. The
+property test checks it against the shipped policy and deliberately tricky ones; the table checks
+that every dynamic use of ``input`` falls back to a larger key.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from service.authz import inputrefs
+from service.authz.engine import PolicyEngine, default_policies_dir
+from tests.authz.conftest import doc, write_policy
+
+HEAD = "package controlplane.authz\nimport rego.v1\n"
+
+
+def paths(*sources: str) -> list[str] | None:
+    refs = inputrefs.analyse([HEAD + s for s in sources])
+    return None if refs.paths is None else [".".join(p) for p in refs.paths]
+
+
+# ---- the analysis ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("x if input.resource.owner == input.principal.subject_id",
+         ["principal.subject_id", "resource.owner"]),
+        ('x if input["resource"].owner == "a"', ["resource.owner"]),
+        ("x if input.resource.tags[0] == 1", ["resource.tags"]),
+        ("x if { some k; input.resource[k] == 1 }", ["resource"]),
+        ("x if input.resource[input.principal.kind]", ["principal.kind", "resource"]),
+        ("x if { some v in input.resource.list; v == 1 }", ["resource.list"]),
+        ('x := object.get(input.resource, "owner", "none")', ["resource.owner"]),
+        ('x := object.get(input.resource, ["owner"], "none")', ["resource"]),
+        ("x := object.get(input.resource, k, 1) if k := input.env", ["env", "resource"]),
+        ("x := count(input.resource)", ["resource"]),
+        ("f(inp) := inp.resource.id\nx := f(input)", ["resource.id"]),
+        ("f(inp) := g(inp.principal)\ng(p) := p.kind\nx := f(input)", ["principal.kind"]),
+        ("f(a, b) := a.k == b\nx := f(input.resource, 1)", ["resource.k"]),
+        ("f([a]) := a\nx := f(input.resource)", ["resource"]),
+        ("f(inp) := inp\nx := f(input).resource.id", None),  # the function returns it whole
+        ("import input.resource as r\nx if r.owner == 1", ["resource.owner"]),
+        ("import input.principal\nx if principal.kind == 1", ["principal.kind"]),
+        ("import input as doc\nx if doc.env", ["env"]),
+        ("import input\nx if input.env", ["env"]),
+        ("x if input[y]", None),
+        ("x if input[_]", None),
+        ("x if walk(input, [p, v])", None),
+        ("x := json.marshal(input)", None),
+        ("x := object.get(input, \"env\", 1)", ["env"]),
+        ("x := input", None),
+        ("y if input.env\nx if y with input.env as 1", None),
+        ("y if input.env\nx if y with input as {}", None),
+        ("x := q.f(input)", None),  # an imported or built-in call: the argument whole
+        ('x := $"{input.env}"', None),  # a template string: not understood
+        ('# input[x] in a comment\nx if input.env == "input[y]"', ["env"]),
+        ("x if input.env == `raw\ninput[y]`", ["env"]),
+        ("x if input.env == ~1", None),  # a character the lexer does not know
+        ("x if (input.env", None),  # unbalanced
+        ("x if data.input.x == input.env", ["env"]),
+    ],
+)
+def test_analysis(source, expected):
+    assert paths(source) == expected
+
+
+def test_a_function_named_in_another_package_is_followed_by_its_data_path():
+    caller = HEAD + "x := data.lib.f(input)\n"
+    lib = "package lib\nf(inp) := inp.env\n"
+    assert inputrefs.analyse([caller, lib]).paths == (("env",),)
+    # Not by a bare name from another package: that may be a built-in of the same name.
+    assert inputrefs.analyse([HEAD + "x := f(input)\n", lib]).paths is None
+
+
+def test_shipped_policy_reads_a_few_paths_not_the_resource_id():
+    engine = PolicyEngine(default_policies_dir())
+    assert engine.load().ok
+    cache = engine.status()["cache"]
+    assert cache["keyed_on"] == "referenced_paths"
+    assert "resource.owner" in cache["paths"]
+    assert not any(p in ("resource", "resource.id", "context", "principal") for p in cache["paths"])
+
+
+def test_key_adds_the_engine_paths_and_the_subject_for_projected_facts():
+    assert inputrefs.key_paths([("resource", "owner")]) == (
+        ("action",), ("env",), ("resource", "owner"))
+    assert ("principal", "subject_id") in inputrefs.key_paths([("principal", "grants")])
+    # The whole principal holds the subject id already.
+    assert inputrefs.key_paths([("principal",)]) == (("action",), ("env",), ("principal",))
+
+
+def test_key_tells_a_missing_member_from_a_value_that_is_not_an_object():
+    keyed = inputrefs.key_paths([("resource", "owner")])
+    keys = {inputrefs.cache_key(keyed, {"action": "a", "env": "dev", "resource": r})
+            for r in ({}, "x", [], None, 1, {"owner": None}, {"owner": "a"})}
+    assert len(keys) == 7
+    assert inputrefs.cache_key(keyed, {"action": "a", "env": "dev", "resource": "x"}) == \
+        inputrefs.cache_key(keyed, {"action": "a", "env": "dev", "resource": "y"})
+
+
+def test_distinct_resource_ids_hit_the_cache():
+    engine = PolicyEngine(default_policies_dir())
+    assert engine.load().ok
+    for i in range(200):
+        engine.decide(doc(action="databases.list", resource={"id": f"r-{i}", "kind": "database"}))
+    cache = engine.status()["cache"]
+    assert cache["hit_rate"] >= 0.99 and cache["size"] == 1
+
+
+# ---- soundness: same key, same uncached decision ------------------------------------------------
+
+KEYS = ["owner", "id", "kind", "k", "list", "tags", "scope", "env"]
+SUBJECTS = ["alice", "bob", "carol", "ci-bot", "agent-7", "nobody"]
+ACTIONS = ["approvals.create", "approvals.review", "installer.run.execute", "databases.list",
+           "tasks.read"]
+ENVS = ["dev", "staging", "prod", "elsewhere"]
+
+leaves = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.sampled_from(SUBJECTS),
+                   st.sampled_from(["x", "human", "agent", "*"]))
+values = st.recursive(
+    leaves,
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from(KEYS), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@st.composite
+def inputs(draw: st.DrawFn) -> dict[str, Any]:
+    out = doc(subject=draw(st.sampled_from(SUBJECTS)),
+              kind=draw(st.sampled_from(["human", "service", "agent"])),
+              action=draw(st.sampled_from(ACTIONS)), env=draw(st.sampled_from(ENVS)))
+    resource = draw(st.dictionaries(st.sampled_from(KEYS), values, max_size=3))
+    if draw(st.booleans()):
+        resource["owner"] = draw(st.sampled_from(SUBJECTS))
+    out["resource"] = resource
+    return out
+
+
+#: Where edits land: mostly outside what the policies read, sometimes inside.
+EDIT_PATHS = [
+    ("resource", "id"), ("resource", "kind"), ("resource", "owner"), ("resource",),
+    ("resource", "k"), ("resource", "list"), ("resource", "tags"), ("principal", "session_id"),
+    ("principal", "auth_time"), ("principal", "kind"), ("principal", "subject_id"),
+    ("principal", "step_up"), ("context", "method"), ("context", "path"), ("context",),
+    ("context", "correlation_id"), ("context", "time"), ("env",), ("extra",),
+]
+
+
+def _edit(target: dict[str, Any], path: tuple[str, ...], value: Any, delete: bool) -> None:
+    node: Any = target
+    for name in path[:-1]:
+        if not isinstance(node, dict):
+            return
+        node = node.setdefault(name, {})
+    if not isinstance(node, dict):
+        return
+    if delete:
+        node.pop(path[-1], None)
+    else:
+        node[path[-1]] = value
+
+
+edits = st.lists(
+    st.tuples(st.sampled_from(EDIT_PATHS), st.one_of(st.sampled_from(SUBJECTS), values),
+              st.booleans()),
+    min_size=1, max_size=3)
+
+TRICKY = {
+    "dynamic_key": """
+        decision := {"decision": "allow", "reasons": ["some_key"], "approval": {}} if {
+            some k
+            input.resource[k] == "x"
+        } else := {"decision": "deny", "reasons": ["none"], "approval": {}}
+    """,
+    "import_alias": """
+        import input.resource as r
+        decision := {"decision": "allow", "reasons": ["own"], "approval": {}} if {
+            r.owner == input.principal.subject_id
+        } else := {"decision": "deny", "reasons": ["other"], "approval": {}}
+    """,
+    "functions_and_object_get": """
+        decision := verdict(input)
+        verdict(inp) := {"decision": "allow", "reasons": [owner(inp)], "approval": {}} if {
+            kind_of(inp.principal) == "human"
+        } else := {"decision": "deny", "reasons": ["kind"], "approval": {}}
+        kind_of(p) := p.kind
+        owner(inp) := sprintf("%v", [object.get(inp.resource, "owner", "none")])
+    """,
+    "dynamic_index_from_input": """
+        decision := {"decision": "allow", "reasons": ["indexed"], "approval": {}} if {
+            input.resource[input.principal.kind] != null
+        } else := {"decision": "deny", "reasons": ["no"], "approval": {}}
+    """,
+    "returns_input_whole": """
+        same(x) := x
+        decision := {"decision": "allow", "reasons": ["id"], "approval": {}} if {
+            same(input).resource.id == "x"
+        } else := {"decision": "deny", "reasons": ["no"], "approval": {}}
+    """,
+    "count_of_subtree": """
+        decision := {"decision": "allow", "reasons": [sprintf("%d", [count(input.resource)])],
+                     "approval": {}}
+    """,
+}
+
+
+def _engine(root: Path) -> PolicyEngine:
+    # cache_size 0: every decision below is evaluated, none is served from a cache.
+    engine = PolicyEngine(root, cache_size=0, vet_in_subprocess=False)
+    result = engine.load()
+    assert result.ok, result.error
+    return engine
+
+
+def _check_soundness(engine: PolicyEngine, key_paths: tuple[inputrefs.Path, ...] | None,
+                     examples: int = 40, shrink: bool = True) -> int:
+    """Run the property; return how many pairs shared a key (so the property was exercised)."""
+    from service.authz.input import strip
+
+    shared = [0]
+
+    def key(d: dict[str, Any]) -> str:
+        if key_paths is None:
+            import json
+            return json.dumps(strip(d), sort_keys=True)
+        return inputrefs.cache_key(key_paths, strip(d))
+
+    phases = tuple(Phase) if shrink else (Phase.generate,)
+
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None, phases=phases,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(base=inputs(), changes=edits)
+    def prop(base: dict[str, Any], changes: list[tuple[tuple[str, ...], Any, bool]]) -> None:
+        other = copy.deepcopy(base)
+        for path, value, delete in changes:
+            _edit(other, path, value, delete)
+        if key(base) != key(other):
+            return
+        shared[0] += 1
+        a, b = engine.decide(base), engine.decide(other)
+        assert (a.decision, a.reasons, a.approval) == (b.decision, b.reasons, b.approval), (
+            base, other)
+
+    prop()
+    return shared[0]
+
+
+def test_same_key_same_decision_shipped_policy():
+    engine = _engine(default_policies_dir())
+    current = engine._current  # the revision's analysed key paths
+    assert current is not None and current.key_paths is not None
+    assert _check_soundness(engine, current.key_paths, examples=100) >= 20
+
+
+def test_the_property_catches_a_key_missing_a_path_the_policy_reads():
+    engine = _engine(default_policies_dir())
+    current = engine._current
+    assert current is not None and current.key_paths is not None
+    unsound = tuple(p for p in current.key_paths if p != ("resource", "owner"))
+    with pytest.raises(AssertionError):
+        _check_soundness(engine, unsound, examples=120, shrink=False)
+
+
+@pytest.mark.parametrize("name", sorted(TRICKY))
+def test_same_key_same_decision_tricky_policies(tmp_path, name):
+    engine = _engine(write_policy(tmp_path / name, HEAD + TRICKY[name]))
+    current = engine._current
+    assert current is not None
+    shared = _check_soundness(engine, current.key_paths)
+    if name == "returns_input_whole":
+        # The whole input is the key: equal keys are equal inputs, nothing left to show.
+        assert current.key_paths is None
+    else:
+        assert current.key_paths is not None and shared >= 5
