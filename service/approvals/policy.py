@@ -17,7 +17,7 @@ from ..authz import actions
 from ..authz.decide import decide
 from ..authz.engine import PolicyEngine
 from ..config import Config
-from ..errors import PolicyDenied
+from ..errors import PolicyDenied, SchemaValidationFailed
 from ..run import Target
 from .tickets import Requirements, requirements
 
@@ -36,7 +36,9 @@ def ticket_requirements(
     correlation_id: str,
 ) -> Requirements:
     """What a ticket for ``subject_id`` doing ``action`` on ``target`` must satisfy;
-    ``PolicyDenied`` (403 ``subject_denied``) when the policy would deny the action itself."""
+    ``PolicyDenied`` (403 ``subject_denied``) when the policy would deny the action itself, and
+    422 ``approval_not_required`` when it would allow it without a ticket (such a ticket could
+    never be redeemed, and would only sit in the approvers' queue)."""
     # The subject as it will present itself: authenticated and stepped up (a ticket is only
     # redeemed with a fresh step-up), its session unknown yet.
     subject = {
@@ -50,6 +52,12 @@ def ticket_requirements(
         raise PolicyDenied(
             "the subject may not perform the action this ticket is for",
             code="subject_denied", reasons=list(decision.reasons),
+        )
+    if decision.decision != "require_approval":
+        raise SchemaValidationFailed(
+            f"{action} in {target.env} needs no approval for {subject_id}: run it without a "
+            "ticket", code="approval_not_required",
+            errors=[{"pointer": "/env", "message": "the action needs no approval here"}],
         )
     return requirements(
         decision.approval,

@@ -107,6 +107,7 @@ def request(args: argparse.Namespace) -> int:
         "resource_hash": resource_hash(resource),
     }
     if args.command_line is not None:
+        body["command"] = args.command_line  # shown to approvers; the hash binds it
         body["command_hash"] = command_hash(args.command_line)
     if args.reason is not None:
         body["reason"] = args.reason
