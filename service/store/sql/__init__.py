@@ -10,6 +10,7 @@ classification — lives in this package, so SQLite and PostgreSQL cannot drift 
     tickets.py   approval tickets and reviews                   (base.TicketOps)
     tasks.py     tasks and step events                          (base.TaskOps)
     audit.py     the audit hash chain                           (base.AuditOps)
+    outbox.py    notification outbox events, leases, deliveries (base.OutboxOps)
 
 Each kind is a class of operations whose bodies run in ``self._unit(write=...)``. ``SqlTx`` and
 ``SqlStore`` inherit the same classes and differ only in what a unit is: the transaction's own
@@ -34,6 +35,7 @@ from .core import (
     migrations,
     pending_migrations,
 )
+from .outbox import OutboxSql
 from .sessions import SessionSql
 from .tasks import TaskSql
 from .tickets import TicketSql
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 
-class _Operations(SessionSql, TicketSql, TaskSql, AuditSql):
+class _Operations(SessionSql, TicketSql, TaskSql, AuditSql, OutboxSql):
     """Every operation of ``base.Tx``; where they run is the subclass's ``_unit``."""
 
     __slots__ = ()
