@@ -10,7 +10,7 @@ from ..appkeys import AUTHENTICATOR, CONFIG, ENGINE, STORE
 from ..approvals.binding import command_hash as bound_command_hash
 from ..approvals.binding import resource_hash
 from ..approvals.command import Command
-from ..approvals.policy import reviewer_facts, ticket_requirements
+from ..approvals.policy import review_target, reviewer_facts, ticket_requirements
 from ..approvals.tickets import decide_review, new_ticket, ticket_view
 from ..authn import stepup
 from ..authz import actions
@@ -41,15 +41,7 @@ async def _create_target(request: web.Request, body: Any) -> Target:
 
 async def _ticket_target(request: web.Request, body: Any) -> Target:
     _require_repository(request)
-    ticket = await _load(request, request.app[STORE].require())
-    return Target(
-        resource=ticket.resource,
-        env=ticket.env,
-        id=ticket.id,
-        owner=ticket.subject_id,
-        attributes={"target_action": ticket.action, "requested_by": ticket.requested_by},
-        record=ticket,
-    )
+    return review_target(await _load(request, request.app[STORE].require()))
 
 
 async def _load(request: web.Request, source: Store | Tx) -> TicketRecord:

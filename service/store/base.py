@@ -39,6 +39,7 @@ __all__ = [
     "NotFound",
     "OutboxEvent",
     "OutboxOps",
+    "OutboxState",
     "ReviewRecord",
     "Seal",
     "SessionOps",
