@@ -7,7 +7,17 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import approval, audit, compose, identities, keyring, policy, serve, session
+from . import (
+    approval,
+    audit,
+    compose,
+    identities,
+    keyring,
+    notifications,
+    policy,
+    serve,
+    session,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cpctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (serve, session, approval, audit, policy, compose, identities, keyring):
+    for module in (serve, session, approval, audit, notifications, policy, compose, identities,
+                   keyring):
         module.register(sub)
     return parser
 

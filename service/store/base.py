@@ -446,7 +446,8 @@ class OutboxOps(Protocol):
         self, *, failed: bool = False, limit: int = 50, before_seq: int | None = None
     ) -> list[OutboxEvent]: ...
     async def outbox_deliveries(self, event_id: str) -> list[DeliveryRecord]: ...
-    # A dead event becomes pending again, due at ``now`` with a fresh max-age window (NotFound
+    # A dead event becomes pending again, due at ``now`` with a fresh max-age window and no last
+    # error (its per-sink history stays; NotFound
     # for an unknown id, Conflict ``state_conflict`` unless dead).
     async def retry_outbox(self, event_id: str, now: float) -> OutboxEvent: ...
     # Delete delivered events finished before ``delivered_before``; returns how many.

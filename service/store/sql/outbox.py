@@ -189,7 +189,8 @@ class OutboxSql(Unit):
         async with self._unit(write=True) as q:
             row = await q.one(
                 "UPDATE outbox_events SET state = 'pending', attempts = 0, next_attempt_at = ?, "
-                "window_start = ?, finished_at = NULL, lease_owner = NULL, lease_until = NULL "
+                "window_start = ?, last_error = NULL, finished_at = NULL, lease_owner = NULL, "
+                "lease_until = NULL "
                 f"WHERE id = ? AND state = 'dead' RETURNING {_COLUMNS}",
                 now, now, event_id,
             )  # fmt: skip
