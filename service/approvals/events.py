@@ -22,6 +22,7 @@ keeps, so receivers de-duplicate on it.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -30,7 +31,7 @@ from ..store.base import OutboxEvent, ReviewRecord, TicketRecord
 from .command import is_command, masked
 from .tickets import ticket_view
 
-__all__ = ["EVENT_TYPES", "SYSTEM_ACTOR", "ticket_event"]
+__all__ = ["EVENT_TYPES", "MAX_EVENT_FIELD_BYTES", "SYSTEM_ACTOR", "ticket_event"]
 
 EVENT_TYPES = (
     "approval.requested",
@@ -43,6 +44,14 @@ EVENT_TYPES = (
 )
 #: Who expires tickets.
 SYSTEM_ACTOR = "system"
+
+
+#: The most bytes of JSON a ticket's resource or command may take inside an event.
+MAX_EVENT_FIELD_BYTES = 64 * 1024
+
+
+def _json_bytes(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
 
 def ticket_event(
@@ -63,6 +72,13 @@ def ticket_event(
     view = ticket_view(ticket)
     if is_command(view.get("command")):
         view["command"] = masked(view["command"])
+    # An event must never make its change fail: a resource or command that would not fit the
+    # store's bound on one JSON value next to the rest is left out (its hash stays; the ticket
+    # API shows it in full), marked ``<field>_omitted``.
+    for name in ("resource", "command"):
+        if _json_bytes(view[name]) > MAX_EVENT_FIELD_BYTES:
+            view[name] = None
+            view[f"{name}_omitted"] = True
     # The ticket's fields at the top level: the resource sits exactly as deep as in the request
     # that created the ticket, so any resource a ticket can hold, its event can hold too.
     data: dict[str, Any] = {**view, "actor": actor}

@@ -147,3 +147,18 @@ async def test_concurrent_claimers_never_share_an_event(store: Store, target) ->
                    for r in results)
     assert len(claimed) == len(set(claimed))
     assert len(claimed) == 40  # 4 x 15 >= 40: everything was claimed once
+
+
+async def test_a_large_ticket_still_changes_and_its_events_leave_the_bulk_out(
+        store: Store) -> None:
+    # A resource near the bound on one JSON value: the ticket holds it, its events cannot
+    # (next to everything else), and that must not stop any change of the ticket.
+    big = {"blob": "x" * 250_000}
+    await store.create_ticket(ticket("t-1", resource=big, command=["run"] * 40_000,
+                                     reason="r" * 2000))
+    await store.add_review("t-1", review("bob"), "approved", T0 + 900, T0 + 10)
+    assert (await store.get_ticket("t-1")).resource == big
+    for event in await store.list_outbox(limit=10):
+        assert event.data["resource"] is None and event.data["resource_omitted"] is True
+        assert event.data["command"] is None and event.data["command_omitted"] is True
+        assert event.data["resource_hash"] == ticket("t-1").resource_hash
