@@ -83,7 +83,15 @@ class Dispatcher:
             return 0
         events = await store.claim_outbox(self.owner, now, self._config.lease_s,
                                           self._config.batch_size)
-        await asyncio.gather(*(self._deliver(store, session, e) for e in events))
+        results = await asyncio.gather(*(self._deliver(store, session, e) for e in events),
+                                       return_exceptions=True)
+        for event, result in zip(events, results, strict=True):
+            # One event's failure (the store gone mid-round) leaves the others' records alone;
+            # its lease runs out and it is delivered again.
+            if isinstance(result, StoreError):
+                log.warning("notification %s not recorded: store unavailable", event.id)
+            elif isinstance(result, Exception):
+                log.error("notification %s failed", event.id, exc_info=result)
         return len(events)
 
     async def _deliver(self, store: Store, session: aiohttp.ClientSession,

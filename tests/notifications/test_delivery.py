@@ -186,3 +186,21 @@ async def test_redirects_are_refused_and_dead_lettered(make_client, receiver):
     # Nothing followed the redirect: every request reached the sink's own path.
     assert {r.path for r in receiver.received} == {"/hook"}
     assert len(receiver.received) >= 2  # retried before giving up
+
+
+async def test_a_slow_sink_times_out_and_is_retried(make_client, receiver):
+    receiver.delay_s = 1.0
+    client = await make_client(notifications(receiver.url, sinks=[
+        {"name": "hook", "type": "webhook", "url": f"{receiver.url}/hook", "secrets": SECRETS[:1],
+         "timeout_s": 0.2}]))
+    alice = await login(client, "alice")
+    created = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": RESOURCE})
+    assert created.status == 201
+    store = client.server.app[STORE].require()
+    deadline = time.monotonic() + 10
+    while not (failing := await store.list_outbox(failed=True)):
+        assert time.monotonic() < deadline, "no failed attempt recorded"
+        await asyncio.sleep(0.05)
+    assert failing[0].state == "pending" and "no answer within 0.2 s" in failing[0].last_error
