@@ -32,6 +32,8 @@ class Receiver:
     fail_first: int = 0
     delay_s: float = 0.0
     status: int = 200
+    #: Answer 200 with a body that never ends (a sink must stop reading at its cap).
+    endless: bool = False
     received: list[Received] = field(default_factory=list)
     in_flight: Counter[str] = field(default_factory=Counter)
     overlaps: list[str] = field(default_factory=list)
@@ -68,11 +70,24 @@ class Receiver:
             status = 500 if self._served[request.path] <= self.fail_first else self.status
             self.received.append(Received(request.path, dict(request.headers), body, status))
             self.arrived.set()
+            if self.endless:
+                return await self._endless(request)
             if 300 <= status < 400:
                 raise web.HTTPFound("http://127.0.0.1:9/elsewhere")
             return web.Response(status=status, text="ok" if status < 300 else "no")
         finally:
             self.in_flight[key] -= 1
+
+    async def _endless(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        await response.prepare(request)
+        try:
+            for _ in range(10_000):  # ~100 s at most, far past any sink timeout in the tests
+                await response.write(b"x" * 65536)
+                await asyncio.sleep(0.01)
+        except (ConnectionResetError, ConnectionError):
+            pass
+        return response
 
     def accepted(self, path: str) -> list[Received]:
         return [r for r in self.received if r.path == path and 200 <= r.status < 300]

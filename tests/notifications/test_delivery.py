@@ -40,6 +40,8 @@ def notifications(url: str, **extra: Any) -> dict[str, Any]:
              "timeout_s": 2},
             {"name": "chat", "type": "slack", "url": f"{url}/slack", "timeout_s": 2,
              "events": ["approval.requested"], "envs": ["prod"]},
+            {"name": "staging-chat", "type": "slack", "url": f"{url}/staging", "timeout_s": 2,
+             "envs": ["staging"]},
         ],
     }
     base.update(extra)
@@ -112,8 +114,9 @@ async def test_requested_approved_consumed_arrive_signed(make_client, receiver):
     assert approved["state"] == "approved" and "suggested_reviewers" not in approved
     assert consumed["state"] == "consumed" and consumed["correlation_id"]
 
-    # The Slack sink's filter: requests in prod only.
+    # The Slack sinks' filters: requests in prod only; staging only (nothing here).
     (chat,) = receiver.accepted("/slack")
+    assert not [r for r in receiver.received if r.path == "/staging"]
     message = chat.json
     text = json.dumps(message)
     assert "Approval requested" in message["text"]
@@ -204,3 +207,23 @@ async def test_a_slow_sink_times_out_and_is_retried(make_client, receiver):
         assert time.monotonic() < deadline, "no failed attempt recorded"
         await asyncio.sleep(0.05)
     assert failing[0].state == "pending" and "no answer within 0.2 s" in failing[0].last_error
+
+
+async def test_an_endless_answer_is_cut_at_the_cap(make_client, receiver):
+    receiver.endless = True
+    client = await make_client(notifications(receiver.url, sinks=[
+        {"name": "hook", "type": "webhook", "url": f"{receiver.url}/hook", "secrets": SECRETS[:1],
+         "timeout_s": 3, "max_response_bytes": 100_000}]))
+    alice = await login(client, "alice")
+    created = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": RESOURCE})
+    assert created.status == 201
+    store = client.server.app[STORE].require()
+    started = time.monotonic()
+    await settled(store, timeout_s=10)
+    (event,) = await store.list_outbox(limit=5)
+    # Delivered (a 2xx), without waiting for an answer that never ends: reading stopped at the
+    # cap, long before the 3 s timeout would have failed the attempt.
+    assert event.state == "delivered" and event.attempts == 1
+    assert time.monotonic() - started < 3
