@@ -97,28 +97,24 @@ async def test_agents_must_send_the_command_text(client):
     assert (await with_text.json())["command"] == "deploy web"
 
 
-@pytest.mark.parametrize("command", [
-    pytest.param([], id="empty-argv"),
-    pytest.param(["ok", 3], id="argv-not-strings"),
-    pytest.param("", id="empty-string"),
-    pytest.param({"argv": ["x"]}, id="object"),
-])
-async def test_a_malformed_command_is_a_schema_error(client, command):
+async def test_a_malformed_command_is_a_schema_error(client):
     alice = await login(client, "alice")
-    response = await client.post("/api/v1/approvals", headers=bearer(alice), json={
-        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
-        "resource": RESOURCE, "command": command})
-    await assert_problem(response, 422, "schema_validation_failed")
+    for command in ([], ["ok", 3], "", {"argv": ["x"]}):  # one app for the whole table
+        response = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+            "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+            "resource": RESOURCE, "command": command})
+        problem = await assert_problem(response, 422, "schema_validation_failed")
+        assert problem["errors"][0]["pointer"].startswith("/command"), command
 
 
-@pytest.mark.parametrize("env", ["dev", "staging"])
-async def test_a_ticket_where_no_approval_is_needed_is_refused(client, env):
+async def test_a_ticket_where_no_approval_is_needed_is_refused(client):
     alice = await step_up(client, await login(client, "alice"), "alice")
-    response = await client.post("/api/v1/approvals", headers=bearer(alice), json={
-        "subject_id": "alice", "env": env, "action": "installer.run.execute",
-        "resource": RESOURCE})
-    problem = await assert_problem(response, 422, "approval_not_required")
-    assert problem["errors"][0]["pointer"] == "/env"
+    for env in ("dev", "staging"):
+        response = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+            "subject_id": "alice", "env": env, "action": "installer.run.execute",
+            "resource": RESOURCE})
+        problem = await assert_problem(response, 422, "approval_not_required")
+        assert problem["errors"][0]["pointer"] == "/env"
     pending = await (await client.get("/api/v1/approvals?state=pending",
                                       headers=bearer(alice))).json()
     assert pending["items"] == []  # nothing waits in the approvers' queue
