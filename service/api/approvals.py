@@ -7,9 +7,9 @@ from typing import Any
 from aiohttp import web
 
 from ..appkeys import AUTHENTICATOR, CONFIG, ENGINE, STORE
-from ..approvals.binding import command_hash as bound_command_hash
 from ..approvals.binding import resource_hash
 from ..approvals.command import Command
+from ..approvals.command import command_hash as bound_command_hash
 from ..approvals.policy import review_target, reviewer_facts, ticket_requirements
 from ..approvals.tickets import decide_review, new_ticket, ticket_view
 from ..authn import stepup

@@ -3,7 +3,7 @@
 - ``resource_hash``: ``sha256:`` + hex SHA-256 of the RFC 8785 (JCS) canonical JSON of the
   ``resource`` value — string or object — so any client can compute it.
 - ``command_hash``: ``sha256:`` + hex SHA-256 of the command's canonical bytes (the UTF-8 of a
-  command line, the RFC 8785 JSON of an argv array: ``command.canonical``).
+  command line, the RFC 8785 JSON of an argv array: ``command.canonical_command``).
 - ``nonce``: 256 random bits, returned once to the ticket's creator; the store keeps only its hash.
 
 ``mismatched(ticket, binding)`` is the one comparison of a ticket with what a request presents:
@@ -24,7 +24,7 @@ import rfc8785
 
 from .. import limits
 from .command import Command
-from .command import command_hash as _command_hex
+from .command import command_hash as _command_hash
 
 __all__ = [
     "BINDING_FIELDS",
@@ -56,7 +56,7 @@ def resource_hash(resource: Any) -> str:
 
 def command_hash(command: Command) -> str:
     """``sha256:<hex>`` of the command exactly as it will be run (``command.command_hash``)."""
-    return "sha256:" + _command_hex(command)
+    return _command_hash(command)
 
 
 def new_nonce() -> str:

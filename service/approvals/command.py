@@ -1,16 +1,15 @@
 """The command a ticket binds: its canonical bytes, its hash, and the form approvers are shown.
 
-A command is either a command line (a string) or an argv array (a list of strings):
+A command is a string (the exact command line) or an argv array of strings. Canonical bytes:
+a string's UTF-8, exactly as given (no trimming, no shell parsing: ``"helm upgrade  web"`` and
+``"helm upgrade web"`` differ); an argv array's RFC 8785 (JCS) canonical JSON, so
+``["helm", "upgrade"]`` and the string ``helm upgrade`` are different commands, no quoting
+rule is involved, and any language with a JCS library computes the same bytes.
 
-- canonical bytes of a string: its UTF-8 encoding, exactly as given (no trimming, no shell
-  parsing: ``"helm upgrade  web"`` and ``"helm upgrade web"`` are different commands);
-- canonical bytes of an argv array: the RFC 8785 (JCS) JSON text of the array, so
-  ``["helm", "upgrade", "web"]`` hashes the same in every language with a JCS library.
-
-``command_hash`` is the lowercase hex SHA-256 of the canonical bytes; a ticket stores it as
-``sha256:<hex>`` (``binding.command_hash``) and the chain compares the ``Command-Hash`` header
-with it. ``masked`` is what notifications show: the shared log-masking rules
-(``logs.mask``), plus argv's ``--password VALUE`` form, where the value is its own element.
+``command_hash`` is what tickets and the ``Command-Hash`` header carry: ``sha256:`` + the
+lowercase hex SHA-256 of the canonical bytes. ``masked`` is what notifications show: the
+shared log-masking rules (``logs.mask``), plus argv's ``--password VALUE`` form, where the
+value is its own element.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import rfc8785
 from ..logs import MASK, mask
 from ..redaction import is_secret_field
 
-__all__ = ["Command", "canonical", "command_hash", "is_command", "masked"]
+__all__ = ["Command", "canonical_command", "command_hash", "is_command", "masked"]
 
 Command: TypeAlias = str | list[str]
 
@@ -35,18 +34,19 @@ def is_command(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
 
 
-def canonical(command: Command) -> bytes:
-    """The bytes the hash is taken over (see the module docstring)."""
+def canonical_command(command: Command) -> bytes:
+    """The bytes a command's hash is taken over; ``TypeError`` for anything but a string or a
+    list of strings."""
     if isinstance(command, str):
         return command.encode("utf-8")
-    if not is_command(command):
-        raise TypeError("a command is a string or a non-empty list of strings")
-    return rfc8785.dumps(list(command))
+    if isinstance(command, list) and all(isinstance(arg, str) for arg in command):
+        return rfc8785.dumps(command)
+    raise TypeError("a command is a string or a list of strings")
 
 
 def command_hash(command: Command) -> str:
-    """Lowercase hex SHA-256 of the canonical bytes of ``command``."""
-    return hashlib.sha256(canonical(command)).hexdigest()
+    """``sha256:<lowercase hex>`` of the command's canonical bytes."""
+    return "sha256:" + hashlib.sha256(canonical_command(command)).hexdigest()
 
 
 def masked(command: Command) -> Command:
