@@ -1,10 +1,14 @@
-"""Two replicas (two app instances, each with its own dispatcher) on one PostgreSQL schema: every
-event of 200 tickets is delivered, and no event is ever being delivered by both at once."""
+"""Two replicas (two app instances, each with its own dispatcher) on one PostgreSQL schema, and two
+workers on one SQLite file: every event of 200 tickets is delivered, and no event is ever being
+delivered by both at once."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
@@ -24,10 +28,21 @@ async def receiver():
     await r.stop()
 
 
-async def test_two_replicas_deliver_every_event_never_concurrently_twice(make_client, receiver):
+@asynccontextmanager
+async def _store(backend: str) -> AsyncIterator[dict[str, Any]]:
+    if backend == "sqlite":  # both apps share the test's state dir, so one database file
+        yield {}
+        return
     async with pg.temp_schema("cp_outbox") as (dsn, schema):
+        yield {"store": {"backend": "postgres", "postgres": {"dsn": dsn, "schema": schema}}}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_two_replicas_deliver_every_event_never_concurrently_twice(
+        make_client, receiver, backend):
+    async with _store(backend) as store_overrides:
         overrides = {
-            "store": {"backend": "postgres", "postgres": {"dsn": dsn, "schema": schema}},
+            **store_overrides,
             "notifications": {
                 "poll_interval_s": 0.05, "backoff_base_s": 0.05, "backoff_max_s": 0.1,
                 "batch_size": 20,
@@ -56,4 +71,4 @@ async def test_two_replicas_deliver_every_event_never_concurrently_twice(make_cl
         assert set(accepted) == {e.id for e in events}
         assert receiver.overlaps == []  # never two deliveries of one id at the same time
         assert set(accepted.values()) == {1}  # and with the leases held, none twice at all
-        print(f"{TICKETS} events delivered by 2 replicas in {elapsed:.2f} s")
+        print(f"{backend}: {TICKETS} events delivered by 2 replicas in {elapsed:.2f} s")
