@@ -22,6 +22,7 @@ from .appkeys import (
     DECISION_LOG,
     ENGINE,
     METRICS,
+    NOTIFICATIONS,
     POLICY_FOLLOWER,
     POLICY_KEYS,
     SHADOW,
@@ -50,6 +51,8 @@ from .middleware.correlation import setup_correlation
 from .middleware.headers import setup_headers
 from .middleware.metrics import setup_metrics
 from .middleware.problems import setup_problems
+from .notifications.dispatcher import Dispatcher, dispatching
+from .notifications.reviewers import reviewers_of
 from .store.base import StoreError
 from .storelink import setup_store
 from .streams import setup_streams
@@ -112,6 +115,7 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     app.cleanup_ctx.append(_audit)
     app.cleanup_ctx.append(_audit_checkpoints)  # signed checkpoints of the chain; a last one on stop
     app.cleanup_ctx.append(_authenticator)
+    app.cleanup_ctx.append(_notifications)  # the outbox dispatcher: after all it reads
     app.cleanup_ctx.append(_housekeeping)
 
     api_routes.add_routes(app)
@@ -243,6 +247,21 @@ async def _authenticator(app: web.Application) -> AsyncIterator[None]:
             keys.attach(app[STORE].require)
             await stack.enter_async_context(keys.publishing())
         await stack.enter_async_context(identities_reloading(app[AUTHENTICATOR], source))
+        yield
+
+
+async def _notifications(app: web.Application) -> AsyncIterator[None]:
+    """NOTIFICATIONS: deliver the outbox's approval events to the configured sinks while open;
+    on close, the round in flight finishes first."""
+    config = app[CONFIG]
+    if config.store.backend == "none":
+        yield
+        return
+    link, authenticator = app[STORE], app[AUTHENTICATOR]
+    dispatcher = Dispatcher(lambda: link.store, config.notifications,
+                            reviewers_of(app[ENGINE], config, lambda: authenticator.identities))
+    app[NOTIFICATIONS] = dispatcher
+    async with dispatching(dispatcher, config.notifications):
         yield
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .compose.preflight import RuleSet
     from .health import Reporter
     from .middleware.metrics import Metrics
+    from .notifications.dispatcher import Dispatcher
     from .storelink import StoreLink
     from .streams import StreamSlots
 
@@ -38,6 +39,7 @@ __all__ = [
     "DECISION_LOG",
     "ENGINE",
     "METRICS",
+    "NOTIFICATIONS",
     "POLICY_FOLLOWER",
     "POLICY_KEYS",
     "PRINCIPAL",
@@ -71,6 +73,8 @@ STORE: web.AppKey[StoreLink] = web.AppKey("store")
 AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 #: Logins, bearer tokens, step-up (identities and signing keys loaded at startup).
 AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
+#: The notification outbox dispatcher of this process (``service.notifications``).
+NOTIFICATIONS: web.AppKey[Dispatcher] = web.AppKey("notifications")
 #: Open live streams (SSE), capped per principal and per worker; told to stop on shutdown.
 STREAMS: web.AppKey[StreamSlots] = web.AppKey("streams")
 

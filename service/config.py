@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from .authn.tokens import MAX_ACCESS_TTL_S
+from .notifications.signing import SignatureError, parse_secret
 from .schemas import ValidationFailed, validate
 
 __all__ = [
@@ -36,7 +37,9 @@ __all__ = [
     "ConfigError",
     "DatabaseItem",
     "Environments",
+    "NotificationsConfig",
     "Secret",
+    "SinkConfig",
     "StorageItem",
     "load",
     "load_from_process",
@@ -448,6 +451,125 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class SinkConfig:
+    """One notification sink (``notifications.sinks[]``): where events go and which ones."""
+
+    name: str
+    type: str  # webhook | slack
+    #: A Secret: webhook and Slack URLs often carry their own credential in the path.
+    url: Secret
+    #: webhook: one or two ``whsec_`` signing secrets (two while rotating); slack: none.
+    secrets: tuple[Secret, ...]
+    #: The whole attempt (connect, send, read the answer) must end within this.
+    timeout_s: float
+    #: At most this much of the answer is read (the rest is dropped with the connection).
+    max_response_bytes: int
+    #: Only these event types / environments (empty: all).
+    events: tuple[str, ...]
+    envs: tuple[str, ...]
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {"secrets": [], "timeout_s": 10,
+                                          "max_response_bytes": 65536, "events": [], "envs": []}
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any], where: str) -> SinkConfig:
+        item = {**cls.DEFAULTS, **raw}
+        url = str(item["url"])
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{where}.url must be an http:// or https:// URL")
+        secrets = tuple(str(v) for v in item["secrets"])
+        if item["type"] == "webhook":
+            if not 1 <= len(secrets) <= 2:
+                raise ConfigError(f"{where}.secrets: a webhook sink needs one or two signing "
+                                  "secrets (two while rotating)")
+            for i, secret in enumerate(secrets):
+                try:
+                    parse_secret(secret)
+                except SignatureError as exc:
+                    raise ConfigError(f"{where}.secrets[{i}]: {exc}") from None
+        elif secrets:
+            raise ConfigError(f"{where}.secrets: only webhook sinks sign their messages")
+        return cls(
+            name=item["name"], type=item["type"], url=Secret(url),
+            secrets=tuple(Secret(v) for v in secrets), timeout_s=float(item["timeout_s"]),
+            max_response_bytes=int(item["max_response_bytes"]),
+            events=tuple(item["events"]), envs=tuple(item["envs"]),
+        )
+
+
+@dataclass(frozen=True)
+class NotificationsConfig:
+    """The ``notifications`` section: the outbox dispatcher every server process runs, and the
+    sinks it delivers approval events to (at least once; receivers de-duplicate on the id)."""
+
+    #: The console's public base URL, for links in messages (``{public_url}/console/tickets/ID``).
+    public_url: str | None
+    #: The CloudEvents ``source`` of every event.
+    source: str
+    #: How often an idle dispatcher looks for due events.
+    poll_interval_s: float
+    #: Events claimed per round, and delivered at once.
+    batch_size: int
+    #: How long a claim holds an event: longer than any delivery round can take.
+    lease_s: float
+    #: Retries back off from ``backoff_base_s``, doubling, up to ``backoff_max_s`` (with jitter)
+    #: until the event is ``max_age_s`` old; then it is dead (``cpctl notifications retry``).
+    backoff_base_s: float
+    backoff_max_s: float
+    max_age_s: float
+    #: Delivered events are deleted this long after delivery.
+    retention_s: float
+    sinks: tuple[SinkConfig, ...]
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "public_url": None,
+        "source": "urn:controlplane",
+        "poll_interval_s": 1,
+        "batch_size": 50,
+        "lease_s": 60,
+        "backoff_base_s": 5,
+        "backoff_max_s": 600,
+        "max_age_s": 86400,
+        "retention_s": 7 * 86400,
+        "sinks": [],
+    }
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> NotificationsConfig:
+        sinks = tuple(SinkConfig.from_raw(item, f"notifications.sinks[{i}]")
+                      for i, item in enumerate(raw["sinks"]))
+        names = [s.name for s in sinks]
+        if len(set(names)) != len(names):
+            raise ConfigError("notifications.sinks: sink names must be unique")
+        public_url = raw.get("public_url")
+        if public_url is not None and urlsplit(public_url).scheme not in ("http", "https"):
+            raise ConfigError("notifications.public_url must be an http:// or https:// URL")
+        config = cls(
+            public_url=public_url.rstrip("/") if public_url else None,
+            source=str(raw["source"]),
+            poll_interval_s=float(raw["poll_interval_s"]),
+            batch_size=int(raw["batch_size"]),
+            lease_s=float(raw["lease_s"]),
+            backoff_base_s=float(raw["backoff_base_s"]),
+            backoff_max_s=float(raw["backoff_max_s"]),
+            max_age_s=float(raw["max_age_s"]),
+            retention_s=float(raw["retention_s"]),
+            sinks=sinks,
+        )
+        # A claim must outlast the round it is claimed for (every sink of an event is tried
+        # at once, each within its timeout), or a second dispatcher could deliver the same
+        # event while the first still is.
+        slowest = max((s.timeout_s for s in sinks), default=0.0)
+        if config.lease_s < 2 * slowest + 1:
+            raise ConfigError("notifications.lease_s must be at least twice the longest sink "
+                              "timeout_s plus one second")
+        if config.backoff_base_s > config.backoff_max_s:
+            raise ConfigError("notifications.backoff_base_s must not exceed backoff_max_s")
+        return config
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: str
     access_log: bool
@@ -523,6 +645,8 @@ class Config:
     decision_log: DecisionLogConfig = field(
         default_factory=lambda: DecisionLogConfig(None, 50_000_000, 5, 10_000)
     )
+    notifications: NotificationsConfig = field(
+        default_factory=lambda: NotificationsConfig.from_raw(NotificationsConfig.DEFAULTS))
     source: str | None = None  # the file it came from, for messages
 
     def is_production(self, env: str) -> bool:
@@ -551,6 +675,7 @@ DEFAULTS: dict[str, Any] = {
     "logging": LoggingConfig.DEFAULTS,
     "inventory": InventoryConfig.DEFAULTS,
     "decision_log": DecisionLogConfig.DEFAULTS,
+    "notifications": NotificationsConfig.DEFAULTS,
 }
 
 
@@ -710,6 +835,7 @@ def _build(raw: dict[str, Any], base: Path, source: str | None) -> Config:
         logging=LoggingConfig.from_raw(raw["logging"]),
         inventory=InventoryConfig.from_raw(raw["inventory"]),
         decision_log=DecisionLogConfig.from_raw(raw["decision_log"], resolve),
+        notifications=NotificationsConfig.from_raw(raw["notifications"]),
         source=source,
     )
 

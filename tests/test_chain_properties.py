@@ -68,8 +68,22 @@ class World:
         }
         if command:
             body["command_hash"] = command_hash(command)
-        response = await self.client.post("/api/v1/approvals", json=body,
-                                          headers=bearer(self.tokens["alice-stepped"]))
+        # A ticket is only issued where the policy asks for one: ask for one in every env here,
+        # so that tickets exist for whatever decision the run itself draws.
+        engine = self.client.server.app[ENGINE]
+        real_decide = engine.decide
+
+        def needs_ticket(doc: dict[str, Any]) -> Decision:
+            if doc["action"] == "installer.run.execute":
+                return Decision("require_approval", ("test",), MappingProxyType({}), "test")
+            return real_decide(doc)
+
+        engine.decide = needs_ticket  # type: ignore[method-assign]
+        try:
+            response = await self.client.post("/api/v1/approvals", json=body,
+                                              headers=bearer(self.tokens["alice-stepped"]))
+        finally:
+            engine.decide = real_decide  # type: ignore[method-assign]
         assert response.status == 201, await response.text()
         ticket = await response.json()
         if kind != "pending":

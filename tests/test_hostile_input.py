@@ -61,14 +61,14 @@ class World:
     async def setup(self) -> None:
         client = self.client
         self.tokens["alice"] = await login(client, "alice")
-        self.tokens["bob"] = await login(client, "bob")
+        self.tokens["bob"] = await step_up(client, await login(client, "bob"), "bob")
         self.tokens["ci-bot"] = await login(client, "ci-bot")
         started = await client.post("/api/v1/installer/actions", headers=bearer(self.tokens["alice"]),
                                     json={"task_id": "hostile-task", "action": "installer.run.execute",
                                           "resource": "web", "env": "dev"})
         assert started.status == 202, await started.text()
         created = await client.post("/api/v1/approvals", headers=bearer(self.tokens["alice"]), json={
-            "subject_id": "alice", "env": "dev", "action": "installer.run.execute",
+            "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
             "resource": {"app": "web"}})
         assert created.status == 201, await created.text()
         self.ticket_id = (await created.json())["id"]
@@ -94,7 +94,7 @@ ENDPOINTS: list[tuple[str, Callable[[World], str], str | None, dict[str, Any]]] 
     ("compose", lambda w: "/api/v1/compose/import", "alice",
      {"fields": {"services": {}, "x-hostile": HOSTILE}, "env": "dev"}),
     ("approval-create", lambda w: "/api/v1/approvals", "alice",
-     {"subject_id": "alice", "env": "dev", "action": "installer.run.execute",
+     {"subject_id": "alice", "env": "prod", "action": "installer.run.execute",
       "resource": {"x": HOSTILE}, "reason": "hostile"}),
     ("approval-review", lambda w: f"/api/v1/approvals/{w.ticket_id}/reviews", "bob",
      {"decision": "approve", "reason": HOSTILE}),
@@ -148,7 +148,7 @@ async def test_a_deep_resource_is_refused_and_approval_reads_keep_working(world,
     """Item 1: a ~970-level resource was accepted (201) and then broke every approval read."""
     caplog.set_level(logging.DEBUG)
     alice, bob = world.tokens["alice"], world.tokens["bob"]
-    deep = render({"subject_id": "alice", "env": "dev", "action": "installer.run.execute",
+    deep = render({"subject_id": "alice", "env": "prod", "action": "installer.run.execute",
                    "resource": HOSTILE}, VALUES["objects-970"][0])
     refused = await world.client.post("/api/v1/approvals", data=deep,
                                       headers=bearer(alice, **{"Content-Type": "application/json"}))
@@ -170,7 +170,7 @@ def nested(depth: int) -> Any:
 async def test_the_deepest_accepted_resource_can_be_stored_read_and_reviewed(world):
     """The body as a whole may nest MAX_JSON_DEPTH levels; one more is refused."""
     alice, bob = world.tokens["alice"], world.tokens["bob"]
-    body = {"subject_id": "alice", "env": "dev", "action": "installer.run.execute",
+    body = {"subject_id": "alice", "env": "prod", "action": "installer.run.execute",
             "resource": nested(MAX_JSON_DEPTH - 1)}
     created = await world.client.post("/api/v1/approvals", json=body, headers=bearer(alice))
     assert created.status == 201, await created.text()

@@ -8,7 +8,9 @@ from aiohttp import web
 
 from ..appkeys import AUTHENTICATOR, CONFIG, ENGINE, STORE
 from ..approvals.binding import resource_hash
-from ..approvals.policy import reviewer_facts, ticket_requirements
+from ..approvals.command import Command
+from ..approvals.command import command_hash as bound_command_hash
+from ..approvals.policy import review_target, reviewer_facts, ticket_requirements
 from ..approvals.tickets import decide_review, new_ticket, ticket_view
 from ..authn import stepup
 from ..authz import actions
@@ -39,15 +41,7 @@ async def _create_target(request: web.Request, body: Any) -> Target:
 
 async def _ticket_target(request: web.Request, body: Any) -> Target:
     _require_repository(request)
-    ticket = await _load(request, request.app[STORE].require())
-    return Target(
-        resource=ticket.resource,
-        env=ticket.env,
-        id=ticket.id,
-        owner=ticket.subject_id,
-        attributes={"target_action": ticket.action, "requested_by": ticket.requested_by},
-        record=ticket,
-    )
+    return review_target(await _load(request, request.app[STORE].require()))
 
 
 async def _load(request: web.Request, source: Store | Tx) -> TicketRecord:
@@ -61,7 +55,8 @@ async def _load(request: web.Request, source: Store | Tx) -> TicketRecord:
 @routes.post("/api/v1/approvals")
 @protected("approvals.create", target=_create_target, body="approval-request.schema.json")
 async def create_approval(run: Write) -> Outcome:
-    """Create a pending ticket bound to subject, env, resource hash, action (+ command hash)."""
+    """Create a pending ticket bound to subject, env, resource hash, action (+ the command and
+    its hash); refused (422 ``approval_not_required``) where the action needs no ticket."""
     body = run.body
     if body["action"] not in actions.ACTIONS:
         raise SchemaValidationFailed(
@@ -74,13 +69,7 @@ async def create_approval(run: Write) -> Outcome:
             errors=[{"pointer": "/resource_hash", "message": "must equal sha256 of the RFC 8785 "
                      "canonical JSON of resource"}],
         )
-    command_hash = body.get("command_hash")
-    if run.principal.kind != "human" and not command_hash:
-        raise SchemaValidationFailed(
-            "agents and services must bind a command hash",
-            code="command_hash_required",
-            errors=[{"pointer": "/command_hash", "message": "required for agent and service callers"}],
-        )
+    command, command_hash = _command(body, run.principal.kind)
     subject_kind = (
         run.principal.kind if body["subject_id"] == run.principal.subject_id
         else _subject_kind(run.request, body["subject_id"])
@@ -103,7 +92,7 @@ async def create_approval(run: Write) -> Outcome:
     ticket, nonce = new_ticket(
         subject_id=body["subject_id"], env=body["env"], resource=body["resource"],
         action=body["action"], command_hash=command_hash, reason=body.get("reason"),
-        requested_by=run.principal.subject_id, req=req, now=run.now,
+        requested_by=run.principal.subject_id, req=req, now=run.now, command=command,
     )
     await run.tx.create_ticket(ticket)
     return Outcome(
@@ -197,6 +186,34 @@ async def revoke_approval(run: Write) -> Outcome:
                                              run.principal.subject_id)
     return Outcome(200, ticket_view(updated),
                    audit={"ticket_id": ticket.id, "ticket_event": "revoked"})
+
+
+def _command(body: Any, caller_kind: str) -> tuple[Command | None, str | None]:
+    """The ticket's command text and ``sha256:`` hash from the request body.
+
+    With ``command`` the server computes the hash (``approvals.command``), and a ``command_hash``
+    sent alongside must equal it. Agents and services must send the command text, so the
+    approver sees what will run, not only its hash.
+    """
+    command, given_hash = body.get("command"), body.get("command_hash")
+    if command is None:
+        if caller_kind != "human":
+            code, pointer = (("command_required", "/command") if given_hash
+                             else ("command_hash_required", "/command_hash"))
+            raise SchemaValidationFailed(
+                "agents and services must send the command (its text; the hash is derived)",
+                code=code, errors=[{"pointer": pointer, "message":
+                                    "required for agent and service callers"}],
+            )
+        return None, given_hash
+    computed = bound_command_hash(command)
+    if given_hash is not None and given_hash != computed:
+        raise SchemaValidationFailed(
+            "command_hash does not match the command", code="command_hash_mismatch",
+            errors=[{"pointer": "/command_hash", "message": "must equal sha256 of the command's "
+                     "canonical form (UTF-8 of a string, RFC 8785 JSON of an argv array)"}],
+        )
+    return command, computed
 
 
 def _subject_kind(request: web.Request, subject_id: str) -> str | None:

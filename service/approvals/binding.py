@@ -2,7 +2,8 @@
 
 - ``resource_hash``: ``sha256:`` + hex SHA-256 of the RFC 8785 (JCS) canonical JSON of the
   ``resource`` value — string or object — so any client can compute it.
-- ``command_hash``: ``sha256:`` + hex SHA-256 of the UTF-8 bytes of the exact command line.
+- ``command_hash``: ``sha256:`` + hex SHA-256 of the command's canonical bytes (the UTF-8 of a
+  command line, the RFC 8785 JSON of an argv array: ``command.canonical_command``).
 - ``nonce``: 256 random bits, returned once to the ticket's creator; the store keeps only its hash.
 
 ``mismatched(ticket, binding)`` is the one comparison of a ticket with what a request presents:
@@ -22,6 +23,8 @@ from typing import Any, Protocol
 import rfc8785
 
 from .. import limits
+from .command import Command
+from .command import command_hash as _command_hash
 
 __all__ = [
     "BINDING_FIELDS",
@@ -51,9 +54,9 @@ def resource_hash(resource: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical).hexdigest()
 
 
-def command_hash(command: str) -> str:
-    """``sha256:<hex>`` of the command line exactly as it will be run."""
-    return "sha256:" + hashlib.sha256(command.encode("utf-8")).hexdigest()
+def command_hash(command: Command) -> str:
+    """``sha256:<hex>`` of the command exactly as it will be run (``command.command_hash``)."""
+    return _command_hash(command)
 
 
 def new_nonce() -> str:

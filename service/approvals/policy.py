@@ -6,22 +6,38 @@
   ``approval`` object says what the ticket needs (quorum, groups, roles, ttl).
 - ``reviewer_facts``: a reviewer's roles and groups from policy data, as the policy sees them
   deciding the review (never from tokens: hard rule 2).
+- ``review_target``: what a review (or read, or revoke) of a ticket acts on, for the chain.
+- ``suggested_reviewers``: who could approve a ticket now, by the review endpoint's own rules
+  (the policy's decision on ``approvals.review``, then ``tickets.decide_review``: humans only,
+  never the subject or requester, reviewer roles, the groups still missing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..authz import actions
 from ..authz.decide import decide
 from ..authz.engine import PolicyEngine
 from ..config import Config
-from ..errors import PolicyDenied
+from ..errors import PolicyDenied, SchemaValidationFailed
 from ..run import Target
-from .tickets import Requirements, requirements
+from ..store.base import TicketRecord
+from .tickets import NotEligibleReviewer, Requirements, decide_review, requirements
 
-__all__ = ["ReviewerFacts", "reviewer_facts", "ticket_requirements"]
+__all__ = ["Candidate", "ReviewerFacts", "review_target", "reviewer_facts", "suggested_reviewers",
+           "ticket_requirements"]
+
+
+def _stepped_up(subject_id: str, kind: str) -> dict[str, object]:
+    # A subject as it will present itself to act: authenticated and stepped up (production
+    # tickets are only redeemed and reviewed with a fresh step-up), its session unknown yet.
+    return {
+        "subject_id": subject_id, "kind": kind, "session_id": None,
+        "auth_time": None, "authn_method": None,
+        "step_up": {"verified": True, "at": None, "age_s": None},
+    }
 
 
 def ticket_requirements(
@@ -36,20 +52,22 @@ def ticket_requirements(
     correlation_id: str,
 ) -> Requirements:
     """What a ticket for ``subject_id`` doing ``action`` on ``target`` must satisfy;
-    ``PolicyDenied`` (403 ``subject_denied``) when the policy would deny the action itself."""
-    # The subject as it will present itself: authenticated and stepped up (a ticket is only
-    # redeemed with a fresh step-up), its session unknown yet.
-    subject = {
-        "subject_id": subject_id, "kind": subject_kind, "session_id": None,
-        "auth_time": None, "authn_method": None,
-        "step_up": {"verified": True, "at": None, "age_s": None},
-    }
+    ``PolicyDenied`` (403 ``subject_denied``) when the policy would deny the action itself, and
+    422 ``approval_not_required`` when it would allow it without a ticket (such a ticket could
+    never be redeemed, and would only sit in the approvers' queue)."""
+    subject = _stepped_up(subject_id, subject_kind)
     decision = decide(engine, config.environments, subject, actions.get(action), target,
                       {"correlation_id": correlation_id, "command_hash": command_hash})
     if decision.decision == "deny":
         raise PolicyDenied(
             "the subject may not perform the action this ticket is for",
             code="subject_denied", reasons=list(decision.reasons),
+        )
+    if decision.decision != "require_approval":
+        raise SchemaValidationFailed(
+            f"{action} in {target.env} needs no approval for {subject_id}: run it without a "
+            "ticket", code="approval_not_required",
+            errors=[{"pointer": "/env", "message": "the action needs no approval here"}],
         )
     return requirements(
         decision.approval,
@@ -68,3 +86,57 @@ def reviewer_facts(engine: PolicyEngine, subject_id: str, action: str) -> Review
     """``subject_id``'s roles and groups in the serving revision, for deciding ``action``."""
     facts = engine.facts(subject_id, action)
     return ReviewerFacts(tuple(facts["roles"]), tuple(facts["groups"]))
+
+
+def review_target(ticket: TicketRecord) -> Target:
+    """What a request about ``ticket`` (read, review, revoke) acts on: owned by its subject."""
+    return Target(
+        resource=ticket.resource,
+        env=ticket.env,
+        id=ticket.id,
+        owner=ticket.subject_id,
+        attributes={"target_action": ticket.action, "requested_by": ticket.requested_by},
+        record=ticket,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """Someone who might review: a subject id and the kind of principal it is."""
+
+    subject_id: str
+    kind: str
+
+
+def suggested_reviewers(
+    engine: PolicyEngine,
+    config: Config,
+    candidates: Iterable[Candidate],
+    ticket: TicketRecord,
+    now: float,
+) -> list[str]:
+    """The candidates whose approval the review endpoint would accept now, sorted.
+
+    The same two gates a review passes: the policy allows ``approvals.review`` of the ticket
+    to the candidate (stepped up), and ``decide_review`` finds no rule against them. A pending
+    ticket only: nobody can review a closed one.
+    """
+    if ticket.state != "pending":
+        return []
+    action, target = actions.get("approvals.review"), review_target(ticket)
+    found: list[str] = []
+    for candidate in candidates:
+        decision = decide(engine, config.environments,
+                          _stepped_up(candidate.subject_id, candidate.kind), action, target,
+                          {"correlation_id": "suggested-reviewers", "command_hash": None})
+        if decision.decision != "allow":
+            continue
+        facts = reviewer_facts(engine, candidate.subject_id, "approvals.review")
+        try:
+            decide_review(ticket, reviewer=candidate.subject_id, reviewer_kind=candidate.kind,
+                          reviewer_roles=facts.roles, reviewer_groups=facts.groups,
+                          decision="approve", reason=None, now=now)
+        except NotEligibleReviewer:
+            continue
+        found.append(candidate.subject_id)
+    return sorted(found)

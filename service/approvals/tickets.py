@@ -101,6 +101,7 @@ def new_ticket(
     requested_by: str,
     req: Requirements,
     now: float,
+    command: Any = None,
 ) -> tuple[TicketRecord, str]:
     """A pending ticket and its nonce (returned to the creator once; only its hash is stored)."""
     nonce = new_nonce()
@@ -125,6 +126,7 @@ def new_ticket(
         closed_by=None,
         approval=req.as_dict(),
         reviews=(),
+        command=command,
     )
     return ticket, nonce
 
@@ -209,6 +211,7 @@ def ticket_view(ticket: TicketRecord, *, nonce: str | None = None) -> dict[str, 
         "resource_hash": ticket.resource_hash,
         "action": ticket.action,
         "command_hash": ticket.command_hash,
+        "command": ticket.command,
         "state": ticket.state,
         "requested_by": ticket.requested_by,
         "reason": ticket.reason,

@@ -7,7 +7,19 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import approval, audit, compose, identities, installer, keyring, policy, revisions, serve, session
+from . import (
+    approval,
+    audit,
+    compose,
+    identities,
+    installer,
+    keyring,
+    notifications,
+    policy,
+    revisions,
+    serve,
+    session,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cpctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (serve, session, approval, installer, audit, policy, compose, identities, keyring):
+    for module in (serve, session, approval, installer, audit, notifications, policy, compose,
+                   identities, keyring):
         module.register(sub)
     revisions.extend(sub.choices["policy"])  # publish, activate, rollback, revisions, keygen
     return parser

@@ -2,7 +2,7 @@
 
 Both backends (``sqlite.py``, ``postgres.py``) implement these protocols over the shared SQL in
 the ``sql`` package. The operations come in one protocol per record kind (``SessionOps``,
-``TicketOps``, ``TaskOps``, ``AuditOps``); ``Tx`` and ``Store`` are those kinds composed, so a
+``TicketOps``, ``TaskOps``, ``AuditOps``, ``OutboxOps``); ``Tx`` and ``Store`` are those kinds composed, so a
 caller calls ``store.get_ticket(...)`` or ``tx.consume_ticket(...)`` alike. Nothing here knows
 about HTTP: ``service/errors.py`` maps the errors to problem+json
 (``NotFound`` -> 404, ``Conflict`` -> 409, ``StoreUnavailable`` -> 503).
@@ -33,9 +33,13 @@ __all__ = [
     "AuditOps",
     "AuditRecord",
     "Conflict",
+    "DeliveryRecord",
     "EventRecord",
     "Json",
     "NotFound",
+    "OutboxEvent",
+    "OutboxOps",
+    "OutboxState",
     "PolicyActivation",
     "PolicyRevisionOps",
     "PolicyRevisionRecord",
@@ -187,6 +191,9 @@ class TicketRecord:
     reviews: tuple[ReviewRecord, ...] = ()
     # When the ticket reached rejected / expired / revoked (consumed_at covers consumption).
     closed_at: float | None = None
+    # The command text as the requester sent it (a string or an argv list; its hash is
+    # command_hash), or None when the ticket binds no command or predates command text.
+    command: Json | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +275,49 @@ class PolicyActivation:
     reason: str | None = None
 
 
+OutboxState: TypeAlias = Literal["pending", "delivered", "dead"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEvent:
+    """A notification event, written in the same transaction as the ticket change it reports.
+
+    ``id`` is a UUID that stays the same across retries (receivers de-duplicate on it); ``seq``
+    orders the outbox; ``data`` is the event's payload (no nonce, no token). The rest is the
+    dispatcher's bookkeeping: ``state``, ``attempts`` in the current window, when the next
+    attempt is due, when the window of ``notifications.max_age_s`` began (creation, or the last
+    ``retry``), the last error, and the sinks that already accepted it.
+    """
+
+    id: str
+    type: str
+    ticket_id: str
+    env: str
+    at: float
+    data: Json
+    seq: int = 0
+    state: OutboxState = "pending"
+    attempts: int = 0
+    next_attempt_at: float = 0.0
+    window_start: float = 0.0
+    last_error: str | None = None
+    finished_at: float | None = None
+    delivered_sinks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRecord:
+    """The latest attempt to deliver one event to one sink (``attempts`` counts them all)."""
+
+    event_id: str
+    sink: str
+    state: Literal["delivered", "failed"]
+    attempts: int
+    last_status: int | None
+    last_error: str | None
+    at: float
+
+
 # ------------------------------------------------------------------------------------ protocols
 
 
@@ -334,7 +384,8 @@ class SessionOps(Protocol):
 
 
 class TicketOps(Protocol):
-    """Approval tickets; every state change is one conditional write (``approvals.states``)."""
+    """Approval tickets; every state change is one conditional write (``approvals.states``),
+    and writes its ``approval.*`` outbox event in the same transaction (``approvals.events``)."""
 
     async def create_ticket(self, rec: TicketRecord) -> None: ...
     async def get_ticket(self, id: str) -> TicketRecord | None: ...
@@ -447,11 +498,54 @@ class PublishedKeyOps(Protocol):
     async def published_signing_keys(self, now: float) -> list[PublishedKey]: ...
 
 
-class Tx(SessionOps, TicketOps, TaskOps, AuditOps, PolicyRevisionOps, PublishedKeyOps, Protocol):
+
+class OutboxOps(Protocol):
+    """The notification outbox. Ticket changes write its events themselves (``TicketOps``: each
+    change and its event commit together); the dispatcher claims due events under a lease
+    (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the writer lock on SQLite), so no two claimers
+    hold one event at once, and events of one ticket are claimed in order."""
+
+    # Whether any event is due at ``now`` (a read: idle dispatchers take no write lock).
+    async def outbox_due(self, now: float) -> bool: ...
+    # Up to ``limit`` due events, leased to ``owner`` until ``now + lease_s``; an event whose
+    # ticket has an earlier pending event is not due until that one is finished.
+    async def claim_outbox(
+        self, owner: str, now: float, lease_s: float, limit: int
+    ) -> list[OutboxEvent]: ...
+    # Record the attempts and the event's new state; False (the deliveries are still recorded)
+    # when ``owner`` no longer holds the lease.
+    async def finish_outbox(
+        self,
+        event_id: str,
+        owner: str,
+        deliveries: Sequence[DeliveryRecord],
+        *,
+        state: OutboxState,
+        next_attempt_at: float,
+        error: str | None,
+        now: float,
+    ) -> bool: ...
+    async def get_outbox_event(self, event_id: str) -> OutboxEvent | None: ...
+    # Newest first; ``failed``: dead events and pending ones whose last attempt failed.
+    async def list_outbox(
+        self, *, failed: bool = False, limit: int = 50, before_seq: int | None = None
+    ) -> list[OutboxEvent]: ...
+    async def outbox_deliveries(self, event_id: str) -> list[DeliveryRecord]: ...
+    # A dead event becomes pending again, due at ``now`` with a fresh max-age window and no last
+    # error; its per-sink history stays (NotFound for an unknown id, Conflict ``state_conflict``
+    # unless dead).
+    async def retry_outbox(self, event_id: str, now: float) -> OutboxEvent: ...
+    # Delete delivered events finished before ``delivered_before``; returns how many.
+    async def purge_outbox(self, delivered_before: float) -> int: ...
+
+
+class Tx(SessionOps, TicketOps, TaskOps, AuditOps, OutboxOps, PolicyRevisionOps, PublishedKeyOps,
+         Protocol):
     """Every operation, all inside one transaction: they commit together or not at all."""
 
 
-class Store(SessionOps, TicketOps, TaskOps, AuditOps, PolicyRevisionOps, PublishedKeyOps, Protocol):
+class Store(SessionOps, TicketOps, TaskOps, AuditOps, OutboxOps, PolicyRevisionOps, PublishedKeyOps,
+         Protocol):
     """A durable store: every operation is its own transaction; ``transaction()`` groups them."""
 
     #: Told of every transaction the store opens (``write``); the worker's metrics hook.

@@ -154,7 +154,7 @@ def test_request_prints_the_nonce_once_with_the_headers(cli: Cli) -> None:
 
 def test_request_without_command_has_no_command_hash_header(cli: Cli) -> None:
     cli.login("alice")
-    code, out, _ = cli.run("request", "--env", "staging", "--action", "installer.run.execute",
+    code, out, _ = cli.run("request", "--env", "prod", "--action", "installer.run.execute",
                            "--resource", "plain-string")
     assert code == 0
     assert "Approval-Nonce:" in out and "Command-Hash:" not in out

@@ -12,6 +12,7 @@ classification — lives in this package, so SQLite and PostgreSQL cannot drift 
     audit.py     the audit hash chain                           (base.AuditOps)
     policy_revisions.py  published policy revisions, the active one (base.PolicyRevisionOps)
     signingkeys.py  published token signing keys               (base.PublishedKeyOps)
+    outbox.py    notification outbox events, leases, deliveries (base.OutboxOps)
 
 Each kind is a class of operations whose bodies run in ``self._unit(write=...)``. ``SqlTx`` and
 ``SqlStore`` inherit the same classes and differ only in what a unit is: the transaction's own
@@ -36,6 +37,7 @@ from .core import (
     migrations,
     pending_migrations,
 )
+from .outbox import OutboxSql
 from .policy_revisions import PolicyRevisionSql
 from .sessions import SessionSql
 from .signingkeys import SigningKeySql
@@ -56,7 +58,8 @@ __all__ = [
 ]
 
 
-class _Operations(SessionSql, TicketSql, TaskSql, AuditSql, PolicyRevisionSql, SigningKeySql):
+class _Operations(SessionSql, TicketSql, TaskSql, AuditSql, OutboxSql, PolicyRevisionSql,
+                  SigningKeySql):
     """Every operation of ``base.Tx``; where they run is the subclass's ``_unit``."""
 
     __slots__ = ()

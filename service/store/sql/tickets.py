@@ -1,4 +1,5 @@
-"""Approval tickets and their reviews in SQL: every state change is one conditional UPDATE."""
+"""Approval tickets and their reviews in SQL: every state change is one conditional UPDATE, and
+writes its outbox event (``approvals.events``) in the same transaction."""
 # ruff: noqa: S608  (statements are built from module constants; caller data is always bound)
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ from types import SimpleNamespace
 from typing import Any
 
 from ...approvals.binding import BINDING_FIELDS, Binding, mismatched
+from ...approvals.events import SYSTEM_ACTOR, ticket_event
 from ...approvals.states import TICKET_TRANSITIONS
 from ..base import Conflict, NotFound, ReviewRecord, TicketRecord
 from .core import MAX_LIST_LIMIT, Query, Row, Unit, opt_float
+from .outbox import insert_event
 
 __all__ = ["TicketSql"]
 
 _COLUMNS = (
     "id, subject_id, env, resource, resource_hash, action, command_hash, nonce_hash, state, "
     "requested_by, reason, created_at, pending_until, approved_at, expires_at, consumed_at, "
-    "consumed_correlation_id, closed_by, closed_at, approval"
+    "consumed_correlation_id, closed_by, closed_at, approval, command"
 )
 
 
@@ -58,6 +61,7 @@ def _ticket(q: Query, row: Row, reviews: tuple[ReviewRecord, ...]) -> TicketReco
         approval=d.json_out(row["approval"]),
         reviews=reviews,
         closed_at=opt_float(row["closed_at"]),
+        command=None if row["command"] is None else d.json_out(row["command"]),
     )
 
 
@@ -125,16 +129,18 @@ class TicketSql(Unit):
             d = q.dialect
             row = await q.one(
                 f"INSERT INTO tickets ({_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (id) DO NOTHING RETURNING id",
                 rec.id, rec.subject_id, rec.env, d.json_in(rec.resource), rec.resource_hash,
                 rec.action, rec.command_hash, rec.nonce_hash, rec.state, rec.requested_by,
                 rec.reason, rec.created_at, rec.pending_until, rec.approved_at, rec.expires_at,
                 rec.consumed_at, rec.consumed_correlation_id, rec.closed_by, rec.closed_at,
-                d.json_in(rec.approval),
+                d.json_in(rec.approval), None if rec.command is None else d.json_in(rec.command),
             )  # fmt: skip
             if row is None:
                 raise Conflict("duplicate_id")
+            await insert_event(q, ticket_event("requested", rec, actor=rec.requested_by,
+                                               at=rec.created_at))
 
     async def get_ticket(self, id: str) -> TicketRecord | None:
         async with self._unit(write=False) as q:
@@ -222,7 +228,10 @@ class TicketSql(Unit):
             if inserted is None:
                 # Raised inside the unit: it rolls back the state change made above.
                 raise Conflict("duplicate_review", current_state="pending")
-            return (await _tickets(q, [row]))[0]
+            ticket = (await _tickets(q, [row]))[0]
+            await insert_event(q, ticket_event(new_state or "reviewed", ticket,
+                                               actor=review.reviewer, at=now, review=review))
+            return ticket
 
     async def transition_ticket(
         self, id: str, from_states: tuple[str, ...], to_state: str, at: float, by: str
@@ -246,7 +255,9 @@ class TicketSql(Unit):
                 if current is None:
                     raise NotFound("ticket", id)
                 raise Conflict("state_conflict", current_state=current["state"])
-            return (await _tickets(q, [row]))[0]
+            ticket = (await _tickets(q, [row]))[0]
+            await insert_event(q, ticket_event(to_state, ticket, actor=by, at=at))
+            return ticket
 
     async def consume_ticket(
         self,
@@ -276,7 +287,10 @@ class TicketSql(Unit):
                 command_hash,
             )  # fmt: skip
             if row is not None:
-                return (await _tickets(q, [row]))[0]
+                ticket = (await _tickets(q, [row]))[0]
+                await insert_event(q, ticket_event("consumed", ticket, actor=subject_id, at=now,
+                                                   correlation_id=correlation_id))
+                return ticket
             # Miss: re-read only to say why. Nothing here can change the outcome.
             current = await q.one(f"SELECT {_COLUMNS} FROM tickets WHERE id = ?", id)
             presented = Binding(nonce_hash, subject_id, env, action, resource_hash, command_hash)
@@ -292,4 +306,7 @@ class TicketSql(Unit):
                 now, now, now,
             )  # fmt: skip
             rows = sorted(rows, key=lambda r: (r["created_at"], r["id"]))
-            return await _tickets(q, rows)
+            tickets = await _tickets(q, rows)
+            for ticket in tickets:
+                await insert_event(q, ticket_event("expired", ticket, actor=SYSTEM_ACTOR, at=now))
+            return tickets
