@@ -20,6 +20,7 @@ from .appkeys import (
     COMPOSE_RULES,
     CONFIG,
     ENGINE,
+    FEDERATION,
     METRICS,
     STARTED_AT,
     STORE,
@@ -27,6 +28,10 @@ from .appkeys import (
 from .approvals.expiry import expire_once
 from .audit.checkpointer import checkpointing
 from .audit.log import AuditLog
+from .authn.federation import Federation
+from .authn.federation.oidc import OidcSignIn
+from .authn.federation.remote import Fetcher
+from .authn.federation.workload import WorkloadExchange
 from .authn.keyring import KeyRing
 from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
@@ -102,6 +107,7 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     app.cleanup_ctx.append(_audit)
     app.cleanup_ctx.append(_audit_checkpoints)  # signed checkpoints of the chain; a last one on stop
     app.cleanup_ctx.append(_authenticator)
+    app.cleanup_ctx.append(_federation)  # OIDC sign-in and workload token exchange (after AuthN)
     app.cleanup_ctx.append(_housekeeping)
 
     api_routes.add_routes(app)
@@ -159,6 +165,23 @@ async def _authenticator(app: web.Application) -> AsyncIterator[None]:
     app[AUTHENTICATOR].failed = app[METRICS].login_failed
     async with identities_reloading(app[AUTHENTICATOR], source):
         yield
+
+
+async def _federation(app: web.Application) -> AsyncIterator[None]:
+    """FEDERATION: the OpenID providers and workload issuers of ``authn.oidc``/``authn.workload``
+    (their documents are fetched on first use, so an unreachable IdP never blocks start-up)."""
+    config = app[CONFIG]
+    fetcher = Fetcher(allow_http_loopback=config.federation.allow_http_loopback)
+    leeway = float(config.authn.clock_skew_s)
+    app[FEDERATION] = Federation(
+        fetcher,
+        OidcSignIn(config.federation, fetcher, leeway, float(config.authn.session_ttl_s)),
+        WorkloadExchange(config.federation, fetcher, leeway),
+    )
+    try:
+        yield
+    finally:
+        await app[FEDERATION].close()
 
 
 async def _housekeeping(app: web.Application) -> AsyncIterator[None]:

@@ -15,6 +15,7 @@ from .config import Config
 
 if TYPE_CHECKING:
     from .audit.log import AuditLog
+    from .authn.federation import Federation
     from .authn.sessions import Authenticator
     from .authz.engine import PolicyEngine
     from .compose.preflight import RuleSet
@@ -32,6 +33,7 @@ __all__ = [
     "CONFIG",
     "CORRELATION_ID",
     "ENGINE",
+    "FEDERATION",
     "METRICS",
     "PRINCIPAL",
     "STARTED_AT",
@@ -55,6 +57,8 @@ STORE: web.AppKey[StoreLink] = web.AppKey("store")
 AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 #: Logins, bearer tokens, step-up (identities and signing keys loaded at startup).
 AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
+#: Identity federation: OIDC sign-in of people, RFC 8693 token exchange of workloads.
+FEDERATION: web.AppKey[Federation] = web.AppKey("federation")
 #: Open live streams (SSE), capped per principal and per worker; told to stop on shutdown.
 STREAMS: web.AppKey[StreamSlots] = web.AppKey("streams")
 

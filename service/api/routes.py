@@ -9,9 +9,33 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import approvals, audit, authn, compose, installer, inventory, legacy, openapi, system, tasks
+from . import (
+    approvals,
+    audit,
+    authn,
+    compose,
+    federation,
+    installer,
+    inventory,
+    legacy,
+    openapi,
+    system,
+    tasks,
+)
 
-_MODULES = (system, authn, approvals, installer, tasks, audit, compose, inventory, legacy, openapi)
+_MODULES = (
+    system,
+    authn,
+    federation,
+    approvals,
+    installer,
+    tasks,
+    audit,
+    compose,
+    inventory,
+    legacy,
+    openapi,
+)
 
 
 def add_routes(app: web.Application) -> None:

@@ -20,6 +20,9 @@ class Principal:
     auth_time: float
     authn_method: str
     step_up_at: float | None = None
+    #: IdP groups recorded on the session at OIDC sign-in or step-up (never in a token); the
+    #: engine binds them to roles through ``group_bindings`` in policy data.
+    idp_groups: tuple[str, ...] = ()
 
     @property
     def is_authenticated(self) -> bool:

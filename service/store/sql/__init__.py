@@ -7,6 +7,7 @@ classification — lives in this package, so SQLite and PostgreSQL cannot drift 
 
     core.py      Dialect, Conn, Query, Unit, migrations, canonical JSON
     sessions.py  sessions, one-time claims, login failures     (base.SessionOps)
+    federation.py OIDC logins, CLI handoffs, federated sessions (base.FederationOps)
     tickets.py   approval tickets and reviews                   (base.TicketOps)
     tasks.py     tasks and step events                          (base.TaskOps)
     audit.py     the audit hash chain                           (base.AuditOps)
@@ -34,6 +35,7 @@ from .core import (
     migrations,
     pending_migrations,
 )
+from .federation import FederationSql
 from .sessions import SessionSql
 from .tasks import TaskSql
 from .tickets import TicketSql
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 
-class _Operations(SessionSql, TicketSql, TaskSql, AuditSql):
+class _Operations(SessionSql, FederationSql, TicketSql, TaskSql, AuditSql):
     """Every operation of ``base.Tx``; where they run is the subclass's ``_unit``."""
 
     __slots__ = ()
