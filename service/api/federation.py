@@ -56,6 +56,10 @@ def _refused(exc: SignInRefused) -> Exception:
     return Unauthorized(exc.detail, code=exc.code)
 
 
+def _redirect(location: str) -> web.Response:
+    return web.Response(status=302, headers={"Location": location})
+
+
 def _unavailable() -> ServiceUnavailable:
     return ServiceUnavailable("the identity provider cannot be reached; try again later",
                               code="identity_provider_unavailable", headers={"Retry-After": "5"})
@@ -86,7 +90,7 @@ async def _start(request: web.Request, purpose: str, session_id: str | None) -> 
         # the caller's session instead of a browser (the IdP must return the same person).
         response: web.Response = web.json_response({"authorization_url": url}, status=201)
     else:
-        response = web.HTTPFound(url)
+        response = _redirect(url)
     response.set_cookie(
         BROWSER_COOKIE, browser, max_age=federation.oidc.config.login_ttl_s, httponly=True,
         samesite="Lax", path="/api/v1/authn/oidc/",
@@ -133,7 +137,7 @@ async def callback(request: web.Request) -> web.Response:
     except ProviderUnavailable:
         raise _unavailable() from None
     if result.redirect is not None:
-        response: web.Response = web.HTTPFound(result.redirect)
+        response: web.Response = _redirect(result.redirect)
     else:
         assert result.issued is not None
         response = web.json_response(_token_body(result.issued), status=201)

@@ -11,6 +11,7 @@ cannot turn into a flood of fetches); after that the kid is refused.
 from __future__ import annotations
 
 import asyncio
+import base64
 import ipaddress
 import json
 import re
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 from joserfc.errors import JoseError
@@ -150,10 +151,14 @@ class Fetcher:
         """POST a form and read a JSON answer (an OAuth token endpoint): ``(status, document)``."""
         check_url(url, allow_http_loopback=self.allow_http_loopback)
         host = urlsplit(url).hostname
-        basic = aiohttp.BasicAuth(*auth) if auth is not None else None
+        headers = {}
+        if auth is not None:
+            # RFC 6749 §2.3.1: client_secret_basic, each part form-urlencoded first.
+            pair = f"{quote(auth[0], safe='')}:{quote(auth[1], safe='')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
         try:
             async with self._client().post(
-                url, data=dict(form), auth=basic, allow_redirects=False
+                url, data=dict(form), headers=headers, allow_redirects=False
             ) as resp:
                 body = await resp.content.read(MAX_DOCUMENT_BYTES + 1)
                 if len(body) > MAX_DOCUMENT_BYTES:

@@ -1,0 +1,310 @@
+"""OpenID Connect sign-in against a real OpenID provider process on loopback (node-oidc-provider).
+
+The test plays the browser: it follows redirects and submits the provider's login form.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from service.app import create_app
+from service.appkeys import FEDERATION, STORE
+from service.authn.errors import (
+    AlgorithmNotAllowed,
+    AudienceMismatch,
+    InvalidToken,
+    IssuerMismatch,
+    SignatureInvalid,
+    TokenExpired,
+    UnknownKey,
+)
+from service.authn.federation.oidc import SignInRefused, check_id_token
+from service.authn.federation.remote import RemoteKeys
+from service.authn.federation.verify import verify_foreign
+from tests.servers import EdgeTestServer, free_port
+
+from .issuer import stranger_key
+from .openid_provider import CLIENT_ID, CLIENT_SECRET, Browser, openid_provider, query_of
+
+ACCOUNTS = {
+    "alice": {"email": "alice@example.com", "email_verified": True, "groups": ["sre", "staff"]},
+    "bob": {"email": "bob@example.com", "email_verified": True, "groups": ["staff"]},
+    "mallory": {"email": "mallory@evil.test", "email_verified": True, "groups": ["sre"]},
+}
+
+
+@pytest.fixture(scope="module")
+def ports() -> tuple[int, int]:
+    return free_port(), free_port()
+
+
+@pytest.fixture(scope="module")
+def issuer(ports, tmp_path_factory):
+    app_port, op_port = ports
+    base = f"http://127.0.0.1:{app_port}/api/v1/authn/oidc"
+    with openid_provider(op_port, [f"{base}/test/callback", f"{base}/strict/callback"], ACCOUNTS,
+                         tmp_path_factory.mktemp("op")) as url:
+        yield url
+
+
+def providers(issuer: str) -> list[dict[str, Any]]:
+    common = {"issuer": issuer, "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
+              "scopes": ["openid", "email", "profile", "groups"], "subject_claim": "email",
+              "allowed_domains": ["example.com"]}
+    return [
+        {"name": "test", "display_name": "Test IdP", **common},
+        {"name": "strict", **common,
+         "step_up": {"acr_values": "urn:example:mfa", "required_acr": ["urn:example:mfa"]}},
+    ]
+
+
+@pytest.fixture
+async def app_client(aiohttp_client, make_config, ports, issuer):
+    app_port, _ = ports
+    config = make_config({"authn": {"oidc": {
+        "allow_http_loopback": True, "redirect_base_url": f"http://127.0.0.1:{app_port}",
+        "providers": providers(issuer)}}})
+    return await aiohttp_client(EdgeTestServer(create_app(config), port=app_port))
+
+
+@pytest.fixture
+async def browser():
+    b = Browser()
+    yield b
+    await b.close()
+
+
+def url(client, path: str) -> str:
+    return str(client.make_url(path))
+
+
+async def sign_in(client, browser: Browser, login: str = "alice", provider: str = "test"):
+    return await browser.go(url(client, f"/api/v1/authn/oidc/{provider}/login"), login=login)
+
+
+async def whoami(browser: Browser, client, token: str) -> dict[str, Any]:
+    async with browser.http.get(url(client, "/api/v1/authn/sessions/current"),
+                                headers={"Authorization": f"Bearer {token}"}) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def test_providers_are_listed_for_a_sign_in_page(app_client):
+    response = await app_client.get("/api/v1/authn/oidc/providers")
+    body = await response.json()
+    assert body["providers"][0] == {"name": "test", "display_name": "Test IdP",
+                                    "login_url": "/api/v1/authn/oidc/test/login"}
+    assert "secret" not in json.dumps(body)
+
+
+async def test_browser_sign_in_opens_an_oidc_session(app_client, browser):
+    status, _, body = await sign_in(app_client, browser)
+    assert status == 201, body
+    me = await whoami(browser, app_client, body["access_token"])
+    assert me["subject_id"] == "alice@example.com"
+    assert (me["kind"], me["authn_method"]) == ("human", "oidc")
+    assert me["step_up"]["verified"] is False
+    store = app_client.app[STORE].require()
+    facts = await store.get_federated_session(body["session_id"])
+    assert facts is not None and facts.groups == ("sre", "staff") and facts.provider == "test"
+    seen = await store.list_federated_subjects()
+    assert [(s.subject_id, s.source) for s in seen] == [("alice@example.com", "oidc:test")]
+    # The groups are on the server-side session only, never in our token.
+    payload = body["access_token"].split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert "groups" not in claims and "sre" not in json.dumps(claims)
+
+
+async def test_step_up_by_reauthentication_at_the_idp(app_client, browser):
+    _, _, signed_in = await sign_in(app_client, browser)
+    bearer = {"Authorization": f"Bearer {signed_in['access_token']}"}
+    async with browser.http.post(url(app_client, "/api/v1/authn/oidc/test/step-up"),
+                                 headers=bearer) as resp:
+        assert resp.status == 201, await resp.text()
+        authorization_url = (await resp.json())["authorization_url"]
+    params = query_of(authorization_url)
+    assert (params["prompt"], params["max_age"]) == ("login", "0")
+    # The provider asks for the password again although its session is live.
+    status, _, stepped = await browser.go(authorization_url, login="alice")
+    assert status == 201, stepped
+    assert browser.logins == 2
+    me = await whoami(browser, app_client, stepped["access_token"])
+    assert me["step_up"]["verified"] is True and me["authn_method"] == "oidc"
+    assert stepped["session_id"] == signed_in["session_id"]
+
+
+async def test_step_up_as_another_person_is_refused(app_client, browser):
+    _, _, signed_in = await sign_in(app_client, browser)
+    bearer = {"Authorization": f"Bearer {signed_in['access_token']}"}
+    async with browser.http.post(url(app_client, "/api/v1/authn/oidc/test/step-up"),
+                                 headers=bearer) as resp:
+        authorization_url = (await resp.json())["authorization_url"]
+    status, at, body = await browser.go(authorization_url, login="bob")
+    assert isinstance(body, dict), (status, at, body[:3000])
+    assert (status, body["code"]) == (401, "step_up_mismatch"), (at, body)
+
+
+async def test_step_up_weaker_than_configured_is_refused(app_client, browser):
+    status, _, signed_in = await sign_in(app_client, browser, provider="strict")
+    assert status == 201
+    bearer = {"Authorization": f"Bearer {signed_in['access_token']}"}
+    async with browser.http.post(url(app_client, "/api/v1/authn/oidc/strict/step-up"),
+                                 headers=bearer) as resp:
+        authorization_url = (await resp.json())["authorization_url"]
+    assert query_of(authorization_url)["acr_values"] == "urn:example:mfa"
+    status, _, body = await browser.go(authorization_url, login="alice")
+    # The provider's password form does not reach the configured acr: no step-up recorded.
+    assert (status, body["code"]) == (401, "step_up_insufficient")
+    session = await app_client.app[STORE].require().get_session(signed_in["session_id"])
+    assert session is not None and session.step_up_at is None
+
+
+async def nothing_created(client) -> None:
+    store = client.app[STORE].require()
+    assert await store.list_federated_subjects() == []
+
+
+async def test_wrong_state_is_refused(app_client, browser):
+    callback = url(app_client, "/api/v1/authn/oidc/test/callback")
+    _, at, _ = await browser.go(url(app_client, "/api/v1/authn/oidc/test/login"), login="alice",
+                                stop_at=callback)
+    forged = at.replace("state=", "state=x")
+    status, _, body = await browser.go(forged)
+    assert (status, body["code"]) == (401, "state_invalid")
+    # The real state still works once; then it is gone.
+    status, _, body = await browser.go(at)
+    assert status == 201
+    status, _, body = await browser.go(at)
+    assert (status, body["code"]) == (401, "state_invalid")
+
+
+async def test_replayed_code_is_refused(app_client, browser):
+    callback = url(app_client, "/api/v1/authn/oidc/test/callback")
+    _, first, _ = await browser.go(url(app_client, "/api/v1/authn/oidc/test/login"), login="alice",
+                                   stop_at=callback)
+    assert (await browser.go(first))[0] == 201
+    # A new sign-in's state with the already redeemed code: the provider refuses the code.
+    _, second, _ = await browser.go(url(app_client, "/api/v1/authn/oidc/test/login"),
+                                    login="alice", stop_at=callback)
+    replay = callback + "?" + "&".join(
+        [f"code={query_of(first)['code']}", f"state={query_of(second)['state']}"])
+    status, _, body = await browser.go(replay)
+    assert (status, body["code"]) == (401, "code_rejected")
+
+
+async def test_a_callback_in_another_browser_is_refused(app_client, browser):
+    callback = url(app_client, "/api/v1/authn/oidc/test/callback")
+    _, at, _ = await browser.go(url(app_client, "/api/v1/authn/oidc/test/login"), login="alice",
+                                stop_at=callback)
+    other = Browser()
+    try:
+        status, _, body = await other.go(at)
+    finally:
+        await other.close()
+    assert (status, body["code"]) == (401, "state_invalid")
+    await nothing_created(app_client)
+
+
+async def test_a_disallowed_domain_is_refused(app_client, browser):
+    status, _, body = await sign_in(app_client, browser, login="mallory")
+    assert (status, body["code"]) == (401, "subject_not_allowed")
+    assert "mallory" not in json.dumps(body)
+    await nothing_created(app_client)
+
+
+async def test_unknown_provider_is_404(app_client):
+    response = await app_client.get("/api/v1/authn/oidc/nope/login", allow_redirects=False)
+    assert (response.status, (await response.json())["code"]) == (404, "provider_unknown")
+
+
+async def test_cli_redirect_must_be_loopback(app_client):
+    response = await app_client.get(
+        "/api/v1/authn/oidc/test/login",
+        params={"cli_redirect": "http://evil.test/cb", "cli_challenge": "x" * 43},
+        allow_redirects=False)
+    assert (response.status, (await response.json())["code"]) == (400, "invalid_request")
+
+
+# --------------------------------------------------- ID token checks on the provider's real token
+
+
+async def real_id_token(client, browser: Browser) -> tuple[str, str]:
+    """An ID token the provider really issued for a sign-in started by our service, and the
+    nonce our service sent: the test redeems the code itself, with the stored verifier."""
+    callback = url(client, "/api/v1/authn/oidc/test/callback")
+    _, at, _ = await browser.go(url(client, "/api/v1/authn/oidc/test/login"), login="alice",
+                                stop_at=callback)
+    params = query_of(at)
+    record = await client.app[STORE].require().take_oidc_login(
+        hashlib.sha256(params["state"].encode()).hexdigest(), time.time())
+    issuer = client.app[FEDERATION].oidc.config.providers[0].issuer
+    async with aiohttp.ClientSession() as http:
+        basic = base64.b64encode(f"{CLIENT_ID}:{CLIENT_SECRET}".encode()).decode()
+        async with http.post(issuer + "/token", headers={"Authorization": f"Basic {basic}"},
+                             data={"grant_type": "authorization_code", "code": params["code"],
+                                   "redirect_uri": record.redirect_uri,
+                                   "code_verifier": record.code_verifier}) as resp:
+            assert resp.status == 200, await resp.text()
+            return (await resp.json())["id_token"], record.nonce
+
+
+def b64(value: Any) -> str:
+    raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+async def test_id_token_attacks_are_refused(app_client, browser):
+    token, nonce = await real_id_token(app_client, browser)
+    oidc = app_client.app[FEDERATION].oidc
+    provider = oidc.config.providers[0]
+    keys = RemoteKeys(oidc.fetcher, provider.issuer)
+    now = time.time()
+
+    async def verify(value: str, **overrides: Any) -> dict[str, Any]:
+        args: dict[str, Any] = {"algorithms": provider.algorithms, "issuer": provider.issuer,
+                                "audience": CLIENT_ID, "now": now, "leeway_s": 30}
+        args.update(overrides)
+        return await verify_foreign(value, keys, **args)
+
+    claims = await verify(token)
+    assert check_id_token(claims, provider, nonce)["sub"] == "alice"
+    with pytest.raises(SignInRefused) as wrong_nonce:
+        check_id_token(claims, provider, "another-nonce")
+    assert wrong_nonce.value.code == "token_nonce_mismatch"
+    expectations: list[tuple[type[InvalidToken], str, dict[str, Any]]] = [
+        (AudienceMismatch, token, {"audience": "another-client"}),
+        (TokenExpired, token, {"now": now + 3600}),
+        (IssuerMismatch, token, {"issuer": "http://127.0.0.1:1"}),
+    ]
+    header, body, _ = token.split(".")
+    expectations.append((AlgorithmNotAllowed, b64({"alg": "none"}) + "." + body + ".", {}))
+    # HS256 keyed with the provider's published RSA key (key confusion), forged by hand.
+    jwks = await oidc.fetcher.get_json(provider.issuer + "/jwks")
+    rsa = next(k for k in jwks["keys"] if k["kty"] == "RSA")
+    signing_input = b64({"alg": "HS256", "kid": rsa["kid"]}) + "." + body
+    mac = hmac.new(json.dumps(rsa).encode(), signing_input.encode(), hashlib.sha256).digest()
+    expectations.append((AlgorithmNotAllowed, signing_input + "." + b64(mac), {}))
+    # A token signed by a key the provider never published, under its kid and under a new one.
+    rogue = stranger_key()
+    from joserfc import jwt
+
+    payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    expectations.append((SignatureInvalid, jwt.encode({"alg": "RS256", "kid": rsa["kid"]},
+                                                      payload, rogue), {}))
+    expectations.append((UnknownKey, jwt.encode({"alg": "RS256", "kid": "op-rsa-9"}, payload,
+                                                rogue), {}))
+    jwks_url = provider.issuer + "/jwks"
+    for error, value, overrides in expectations:
+        before = oidc.fetcher.fetches.get(jwks_url, 0)
+        with pytest.raises(error):
+            await verify(value, **overrides)
+        if error is UnknownKey:
+            assert oidc.fetcher.fetches[jwks_url] == before + 1  # one refetch, then refused
