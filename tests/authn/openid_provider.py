@@ -28,7 +28,7 @@ import pytest
 
 OP_DIR = Path(__file__).resolve().parent / "oidc_op"
 CLIENT_ID = "controlplane"
-CLIENT_SECRET = "op-test-client-secret"  # noqa: S105 - the test provider's own client
+CLIENT_SECRET = "op-test-client-secret"
 
 
 def _unavailable(reason: str) -> None:
@@ -65,7 +65,7 @@ def openid_provider(
                      "redirect_uris": redirect_uris}],
         "accounts": accounts,
     }))
-    log = open(tmp / f"op-{port}.log", "w+")  # noqa: SIM115 - closed below
+    log = open(tmp / f"op-{port}.log", "w+")
     proc = subprocess.Popen([node, str(OP_DIR / "provider.mjs"), str(config)], cwd=OP_DIR,
                             stdout=subprocess.PIPE, stderr=log, text=True)
     try:

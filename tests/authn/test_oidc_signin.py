@@ -284,7 +284,7 @@ async def test_id_token_attacks_are_refused(app_client, browser):
         (TokenExpired, token, {"now": now + 3600}),
         (IssuerMismatch, token, {"issuer": "http://127.0.0.1:1"}),
     ]
-    header, body, _ = token.split(".")
+    _, body, _ = token.split(".")
     expectations.append((AlgorithmNotAllowed, b64({"alg": "none"}) + "." + body + ".", {}))
     # HS256 keyed with the provider's published RSA key (key confusion), forged by hand.
     jwks = await oidc.fetcher.get_json(provider.issuer + "/jwks")
