@@ -41,7 +41,7 @@ class Principal:
         # Whole seconds, as the policy input schema says: policies reason about seconds, and a
         # stable value within a second lets the decision cache serve repeated calls.
         age = None if at is None else int(max(0.0, now - at))
-        return {
+        doc: dict[str, Any] = {
             "subject_id": self.subject_id,
             "kind": self.kind,
             "session_id": self.session_id,
@@ -53,6 +53,10 @@ class Principal:
                 "age_s": age,
             },
         }
+        if self.authn_method == "oidc":
+            # Sessions opened through OpenID Connect carry the IdP groups recorded at sign-in.
+            doc["idp_groups"] = list(self.idp_groups)
+        return doc
 
 
 #: The caller presented no credentials (or none that verified); AuthN never rejects by itself.

@@ -9,6 +9,7 @@ import base64
 import hashlib
 import hmac
 import json
+import shutil
 import time
 from typing import Any
 
@@ -29,6 +30,8 @@ from service.authn.errors import (
 from service.authn.federation.oidc import SignInRefused, check_id_token
 from service.authn.federation.remote import RemoteKeys
 from service.authn.federation.verify import verify_foreign
+from tests.auth import bearer, login, step_up
+from tests.conftest import REPO
 from tests.servers import EdgeTestServer, free_port
 
 from .issuer import stranger_key
@@ -308,3 +311,72 @@ async def test_id_token_attacks_are_refused(app_client, browser):
             await verify(value, **overrides)
         if error is UnknownKey:
             assert oidc.fetcher.fetches[jwks_url] == before + 1  # one refetch, then refused
+
+
+# ---------------------------------------------- the README chain story for a person signed in by SSO
+
+
+@pytest.fixture
+async def group_client(aiohttp_client, make_config, ports, issuer, tmp_path):
+    """The app with policy data that binds the IdP group ``sre`` to the operator role."""
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    with (policies / "data" / "bindings.yaml").open("a") as data:
+        data.write("\ngroup_bindings:\n  sre: {roles: [operator]}\n")
+    app_port, _ = ports
+    config = make_config({
+        "policies": {"dir": str(policies)},
+        "authn": {"oidc": {"allow_http_loopback": True,
+                           "redirect_base_url": f"http://127.0.0.1:{app_port}",
+                           "providers": providers(issuer)}}})
+    return await aiohttp_client(EdgeTestServer(create_app(config), port=app_port))
+
+
+async def test_the_chain_story_for_an_sso_user(group_client, browser):
+    client = group_client
+    _, _, signed_in = await sign_in(client, browser)
+    alice = signed_in["access_token"]
+    me = await whoami(browser, client, alice)
+    assert me["idp_groups"] == ["sre", "staff"]
+    action = {"task_id": "release-sso", "action": "installer.run.execute", "env": "prod",
+              "resource": {"app": "web", "version": "1.2.3"}}
+    # The operator role comes from the IdP group through policy data: the action needs approval
+    # (and, for production, a fresh step-up first: the RFC 9470 challenge, as with TOTP).
+    response = await client.post("/api/v1/installer/actions", json=action, headers=bearer(alice))
+    assert (response.status, (await response.json())["code"]) == (401, "step_up_required")
+    assert "insufficient_user_authentication" in response.headers["WWW-Authenticate"]
+    # bob@example.com is only in "staff", which binds nothing: denied.
+    other = Browser()
+    try:
+        _, _, bob_sso = await sign_in(client, other, login="bob")
+    finally:
+        await other.close()
+    response = await client.post("/api/v1/installer/actions", json=action,
+                                 headers=bearer(bob_sso["access_token"]))
+    assert (response.status, (await response.json())["code"]) == (403, "denied")
+
+    # Step-up by re-authentication at the IdP.
+    async with browser.http.post(url(client, "/api/v1/authn/oidc/test/step-up"),
+                                 headers=bearer(alice)) as resp:
+        authorization_url = (await resp.json())["authorization_url"]
+    status, _, stepped = await browser.go(authorization_url, login="alice")
+    assert status == 201, stepped
+    alice = stepped["access_token"]
+    response = await client.post("/api/v1/installer/actions", json=action, headers=bearer(alice))
+    assert (response.status, (await response.json())["code"]) == (403, "approval_required")
+
+    response = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice@example.com", "env": "prod", "action": "installer.run.execute",
+        "resource": action["resource"], "reason": "release 1.2.3"})
+    assert response.status == 201, await response.text()
+    ticket = await response.json()
+    bob = await step_up(client, await login(client, "bob"), "bob")
+    response = await client.post(f"/api/v1/approvals/{ticket['id']}/reviews", headers=bearer(bob),
+                                 json={"decision": "approve", "reason": "CHG-42"})
+    assert response.status in (200, 201), await response.text()
+    with_ticket = bearer(alice, **{"Approval-Ticket": ticket["id"],
+                                   "Approval-Nonce": ticket["nonce"]})
+    response = await client.post("/api/v1/installer/actions", json=action, headers=with_ticket)
+    assert response.status == 202, await response.text()
+    response = await client.post("/api/v1/installer/actions", json=action, headers=with_ticket)
+    assert (response.status, (await response.json())["code"]) == (409, "ticket_consumed")

@@ -284,7 +284,7 @@ class OidcSignIn:
 
     def _admit(self, provider: OidcProvider, claims: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
         subject = claims.get(provider.subject_claim)
-        if not isinstance(subject, str) or not subject or len(subject) > 256:
+        if not isinstance(subject, str) or not subject or len(subject) > 200:
             raise SignInRefused("subject_not_allowed", "the ID token has no usable subject claim")
         if provider.subject_claim == "email" and claims.get("email_verified") is False:
             raise SignInRefused("subject_not_allowed", "the e-mail address is not verified")

@@ -38,7 +38,7 @@ GRANT_TYPE = "urn:ietf:params:oauth:grant-type:token-exchange"
 JWT_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:jwt"  # noqa: S105
 ID_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:id_token"  # noqa: S105
 ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"  # noqa: S105
-_MAX_SUBJECT = 256
+_MAX_SUBJECT = 200  # the policy input's subject_id bound
 
 log = logging.getLogger("controlplane.authn")
 
