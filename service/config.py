@@ -54,7 +54,7 @@ _SHORTHANDS = {
     "MODE": ("mode",),
 }
 # Variables that are not configuration keys (read by tests and tooling, not by the service).
-_NOT_CONFIG = {"CONFIG", "CREDENTIALS", "TEST_PG_DSN", "TOKEN", "URL"}
+_NOT_CONFIG = {"CONFIG", "CREDENTIALS", "TEST_PG_DSN", "TOKEN", "TOKEN_FILE", "URL"}
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 

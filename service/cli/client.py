@@ -241,6 +241,10 @@ class Client:
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path).body
 
+    def post_form(self, path: str, form: Mapping[str, str]) -> Any:
+        """POST ``application/x-www-form-urlencoded`` (OAuth endpoints), unauthenticated."""
+        return self.request("POST", path, form=form, auth=False).body
+
     def request(
         self,
         method: str,
@@ -249,15 +253,20 @@ class Client:
         body: Any = None,
         query: Mapping[str, Any] | None = None,
         auth: bool = True,
+        form: Mapping[str, str] | None = None,
     ) -> Response:
         url = self.base_url + path
         params = {k: str(v) for k, v in (query or {}).items() if v is not None}
         if params:
             url += "?" + urllib.parse.urlencode(params)
         data = None if body is None else json.dumps(body).encode("utf-8")
+        if form is not None:
+            data = urllib.parse.urlencode(form).encode("ascii")
         req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 (http/https only)
         req.add_header("Accept", "application/json, application/problem+json")
-        if data is not None:
+        if form is not None:
+            req.add_header("Content-Type", "application/x-www-form-urlencoded")
+        elif data is not None:
             req.add_header("Content-Type", "application/json")
         if auth and self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
@@ -330,6 +339,11 @@ def _one_line(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------- credentials
+
+
+def workload_token_file(explicit: str | None) -> str | None:
+    """``--token-file``, else ``$CONTROLPLANE_TOKEN_FILE`` (a CI job's OIDC token file)."""
+    return explicit or os.environ.get("CONTROLPLANE_TOKEN_FILE") or None
 
 
 def credentials_path(environ: Mapping[str, str] | None = None) -> Path:

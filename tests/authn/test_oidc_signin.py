@@ -5,11 +5,14 @@ The test plays the browser: it follows redirects and submits the provider's logi
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import json
+import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -380,3 +383,58 @@ async def test_the_chain_story_for_an_sso_user(group_client, browser):
     assert response.status == 202, await response.text()
     response = await client.post("/api/v1/installer/actions", json=action, headers=with_ticket)
     assert (response.status, (await response.json())["code"]) == (409, "ticket_consumed")
+
+
+# ------------------------------------------------------------------ cpctl login --sso (loopback)
+
+
+async def cpctl(*argv: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "service", *argv, cwd=REPO, env={**environ, **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+async def printed_url(proc: asyncio.subprocess.Process) -> str:
+    assert proc.stderr is not None
+    seen = []
+    while True:
+        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
+        assert line, f"cpctl ended without printing the sign-in URL: {''.join(seen)}"
+        seen.append(line)
+        if line.startswith("http"):
+            return line.strip()
+
+
+async def test_cpctl_login_sso_completes_through_the_loopback_redirect(app_client, browser, tmp_path):
+    env = {"CONTROLPLANE_CREDENTIALS": str(tmp_path / "credentials.json")}
+    server = str(app_client.make_url("")).rstrip("/")
+    proc = await cpctl("login", "--sso", "--provider", "test", "--no-browser", "--server", server,
+                       env=env)
+    sign_in_url = await printed_url(proc)
+    assert "cli_redirect=http%3A%2F%2F127.0.0.1%3A" in sign_in_url
+    # The test is the person's browser: the provider's form, then the CLI's loopback page.
+    status, landed, page = await browser.go(sign_in_url, login="alice")
+    assert status == 200 and landed.startswith("http://127.0.0.1:") and "Signed in" in page
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()
+    assert "as alice@example.com through single sign-on (test)" in out.decode()
+    stored = json.loads((tmp_path / "credentials.json").read_text())["servers"][server]
+    assert stored["subject_id"] == "alice@example.com"
+    me = await whoami(browser, app_client, stored["access_token"])
+    assert me["authn_method"] == "oidc"
+    # The handoff code cannot be redeemed a second time, nor without the CLI's verifier.
+    code = query_of(landed)["code"]
+    response = await app_client.post("/api/v1/authn/oidc/handoff",
+                                     json={"code": code, "code_verifier": "v" * 43})
+    assert (response.status, (await response.json())["code"]) == (400, "invalid_grant")
+
+    # cpctl step-up --sso: a fresh login at the provider, and the stored token is stepped up.
+    proc = await cpctl("step-up", "--sso", "--provider", "test", "--no-browser", "--server",
+                       server, env=env)
+    status, _, page = await browser.go(await printed_url(proc), login="alice")
+    assert status == 200 and "Signed in" in page
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()
+    stored = json.loads((tmp_path / "credentials.json").read_text())["servers"][server]
+    assert (await whoami(browser, app_client, stored["access_token"]))["step_up"]["verified"]

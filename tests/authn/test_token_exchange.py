@@ -7,6 +7,8 @@ import base64
 import hashlib
 import hmac
 import json
+import os
+import sys
 import time
 from typing import Any
 
@@ -15,6 +17,7 @@ from joserfc import jwt
 
 from service.authn import stepup
 from service.authn.principal import Principal
+from tests.conftest import REPO
 from tests.store import pg
 
 from .issuer import TestIssuer, running_issuer, stranger_key
@@ -194,3 +197,30 @@ async def test_two_replicas_on_postgresql_accept_a_token_once(make_client, issue
         finally:
             for replica in replicas:
                 await replica.close()
+
+
+async def test_cpctl_login_token_file(client, issuer, tmp_path):
+    """A CI job: `cpctl login --token-file PATH` (or CONTROLPLANE_TOKEN_FILE) exchanges its token."""
+    token_file = tmp_path / "oidc-token"
+    token_file.write_text(issuer.github(AUD) + "\n")
+    server = str(client.make_url("")).rstrip("/")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+    environ.update({"CONTROLPLANE_CREDENTIALS": str(tmp_path / "credentials.json"),
+                    "CONTROLPLANE_TOKEN_FILE": str(token_file)})
+
+    async def cpctl(*argv: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "service", *argv, cwd=REPO, env=environ,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+        return proc.returncode or 0, out.decode(), err.decode()
+
+    code, out, err = await cpctl("login", "--server", server)
+    assert code == 0, err
+    assert "as ci:github:org/repo through a workload token" in out
+    stored = json.loads((tmp_path / "credentials.json").read_text())["servers"][server]
+    me = await whoami(client, stored["access_token"])
+    assert (me["subject_id"], me["authn_method"]) == ("ci:github:org/repo", "token_exchange")
+    # The same token file again: the exchange refuses a replayed token.
+    code, _, err = await cpctl("login", "--server", server, "--token-file", str(token_file))
+    assert code != 0 and "invalid_grant" in err
