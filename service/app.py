@@ -198,6 +198,8 @@ async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
         if claims or failures or sessions:
             log.info("purged %d expired one-time claims, %d old login failures, %d expired "
                      "sessions", claims, failures, sessions)
+        # Pending OIDC sign-ins and CLI handoffs past their expiry; IdP facts of purged sessions.
+        await link.store.purge_federation(now)
 
     async with _every(HOUSEKEEPING_INTERVAL_S, round_):
         yield

@@ -224,3 +224,10 @@ async def test_cpctl_login_token_file(client, issuer, tmp_path):
     # The same token file again: the exchange refuses a replayed token.
     code, _, err = await cpctl("login", "--server", server, "--token-file", str(token_file))
     assert code != 0 and "invalid_grant" in err
+    # `cpctl identities list` shows the federated subject the store has seen.
+    environ["CONTROLPLANE_STATE_DIR"] = str(tmp_path / "state")
+    code, out, err = await cpctl("identities", "list", "--json")
+    assert code == 0, err
+    rows = {r["subject_id"]: r for r in json.loads(out)["identities"]}
+    assert rows["ci:github:org/repo"]["source"] == "workload:github"
+    assert rows["alice"]["source"] == "file"

@@ -145,8 +145,14 @@ class FederationSql(Unit):
         ]
 
     async def purge_federation(self, now: float) -> int:
-        """Forget pending logins and handoffs past their expiry; the count."""
+        """Forget pending logins and handoffs past their expiry, and the IdP facts of sessions
+        that are gone (purged after their retention); the count."""
         async with self._unit(write=True) as q:
             a = await q.all("DELETE FROM oidc_logins WHERE expires_at <= ? RETURNING 1", now)
             b = await q.all("DELETE FROM federation_handoffs WHERE expires_at <= ? RETURNING 1", now)
-        return len(a) + len(b)
+            c = await q.all(
+                "DELETE FROM federated_sessions WHERE NOT EXISTS "
+                "(SELECT 1 FROM sessions WHERE sessions.id = federated_sessions.session_id) "
+                "RETURNING 1"
+            )
+        return len(a) + len(b) + len(c)
