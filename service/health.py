@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from . import clock
-from .appkeys import AUTHENTICATOR, COMPONENTS, COMPOSE_RULES, CONFIG, ENGINE, STORE
+from .appkeys import AUTHENTICATOR, COMPONENTS, COMPOSE_RULES, CONFIG, ENGINE, FEDERATION, STORE
 from .store.base import StoreError
 
 __all__ = [
@@ -118,7 +118,11 @@ def setup_health(app: web.Application) -> None:
     async def authn() -> dict[str, Any]:
         if app[STORE].store is None:
             return {"status": "placeholder", "detail": "authentication needs a store"}
-        return {"status": "ready", **app[AUTHENTICATOR].status(clock.now())}
+        status = {"status": "ready", **app[AUTHENTICATOR].status(clock.now())}
+        federation = app.get(FEDERATION)
+        if federation is not None:
+            status["federation"] = federation.status()
+        return status
 
     async def approvals() -> dict[str, Any]:
         if not app[CONFIG].approvals.enabled or app[STORE].store is None:

@@ -87,6 +87,11 @@ async def test_github_token_becomes_a_service_principal_once(client, issuer):
     await refused(await exchange(client, token))
 
 
+async def test_status_names_the_issuers_only(client):
+    body = await (await client.get("/api/v1/authn/status")).json()
+    assert body["federation"] == {"oidc_providers": [], "workload_issuers": ["github", "cluster"]}
+
+
 async def test_kubernetes_token_becomes_an_agent(client, issuer):
     token = issuer.kubernetes(AUD, iss=issuer.url + "/k8s")
     response = await exchange(client, token)

@@ -27,5 +27,12 @@ class Federation:
     oidc: OidcSignIn
     workload: WorkloadExchange
 
+    def status(self) -> dict[str, list[str]]:
+        """Configuration-level facts for the authn status surface: names only."""
+        return {
+            "oidc_providers": [p.name for p in self.oidc.config.providers],
+            "workload_issuers": [i.name for i in self.oidc.config.workload_issuers],
+        }
+
     async def close(self) -> None:
         await self.fetcher.close()
