@@ -146,6 +146,50 @@ async def callback(request: web.Request) -> web.Response:
     return response
 
 
+@routes.post(_LOGIN_PATH + "/device")
+@public
+async def device(request: web.Request) -> web.Response:
+    """Start a device authorization (RFC 8628): the user code and URL to show the person."""
+    federation = _federation(request)
+    try:
+        body = await federation.oidc.start_device(
+            request.app[STORE].require(), request.match_info["provider"], clock.now())
+    except SignInRefused as exc:
+        raise _refused(exc) from None
+    except ProviderUnavailable:
+        raise _unavailable() from None
+    response = web.json_response(body, status=201)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@routes.post(_LOGIN_PATH + "/device/token")
+@public
+async def device_token(request: web.Request) -> web.Response:
+    """Poll a device authorization: 201 with the token once approved, else 400 with the
+    RFC 8628 code (``authorization_pending``, ``slow_down``, ``expired_token``, ``access_denied``)."""
+    federation = _federation(request)
+    authenticator = _authenticator(request)
+    body = await read_json(request, "authn-oidc-device-token.schema.json")
+    try:
+        issued = await federation.oidc.poll_device(
+            authenticator, request.match_info["provider"], body["device_request"], clock.now())
+    except SignInRefused as exc:
+        if exc.code in _DEVICE_CODES:
+            if exc.code not in ("authorization_pending", "slow_down"):
+                authenticator.failed(exc.reason.split(":", 1)[0])
+            raise _oauth_error(exc.code, exc.detail) from None
+        authenticator.failed(exc.reason.split(":", 1)[0])
+        _log_refusal(request, exc.reason)
+        raise _refused(exc) from None
+    except ProviderUnavailable:
+        raise _unavailable() from None
+    return web.json_response(_token_body(issued), status=201)
+
+
+_DEVICE_CODES = frozenset({"authorization_pending", "slow_down", "expired_token", "access_denied"})
+
+
 @routes.post("/api/v1/authn/oidc/handoff")
 @public
 async def handoff(request: web.Request) -> web.Response:

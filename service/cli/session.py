@@ -72,6 +72,10 @@ def _sso_args(parser: argparse.ArgumentParser) -> None:
                         help="with --sso: the sign-in provider (needed when several are configured)")
     parser.add_argument("--no-browser", action="store_true",
                         help="with --sso: only print the URL to open (no browser is started)")
+    if parser.prog.endswith("login"):
+        parser.add_argument("--device", action="store_true",
+                            help="with --sso: the device authorization grant (RFC 8628), for a "
+                                 "terminal without a browser: open the printed URL anywhere")
 
 
 def _print_token_arg(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +104,8 @@ def login(args: argparse.Namespace) -> int:
         return _federated_login(args, url, token_file)
     if not args.subject:
         raise UsageError("SUBJECT is required (or --sso, or --token-file)")
+    if args.device:
+        raise UsageError("--device goes with --sso")
     body: dict[str, Any]
     if args.key is not None:
         body = {"assertion": _assertion(args.key, args.subject, args.audience)}
@@ -141,12 +147,17 @@ def step_up(args: argparse.Namespace) -> int:
 def _federated_login(args: argparse.Namespace, url: str, token_file: str | None) -> int:
     if args.subject:
         raise UsageError("SUBJECT comes from the identity provider with --sso and --token-file")
+    if args.device and not args.sso:
+        raise UsageError("--device goes with --sso")
     api = http.Client(url)
     if token_file is not None:
         answer, how = sso.exchange_token_file(api, token_file), "a workload token"
     else:
         provider = sso.choose_provider(api, args.provider)
-        answer = sso.sso_flow(api, provider, open_browser=not args.no_browser)
+        if args.device:
+            answer = sso.device_flow(api, provider)
+        else:
+            answer = sso.sso_flow(api, provider, open_browser=not args.no_browser)
         how = f"single sign-on ({provider})"
     _need_token(answer)
     principal = http.Client(url, answer["access_token"]).get("/api/v1/authn/sessions/current")

@@ -7,6 +7,9 @@ server); when the browser comes back, the service redirects it to the CLI's port
 one-time code, which only this CLI's PKCE verifier redeems for the token. ``cpctl step-up
 --sso`` does the same for a fresh re-authentication at the IdP.
 
+``cpctl login --sso --device`` uses the device authorization grant (RFC 8628) instead, for a
+terminal without a browser: it prints the provider's URL and code and polls the service.
+
 ``cpctl login --token-file PATH``: a CI job or pod exchanges its own OIDC token (RFC 8693).
 """
 
@@ -18,6 +21,7 @@ import html
 import secrets
 import sys
 import threading
+import time
 import webbrowser
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -27,7 +31,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from . import client as http
 from .client import UsageError
 
-__all__ = ["exchange_token_file", "sso_flow"]
+__all__ = ["device_flow", "exchange_token_file", "sso_flow"]
 
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:token-exchange"
 JWT_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:jwt"  # noqa: S105 - a token type URI
@@ -125,6 +129,27 @@ def sso_flow(
         raise UsageError(f"the sign-in did not complete ({problem[:100]})")
     return dict(api.post("/api/v1/authn/oidc/handoff",
                          {"code": waiter.query["code"], "code_verifier": verifier}, auth=False))
+
+
+def device_flow(api: http.Client, provider: str, *, timeout_s: float = 600.0) -> dict[str, Any]:
+    """RFC 8628 through the service: show the code and URL, poll until approved or ended."""
+    start = api.post(f"/api/v1/authn/oidc/{provider}/device", {}, auth=False)
+    where = start.get("verification_uri_complete") or start["verification_uri"]
+    print(f"On any device, open\n{where}\nand confirm the code {start['user_code']}",
+          file=sys.stderr, flush=True)
+    interval = float(start.get("interval") or 5)
+    deadline = time.monotonic() + min(timeout_s, float(start.get("expires_in") or timeout_s))
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        try:
+            return dict(api.post(f"/api/v1/authn/oidc/{provider}/device/token",
+                                 {"device_request": start["device_request"]}, auth=False))
+        except http.ClientError as exc:
+            if exc.code == "slow_down":
+                interval += 5  # RFC 8628 §3.5
+            elif exc.code != "authorization_pending":
+                raise
+    raise UsageError("the device sign-in was not approved in time")
 
 
 def exchange_token_file(api: http.Client, path: str) -> dict[str, Any]:

@@ -88,8 +88,8 @@ def openid_provider(
         log.close()
 
 
-_INPUT = re.compile(r'<input[^>]*type="hidden"[^>]*name="([^"]*)"[^>]*value="([^"]*)"',
-                    re.IGNORECASE)
+_INPUT = re.compile(r"<input\b[^>]*>", re.IGNORECASE)
+_ATTR = re.compile(r'([a-z_-]+)="([^"]*)"', re.IGNORECASE)
 _FORM = re.compile(r'<form(?=[^>]*method="post")[^>]*action="([^"]+)"', re.IGNORECASE)
 
 
@@ -107,49 +107,45 @@ class Browser:
         self, url: str, *, login: str | None = None, stop_at: str | None = None,
         method: str = "GET", headers: dict[str, str] | None = None,
     ) -> tuple[int, str, Any]:
-        """Follow ``url`` through redirects, signing in as ``login`` when the provider shows its
-        form. Stops at a URL starting with ``stop_at`` (not requested), or at a final answer:
-        ``(status, url, body)`` (the body is JSON when the answer is JSON)."""
-        for _ in range(20):
+        """Follow ``url`` through redirects and self-submitting forms, signing in as ``login``
+        when the provider shows its login form. Stops at a URL starting with ``stop_at`` (not
+        requested), or at a final answer: ``(status, url, body)`` (JSON bodies parsed)."""
+        data: dict[str, str] | None = None
+        for _ in range(30):
             if stop_at is not None and url.startswith(stop_at):
                 return 0, url, None
-            async with self.http.request(method, url, allow_redirects=False,
-                                         headers=headers) as resp:
-                method, headers = "GET", None
+            async with self.http.request(method, url, data=data, headers=headers,
+                                         allow_redirects=False) as resp:
+                method, data, headers = "GET", None, None
                 if resp.status in (301, 302, 303, 307):
                     url = urljoin(url, resp.headers["Location"])
                     continue
                 text = await resp.text()
+                if "json" in resp.content_type:
+                    return resp.status, url, json.loads(text)
                 form = _FORM.search(text)
-                if resp.status == 200 and form and 'name="login"' in text:
+                if resp.status != 200 or not form:
+                    return resp.status, url, text
+                fields = _fields(text[form.start():])
+                if "password" in text and 'name="login"' in text:
                     if login is None:
                         return resp.status, url, text
                     self.logins += 1
-                    action = urljoin(url, unescape(form.group(1)))
-                    async with self.http.post(action, allow_redirects=False, data={
-                        "prompt": "login", "login": login, "password": "any-password",
-                    }) as posted:
-                        assert posted.status in (302, 303), await posted.text()
-                        url = urljoin(action, posted.headers["Location"])
-                    continue
-                if resp.status == 200 and form:
-                    # A self-submitting page (the provider's form_post and confirmation pages):
-                    # a browser runs its script, which posts the hidden inputs.
-                    fields = {unescape(n): unescape(v) for n, v in _INPUT.findall(text)}
-                    url, method = urljoin(url, unescape(form.group(1))), "POST"
-                    data: dict[str, str] | None = fields
-                    async with self.http.post(url, data=data, allow_redirects=False) as posted:
-                        if posted.status in (301, 302, 303, 307):
-                            url, method = urljoin(url, posted.headers["Location"]), "GET"
-                            continue
-                        body = await posted.text()
-                        if "json" in posted.content_type:
-                            return posted.status, url, json.loads(body)
-                        return posted.status, url, body
-                if "json" in resp.content_type:
-                    return resp.status, url, json.loads(text)
-                return resp.status, url, text
+                    fields.update({"login": login, "password": "any-password"})
+                # A form the person submits as shown (the provider's confirmation, form_post
+                # and login pages): its inputs, posted to its action.
+                url, method, data = urljoin(url, unescape(form.group(1))), "POST", fields
         raise AssertionError("too many redirects")
+
+
+def _fields(html: str) -> dict[str, str]:
+    """``name -> value`` of the first form's inputs that carry both."""
+    fields: dict[str, str] = {}
+    for tag in _INPUT.findall(html[: html.find("</form>") + 1 or None]):
+        attrs = dict(_ATTR.findall(tag))
+        if "name" in attrs and "value" in attrs:
+            fields[unescape(attrs["name"])] = unescape(attrs["value"])
+    return fields
 
 
 def query_of(url: str) -> dict[str, str]:

@@ -438,3 +438,36 @@ async def test_cpctl_login_sso_completes_through_the_loopback_redirect(app_clien
     assert proc.returncode == 0, err.decode()
     stored = json.loads((tmp_path / "credentials.json").read_text())["servers"][server]
     assert (await whoami(browser, app_client, stored["access_token"]))["step_up"]["verified"]
+
+
+# ------------------------------------------------------------- device authorization (RFC 8628)
+
+
+async def test_device_authorization_grant(app_client, browser):
+    response = await app_client.post("/api/v1/authn/oidc/test/device")
+    assert response.status == 201, await response.text()
+    started = await response.json()
+    poll = {"device_request": started["device_request"]}
+    response = await app_client.post("/api/v1/authn/oidc/test/device/token", json=poll)
+    assert (response.status, (await response.json())["code"]) == (400, "authorization_pending")
+    # The person confirms the code on any device and signs in at the provider.
+    status, _, page = await browser.go(started["verification_uri_complete"], login="alice")
+    assert status == 200 and "Sign-in Success" in page, page
+    response = await app_client.post("/api/v1/authn/oidc/test/device/token", json=poll)
+    assert response.status == 201, await response.text()
+    me = await whoami(browser, app_client, (await response.json())["access_token"])
+    assert (me["subject_id"], me["authn_method"]) == ("alice@example.com", "oidc")
+    # The handle is spent.
+    response = await app_client.post("/api/v1/authn/oidc/test/device/token", json=poll)
+    assert (response.status, (await response.json())["code"]) == (400, "expired_token")
+    # A device sign-in is refused like any other for a disallowed domain.
+    response = await app_client.post("/api/v1/authn/oidc/test/device")
+    started = await response.json()
+    other = Browser()
+    try:
+        await other.go(started["verification_uri_complete"], login="mallory")
+    finally:
+        await other.close()
+    response = await app_client.post("/api/v1/authn/oidc/test/device/token",
+                                     json={"device_request": started["device_request"]})
+    assert (response.status, (await response.json())["code"]) == (401, "subject_not_allowed")

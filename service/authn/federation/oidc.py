@@ -17,7 +17,10 @@ records the same step-up on the session as a TOTP code does, and refreshes the g
 
 A CLI (RFC 8252) passes a loopback ``cli_redirect`` and a PKCE ``cli_challenge`` when it starts:
 the callback then redirects the browser to the CLI's port with a one-time handoff code, which
-only the holder of the CLI's verifier can redeem for the token (``redeem_handoff``).
+only the holder of the CLI's verifier can redeem for the token (``redeem_handoff``). A CLI on
+a machine without a browser uses the device authorization grant (RFC 8628) instead, when the
+provider offers it: ``start_device`` returns the provider's user code and URL and a handle the
+CLI polls ``poll_device`` with; the service polls the provider with its own client credentials.
 """
 
 from __future__ import annotations
@@ -195,12 +198,12 @@ class OidcSignIn:
         now: float,
     ) -> CallbackResult:
         provider = self.provider(name)
-        store = authenticator.store
         state = query.get("state")
         if not state or len(state) > 200:
             raise SignInRefused("state_invalid", "the sign-in state is missing")
+        store = authenticator.store
         record = await store.take_oidc_login(_sha256(state), now)
-        if record is None or record.provider != provider.name:
+        if record is None or record.provider != provider.name or record.purpose == "device":
             raise SignInRefused("state_invalid", "the sign-in state is unknown, used or expired")
         # A sign-in is bound to the browser that started it (no login CSRF); a step-up to the
         # session it was asked for (the IdP must return that session's person, checked below).
@@ -216,15 +219,14 @@ class OidcSignIn:
         code = query.get("code")
         if not code:
             raise SignInRefused("invalid_request", "the authorization code is missing")
-        claims = await self._redeem(provider, record, code, now)
-        subject, groups = self._admit(provider, claims)
-        if record.purpose == "step_up":
-            issued = await self._step_up(authenticator, provider, record, claims, groups, now)
-        else:
-            issued = await authenticator.open_federated_session(subject, "human", METHOD_OIDC, now)
-            await store.put_federated_session(FederatedSession(
-                issued.session_id, provider.name, str(claims["sub"]), groups, now))
-        await store.record_federated_subject(subject, "human", f"oidc:{provider.name}", now)
+        answer = await self._token_request(provider, {
+            "grant_type": "authorization_code", "code": code, "redirect_uri": record.redirect_uri,
+            "code_verifier": record.code_verifier})
+        if answer[0] != 200:
+            raise SignInRefused("code_rejected", "the identity provider did not accept the code",
+                                f"token_endpoint:{answer[0]}:{answer[1][:64]}")
+        claims = await self._id_token(provider, answer[2], record.nonce, now)
+        subject, issued = await self._finish(authenticator, provider, record, claims, now)
         if record.cli_redirect is None or record.cli_challenge is None:
             return CallbackResult(issued, None, subject, record.purpose)
         handoff = secrets.token_urlsafe(32)
@@ -250,29 +252,117 @@ class OidcSignIn:
 
     # -- internals -----------------------------------------------------------------------------
 
-    async def _redeem(
-        self, provider: OidcProvider, record: OidcLoginRecord, code: str, now: float
-    ) -> dict[str, Any]:
+    async def start_device(self, store: Any, name: str, now: float) -> dict[str, Any]:
+        """RFC 8628 for a CLI without a browser on its machine: the provider's user code and
+        verification URL, and a handle the CLI polls ``poll_device`` with (kept hashed)."""
+        provider = self.provider(name)
+        discovery = await self._discovery(provider)
+        endpoint = discovery.get("device_authorization_endpoint")
+        if not isinstance(endpoint, str):
+            raise SignInRefused("invalid_request",
+                                "this provider does not offer the device authorization grant")
+        try:
+            status, answer = await self.fetcher.post_form(
+                endpoint, {"client_id": provider.client_id, "scope": " ".join(provider.scopes)},
+                auth=(provider.client_id, provider.client_secret.reveal()))
+        except FetchError:
+            raise ProviderUnavailable(provider.name) from None
+        fields = ("device_code", "user_code", "verification_uri")
+        if status != 200 or not isinstance(answer, dict) or not all(
+            isinstance(answer.get(f), str) for f in fields
+        ):
+            raise ProviderUnavailable(provider.name)
+        expires_in = min(float(answer.get("expires_in") or 600), float(self.config.login_ttl_s))
+        handle = secrets.token_urlsafe(32)
+        await store.put_oidc_login(OidcLoginRecord(
+            state_hash=_sha256(handle), provider=provider.name, purpose="device", nonce="",
+            code_verifier=answer["device_code"], browser_hash=None, session_id=None,
+            redirect_uri="", cli_redirect=None, cli_challenge=None, created_at=now,
+            expires_at=now + expires_in,
+        ))  # fmt: skip
+        out = {
+            "device_request": handle,
+            "user_code": answer["user_code"],
+            "verification_uri": answer["verification_uri"],
+            "expires_in": int(expires_in),
+            "interval": max(1, int(answer.get("interval") or 5)),
+        }
+        if isinstance(answer.get("verification_uri_complete"), str):
+            out["verification_uri_complete"] = answer["verification_uri_complete"]
+        return out
+
+    async def poll_device(
+        self, authenticator: Authenticator, name: str, handle: str, now: float
+    ) -> IssuedToken:
+        """One poll of a device authorization: the session's token once the person approved;
+        ``SignInRefused`` with ``authorization_pending``/``slow_down`` (poll again later),
+        ``expired_token`` or ``access_denied`` otherwise."""
+        provider = self.provider(name)
+        store = authenticator.store
+        record = await store.take_oidc_login(_sha256(handle), now)
+        if record is None or record.provider != provider.name or record.purpose != "device":
+            raise SignInRefused("expired_token", "the device authorization is unknown or expired")
+        status, error, answer = await self._token_request(provider, {
+            "grant_type": "urn:ietf:params:oauth:grant-type:device_code",
+            "device_code": record.code_verifier})
+        if status != 200:
+            if error in ("authorization_pending", "slow_down"):
+                await store.put_oidc_login(record)  # still pending: the same handle polls again
+                raise SignInRefused(error, "the person has not approved the sign-in yet")
+            code = "access_denied" if error == "access_denied" else "expired_token"
+            raise SignInRefused(code, "the device authorization ended without a sign-in",
+                                f"device:{status}:{error[:64]}")
+        claims = await self._id_token(provider, answer, None, now)
+        _, issued = await self._finish(authenticator, provider, record, claims, now)
+        return issued
+
+    async def _finish(
+        self,
+        authenticator: Authenticator,
+        provider: OidcProvider,
+        record: OidcLoginRecord,
+        claims: dict[str, Any],
+        now: float,
+    ) -> tuple[str, IssuedToken]:
+        """Admit the person and open (or step up) our session; the subject and token."""
+        store = authenticator.store
+        subject, groups = self._admit(provider, claims)
+        if record.purpose == "step_up":
+            issued = await self._step_up(authenticator, provider, record, claims, groups, now)
+        else:
+            issued = await authenticator.open_federated_session(subject, "human", METHOD_OIDC, now)
+            await store.put_federated_session(FederatedSession(
+                issued.session_id, provider.name, str(claims["sub"]), groups, now))
+        await store.record_federated_subject(subject, "human", f"oidc:{provider.name}", now)
+        return subject, issued
+
+    async def _token_request(
+        self, provider: OidcProvider, form: dict[str, str]
+    ) -> tuple[int, str, dict[str, Any]]:
+        """POST the provider's token endpoint with client_secret_basic: status, error, answer."""
         discovery = await self._discovery(provider)
         endpoint = discovery.get("token_endpoint")
         if not isinstance(endpoint, str):
             raise ProviderUnavailable(provider.name)
         try:
             status, answer = await self.fetcher.post_form(
-                endpoint,
-                {"grant_type": "authorization_code", "code": code,
-                 "redirect_uri": record.redirect_uri, "code_verifier": record.code_verifier},
-                auth=(provider.client_id, provider.client_secret.reveal()),
-            )
+                endpoint, form, auth=(provider.client_id, provider.client_secret.reveal()))
         except FetchError:
             raise ProviderUnavailable(provider.name) from None
-        if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("id_token"), str):
-            error = answer.get("error") if isinstance(answer, dict) else None
-            raise SignInRefused("code_rejected", "the identity provider did not accept the code",
-                                f"token_endpoint:{status}:{str(error)[:64]}")
+        if not isinstance(answer, dict):
+            return (status if status != 200 else 502), "not_an_object", {}
+        error = answer.get("error")
+        return status, str(error) if error is not None else "", answer
+
+    async def _id_token(
+        self, provider: OidcProvider, answer: dict[str, Any], nonce: str | None, now: float
+    ) -> dict[str, Any]:
+        token = answer.get("id_token")
+        if not isinstance(token, str):
+            raise SignInRefused("code_rejected", "the identity provider returned no ID token")
         try:
             claims = await verify_foreign(
-                answer["id_token"], self._keys[provider.name], algorithms=provider.algorithms,
+                token, self._keys[provider.name], algorithms=provider.algorithms,
                 issuer=provider.issuer, audience=provider.client_id, now=now,
                 leeway_s=self.leeway_s,
             )  # fmt: skip
@@ -280,7 +370,7 @@ class OidcSignIn:
             raise SignInRefused(exc.code, "the ID token is not acceptable: " + exc.message) from None
         except FetchError:
             raise ProviderUnavailable(provider.name) from None
-        return check_id_token(claims, provider, record.nonce)
+        return check_id_token(claims, provider, nonce)
 
     def _admit(self, provider: OidcProvider, claims: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
         subject = claims.get(provider.subject_claim)
@@ -338,10 +428,17 @@ class OidcSignIn:
         return await authenticator.token_for_session(session_id, now, stepped_up=True)
 
 
-def check_id_token(claims: dict[str, Any], provider: OidcProvider, nonce: str) -> dict[str, Any]:
-    """OIDC Core §3.1.3.7 beyond the generic checks: nonce, and ``azp`` with several audiences."""
+def check_id_token(
+    claims: dict[str, Any], provider: OidcProvider, nonce: str | None
+) -> dict[str, Any]:
+    """OIDC Core §3.1.3.7 beyond the generic checks: the nonce (``None``: the device grant,
+    which has none, and then the token must carry none), and ``azp`` with several audiences."""
     got = claims.get("nonce")
-    if not isinstance(got, str) or not hmac.compare_digest(got.encode(), nonce.encode()):
+    if nonce is None:
+        if got is not None:
+            raise SignInRefused("token_nonce_mismatch", "the ID token is not acceptable: a nonce "
+                                "nobody asked for")
+    elif not isinstance(got, str) or not hmac.compare_digest(got.encode(), nonce.encode()):
         raise SignInRefused("token_nonce_mismatch", "the ID token is not acceptable: wrong nonce")
     aud = claims.get("aud")
     azp = claims.get("azp")

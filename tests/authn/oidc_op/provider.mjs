@@ -22,7 +22,7 @@ function signingKey(type, options, kid, alg) {
 const provider = new Provider(issuer, {
   clients: config.clients.map((c) => ({
     ...c,
-    grant_types: ['authorization_code'],
+    grant_types: ['authorization_code', 'urn:ietf:params:oauth:grant-type:device_code'],
     response_types: ['code'],
     token_endpoint_auth_method: 'client_secret_basic',
     id_token_signed_response_alg: c.id_token_signed_response_alg || 'RS256',
@@ -44,7 +44,7 @@ const provider = new Provider(issuer, {
   // Claims of the granted scopes go into the ID token as well (not only userinfo).
   conformIdTokenClaims: false,
   pkce: { required: () => true },
-  features: { devInteractions: { enabled: true } },
+  features: { devInteractions: { enabled: true }, deviceFlow: { enabled: true } },
   // First-party client: the grant is implied, so the only page a person sees is the login form.
   async loadExistingGrant(ctx) {
     const grant = new ctx.oidc.provider.Grant({
@@ -61,7 +61,10 @@ const provider = new Provider(issuer, {
     if (!claims) return undefined;
     return { accountId: id, async claims() { return { sub: id, ...claims }; } };
   },
-  ttl: { AccessToken: 300, AuthorizationCode: 60, IdToken: 300, Interaction: 600, Session: 3600, Grant: 3600 },
+  ttl: {
+    AccessToken: 300, AuthorizationCode: 60, DeviceCode: 600, IdToken: 300, Interaction: 600,
+    Session: 3600, Grant: 3600,
+  },
 });
 provider.proxy = false;
 

@@ -1,5 +1,6 @@
 -- 0005: identity federation (OpenID Connect sign-in of people, token exchange of workloads).
--- oidc_logins: one pending authorization request per row, keyed by the SHA-256 of its state;
+-- oidc_logins: one pending authorization request per row, keyed by the SHA-256 of its state
+--   (a device authorization: of the handle the CLI polls with; code_verifier holds the device code);
 --   taken once (DELETE ... RETURNING), so a state, its nonce and its PKCE verifier serve once.
 -- federation_handoffs: the one-time code a CLI on a loopback port redeems (with its PKCE
 --   verifier) for the session the browser flow opened; keyed by the code's SHA-256.
@@ -10,7 +11,7 @@
 CREATE TABLE oidc_logins (
     state_hash    TEXT PRIMARY KEY,
     provider      TEXT NOT NULL,
-    purpose       TEXT NOT NULL CHECK (purpose IN ('login', 'step_up')),
+    purpose       TEXT NOT NULL CHECK (purpose IN ('login', 'step_up', 'device')),
     nonce         TEXT NOT NULL,
     code_verifier TEXT NOT NULL,
     browser_hash  TEXT,
