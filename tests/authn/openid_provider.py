@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from html import unescape
 from pathlib import Path
@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urljoin, urlsplit
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 OP_DIR = Path(__file__).resolve().parent / "oidc_op"
 CLIENT_ID = "controlplane"
@@ -54,13 +55,16 @@ def ensure_installed() -> str:
 
 @contextmanager
 def openid_provider(
-    port: int, redirect_uris: list[str], accounts: dict[str, dict[str, Any]], tmp: Path
+    port: int, redirect_uris: list[str], accounts: dict[str, dict[str, Any]], tmp: Path,
+    issuer: str | None = None,
 ) -> Iterator[str]:
-    """Run the provider on ``127.0.0.1:port``; yield its issuer URL."""
+    """Run the provider on ``127.0.0.1:port`` (its issuer URL ``issuer`` when it sits behind a
+    proxy); yield its issuer URL."""
     node = ensure_installed()
     config = tmp / f"op-{port}.json"
     config.write_text(json.dumps({
         "port": port,
+        **({"issuer": issuer} if issuer else {}),
         "clients": [{"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
                      "redirect_uris": redirect_uris}],
         "accounts": accounts,
@@ -150,3 +154,49 @@ def _fields(html: str) -> dict[str, str]:
 
 def query_of(url: str) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+
+
+class TamperingProxy:
+    """A reverse proxy in front of the provider that can rewrite the token endpoint's answer:
+    to show that a forged or substituted ID token, arriving exactly where a real one would, is
+    refused by the sign-in callback. Counts JWKS fetches."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.tamper: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.jwks_fetches = 0
+        self.id_tokens: list[str] = []
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/jwks":
+            self.jwks_fetches += 1
+        # The Host header goes through: the provider builds its URLs from it (the front's).
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in ("content-length", "transfer-encoding")}
+        body = await request.read()
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+            async with http.request(request.method, self.upstream + request.path_qs,
+                                    headers=headers, data=body or None,
+                                    allow_redirects=False) as resp:
+                content = await resp.read()
+                out = {k: v for k, v in resp.headers.items() if k.lower() not in
+                       ("content-length", "transfer-encoding", "content-encoding", "connection")}
+                if request.path == "/token" and resp.status == 200:
+                    answer = json.loads(content)
+                    self.id_tokens.append(answer["id_token"])
+                    if self.tamper is not None:
+                        answer = self.tamper(answer)
+                    content = json.dumps(answer).encode()
+                response = web.Response(status=resp.status, body=content)
+                for key, value in resp.headers.items():
+                    if key.lower() == "set-cookie":
+                        response.headers.add(key, value)
+                for key, value in out.items():
+                    if key.lower() != "set-cookie":
+                        response.headers[key] = value
+                return response
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app

@@ -14,10 +14,13 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp.test_utils import TestServer
+from joserfc import jwt
 
 from service.app import create_app
 from service.appkeys import FEDERATION, STORE
@@ -38,7 +41,14 @@ from tests.conftest import REPO
 from tests.servers import EdgeTestServer, free_port
 
 from .issuer import stranger_key
-from .openid_provider import CLIENT_ID, CLIENT_SECRET, Browser, openid_provider, query_of
+from .openid_provider import (
+    CLIENT_ID,
+    CLIENT_SECRET,
+    Browser,
+    TamperingProxy,
+    openid_provider,
+    query_of,
+)
 
 ACCOUNTS = {
     "alice": {"email": "alice@example.com", "email_verified": True, "groups": ["sre", "staff"]},
@@ -300,8 +310,6 @@ async def test_id_token_attacks_are_refused(app_client, browser):
     expectations.append((AlgorithmNotAllowed, signing_input + "." + b64(mac), {}))
     # A token signed by a key the provider never published, under its kid and under a new one.
     rogue = stranger_key()
-    from joserfc import jwt
-
     payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
     expectations.append((SignatureInvalid, jwt.encode({"alg": "RS256", "kid": rsa["kid"]},
                                                       payload, rogue), {}))
@@ -471,3 +479,92 @@ async def test_device_authorization_grant(app_client, browser):
     response = await app_client.post("/api/v1/authn/oidc/test/device/token",
                                      json={"device_request": started["device_request"]})
     assert (response.status, (await response.json())["code"]) == (401, "subject_not_allowed")
+
+
+# ------------------------------- forged ID tokens where the real one arrives (a tampering proxy)
+
+
+@pytest.fixture(scope="module")
+def proxy_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def proxied_issuer(ports, proxy_port, tmp_path_factory):
+    """A second provider whose issuer URL is the proxy in front of it."""
+    app_port, _ = ports
+    front, port = f"http://127.0.0.1:{proxy_port}", free_port()
+    with openid_provider(port, [f"http://127.0.0.1:{app_port}/api/v1/authn/oidc/test/callback"],
+                         ACCOUNTS, tmp_path_factory.mktemp("op-proxied"), issuer=front) as issuer:
+        yield issuer, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def proxy(proxied_issuer, proxy_port):
+    front = TamperingProxy(proxied_issuer[1])
+    server = TestServer(front.app(), host="127.0.0.1", port=proxy_port)
+    await server.start_server()
+    yield front
+    await server.close()
+
+
+@pytest.fixture
+async def proxied_client(aiohttp_client, make_config, ports, proxied_issuer, proxy):
+    app_port, _ = ports
+    config = make_config({"authn": {"oidc": {
+        "allow_http_loopback": True, "redirect_base_url": f"http://127.0.0.1:{app_port}",
+        "providers": [providers(proxied_issuer[0])[0]]}}})
+    return await aiohttp_client(EdgeTestServer(create_app(config), port=app_port))
+
+
+def _forge(kind: str, proxy: TamperingProxy) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def tamper(answer: dict[str, Any]) -> dict[str, Any]:
+        head, body, _ = answer["id_token"].split(".")
+        header = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+        payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        if kind == "alg-none":
+            forged = b64({"alg": "none"}) + "." + body + "."
+        elif kind == "hs256-with-public-key":
+            signing_input = b64({"alg": "HS256", "kid": header["kid"]}) + "." + body
+            public = json.dumps(PROVIDER_PUBLIC_KEYS[0]).encode()
+            forged = signing_input + "." + b64(hmac.new(public, signing_input.encode(),
+                                                        hashlib.sha256).digest())
+        elif kind == "unknown-kid":
+            forged = jwt.encode({"alg": "RS256", "kid": "op-rsa-9"}, payload, stranger_key())
+        elif kind == "unpublished-key":
+            forged = jwt.encode({"alg": "RS256", "kid": header["kid"]}, payload, stranger_key())
+        else:  # "substituted": a real ID token of an earlier sign-in (another nonce)
+            forged = proxy.id_tokens[0]
+        return {**answer, "id_token": forged}
+
+    return tamper
+
+
+PROVIDER_PUBLIC_KEYS: list[dict[str, Any]] = []
+
+
+@pytest.mark.parametrize("kind, code", [
+    ("alg-none", "token_alg_not_allowed"),
+    ("hs256-with-public-key", "token_alg_not_allowed"),
+    ("unknown-kid", "token_unknown_kid"),
+    ("unpublished-key", "token_signature_invalid"),
+    ("substituted", "token_nonce_mismatch"),
+])
+async def test_forged_id_tokens_are_refused_at_the_callback(proxied_client, proxy, browser, kind,
+                                                            code):
+    client = proxied_client
+    store = client.app[STORE].require()
+    if kind == "substituted":
+        assert (await sign_in(client, browser))[0] == 201  # the token to replay later
+    before = await store.list_federated_subjects()
+    if not PROVIDER_PUBLIC_KEYS:
+        async with browser.http.get(proxy.upstream + "/jwks") as resp:
+            PROVIDER_PUBLIC_KEYS.extend(k for k in (await resp.json())["keys"] if k["kty"] == "RSA")
+    fetched = proxy.jwks_fetches
+    proxy.tamper = _forge(kind, proxy)
+    status, _, body = await sign_in(client, browser)
+    assert isinstance(body, dict) and (status, body.get("code")) == (401, code), (status, body)
+    assert await store.list_federated_subjects() == before  # nothing created
+    if kind == "unknown-kid":
+        # The cached set lacked the kid: exactly one refetch (plus the first fetch), then refused.
+        assert proxy.jwks_fetches - fetched == 2

@@ -12,7 +12,8 @@ import { readFileSync } from 'node:fs';
 import Provider from 'oidc-provider';
 
 const config = JSON.parse(readFileSync(process.argv[2], 'utf8'));
-const issuer = `http://127.0.0.1:${config.port}`;
+// The issuer may name a front (a test proxy) other than the port the provider listens on.
+const issuer = config.issuer || `http://127.0.0.1:${config.port}`;
 
 function signingKey(type, options, kid, alg) {
   const { privateKey } = generateKeyPairSync(type, options);
