@@ -442,7 +442,11 @@ class OidcProvider:
     name: str
     issuer: str
     client_id: str
-    client_secret: Secret
+    #: ``client_secret_basic`` (with ``client_secret``) or ``private_key_jwt`` (RFC 7523: an
+    #: assertion signed with the key in ``private_key_file``; no shared secret).
+    client_auth: str
+    client_secret: Secret | None
+    private_key_file: Path | None
     display_name: str
     scopes: tuple[str, ...] = ("openid", "email", "profile")
     subject_claim: str = "email"
@@ -493,10 +497,10 @@ class FederationConfig:
         return next((p for p in self.providers if p.name == name), None)
 
     @classmethod
-    def from_raw(cls, authn: Mapping[str, Any]) -> FederationConfig:
+    def from_raw(cls, authn: Mapping[str, Any], resolve: _Resolve) -> FederationConfig:
         oidc = authn.get("oidc") or {}
         workload = authn.get("workload") or {}
-        providers = tuple(_oidc_provider(p) for p in oidc.get("providers") or [])
+        providers = tuple(_oidc_provider(p, resolve) for p in oidc.get("providers") or [])
         issuers = tuple(_workload_issuer(i) for i in workload.get("issuers") or [])
         for kind, names in (("authn.oidc.providers", [p.name for p in providers]),
                             ("authn.workload.issuers", [i.name for i in issuers])):
@@ -520,12 +524,20 @@ def _algorithms(raw: Any, where: str) -> tuple[str, ...]:
     return algs
 
 
-def _oidc_provider(raw: Mapping[str, Any]) -> OidcProvider:
+def _oidc_provider(raw: Mapping[str, Any], resolve: _Resolve) -> OidcProvider:
     where = f"authn.oidc.providers[{raw.get('name')}]"
     step = raw.get("step_up") or {}
+    client_auth = raw.get("client_auth", "client_secret_basic")
+    if client_auth == "client_secret_basic" and not raw.get("client_secret"):
+        raise ConfigError(f"{where}: client_secret_basic needs client_secret")
+    if client_auth == "private_key_jwt" and not raw.get("private_key_file"):
+        raise ConfigError(f"{where}: private_key_jwt needs private_key_file")
+    secret = raw.get("client_secret")
+    key_file = raw.get("private_key_file")
     return OidcProvider(
         name=raw["name"], issuer=raw["issuer"], client_id=raw["client_id"],
-        client_secret=Secret(raw["client_secret"]),
+        client_auth=client_auth, client_secret=Secret(secret) if secret else None,
+        private_key_file=resolve(key_file) if key_file else None,
         display_name=raw.get("display_name") or raw["name"],
         scopes=tuple(raw.get("scopes") or ("openid", "email", "profile")),
         subject_claim=raw.get("subject_claim", "email"),
@@ -773,7 +785,7 @@ def _build(raw: dict[str, Any], base: Path, source: str | None) -> Config:
         audit=AuditConfig.from_raw(raw["audit"], resolve, state_dir),
         logging=LoggingConfig.from_raw(raw["logging"]),
         inventory=InventoryConfig.from_raw(raw["inventory"]),
-        federation=FederationConfig.from_raw(raw["authn"]),
+        federation=FederationConfig.from_raw(raw["authn"], resolve),
         source=source,
     )
 

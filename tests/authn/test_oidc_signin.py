@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from joserfc import jwt
+from joserfc.jwk import ECKey
 
 from service.app import create_app
 from service.appkeys import FEDERATION, STORE
@@ -62,12 +63,21 @@ def ports() -> tuple[int, int]:
     return free_port(), free_port()
 
 
+#: The private_key_jwt client's key; its public half is registered at the provider under its
+#: RFC 7638 thumbprint, the kid the service puts on its assertions.
+CLIENT_KEY = ECKey.generate_key("P-256", parameters={"use": "sig"})
+CLIENT_KEY.ensure_kid()
+
+
 @pytest.fixture(scope="module")
 def issuer(ports, tmp_path_factory):
     app_port, op_port = ports
     base = f"http://127.0.0.1:{app_port}/api/v1/authn/oidc"
+    keyed = {"client_id": "controlplane-keyed", "token_endpoint_auth_method": "private_key_jwt",
+             "redirect_uris": [f"{base}/keyed/callback"],
+             "jwks": {"keys": [CLIENT_KEY.as_dict(private=False)]}}
     with openid_provider(op_port, [f"{base}/test/callback", f"{base}/strict/callback"], ACCOUNTS,
-                         tmp_path_factory.mktemp("op")) as url:
+                         tmp_path_factory.mktemp("op"), extra_clients=[keyed]) as url:
         yield url
 
 
@@ -83,11 +93,16 @@ def providers(issuer: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-async def app_client(aiohttp_client, make_config, ports, issuer):
+async def app_client(aiohttp_client, make_config, ports, issuer, tmp_path):
     app_port, _ = ports
+    key_file = tmp_path / "client-key.pem"
+    key_file.write_bytes(CLIENT_KEY.as_pem(private=True))
+    keyed = {**providers(issuer)[0], "name": "keyed", "client_id": "controlplane-keyed",
+             "client_auth": "private_key_jwt", "private_key_file": str(key_file)}
+    del keyed["client_secret"]
     config = make_config({"authn": {"oidc": {
         "allow_http_loopback": True, "redirect_base_url": f"http://127.0.0.1:{app_port}",
-        "providers": providers(issuer)}}})
+        "providers": [*providers(issuer), keyed]}}})
     return await aiohttp_client(EdgeTestServer(create_app(config), port=app_port))
 
 
@@ -137,6 +152,14 @@ async def test_browser_sign_in_opens_an_oidc_session(app_client, browser):
     payload = body["access_token"].split(".")[1]
     claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     assert "groups" not in claims and "sre" not in json.dumps(claims)
+
+
+async def test_private_key_jwt_client_authentication(app_client, browser):
+    """The provider authenticates us by an RFC 7523 assertion signed with our key: no secret."""
+    status, _, body = await sign_in(app_client, browser, provider="keyed")
+    assert status == 201, body
+    me = await whoami(browser, app_client, body["access_token"])
+    assert (me["subject_id"], me["authn_method"]) == ("alice@example.com", "oidc")
 
 
 async def test_step_up_by_reauthentication_at_the_idp(app_client, browser):

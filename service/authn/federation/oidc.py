@@ -30,10 +30,18 @@ import hashlib
 import hmac
 import logging
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from joserfc import jwt
+from joserfc.errors import JoseError
+from joserfc.jwk import import_key
 
 from ...config import FederationConfig, OidcProvider
 from ...store.base import Conflict, FederatedSession, HandoffRecord, NotFound, OidcLoginRecord
@@ -106,6 +114,12 @@ class OidcSignIn:
         self.leeway_s = leeway_s
         self.session_ttl_s = session_ttl_s
         self._keys = {p.name: RemoteKeys(fetcher, p.issuer) for p in config.providers}
+        #: private_key_jwt clients: provider -> (our signing key, its algorithm); read at start.
+        self._client_keys = {
+            p.name: client_key(p.private_key_file)
+            for p in config.providers
+            if p.client_auth == "private_key_jwt" and p.private_key_file is not None
+        }
 
     @property
     def enabled(self) -> bool:
@@ -261,10 +275,11 @@ class OidcSignIn:
         if not isinstance(endpoint, str):
             raise SignInRefused("invalid_request",
                                 "this provider does not offer the device authorization grant")
+        form, auth = self._client_auth(provider)
         try:
             status, answer = await self.fetcher.post_form(
-                endpoint, {"client_id": provider.client_id, "scope": " ".join(provider.scopes)},
-                auth=(provider.client_id, provider.client_secret.reveal()))
+                endpoint, {**form, "client_id": provider.client_id,
+                           "scope": " ".join(provider.scopes)}, auth=auth)
         except FetchError:
             raise ProviderUnavailable(provider.name) from None
         fields = ("device_code", "user_code", "verification_uri")
@@ -339,14 +354,15 @@ class OidcSignIn:
     async def _token_request(
         self, provider: OidcProvider, form: dict[str, str]
     ) -> tuple[int, str, dict[str, Any]]:
-        """POST the provider's token endpoint with client_secret_basic: status, error, answer."""
+        """POST the provider's token endpoint with the client's authentication: status, error,
+        answer."""
         discovery = await self._discovery(provider)
         endpoint = discovery.get("token_endpoint")
         if not isinstance(endpoint, str):
             raise ProviderUnavailable(provider.name)
+        extra, auth = self._client_auth(provider)
         try:
-            status, answer = await self.fetcher.post_form(
-                endpoint, form, auth=(provider.client_id, provider.client_secret.reveal()))
+            status, answer = await self.fetcher.post_form(endpoint, {**form, **extra}, auth=auth)
         except FetchError:
             raise ProviderUnavailable(provider.name) from None
         if not isinstance(answer, dict):
@@ -371,6 +387,29 @@ class OidcSignIn:
         except FetchError:
             raise ProviderUnavailable(provider.name) from None
         return check_id_token(claims, provider, nonce)
+
+    def _client_auth(
+        self, provider: OidcProvider
+    ) -> tuple[dict[str, str], tuple[str, str] | None]:
+        """Form fields and Basic credentials that authenticate us to the provider: the secret
+        (client_secret_basic), or a fresh RFC 7523 assertion signed with our key
+        (private_key_jwt; ``aud`` is the issuer identifier, never an endpoint URL)."""
+        key = self._client_keys.get(provider.name)
+        if key is None:
+            assert provider.client_secret is not None  # the configuration requires it
+            return {}, (provider.client_id, provider.client_secret.reveal())
+        now = int(time.time())
+        assertion = jwt.encode(
+            {"alg": key[1], "kid": key[0].kid, "typ": "JWT"},
+            {"iss": provider.client_id, "sub": provider.client_id, "aud": provider.issuer,
+             "jti": secrets.token_urlsafe(24), "iat": now, "exp": now + 60},
+            key[0], algorithms=[key[1]],
+        )  # fmt: skip
+        return {
+            "client_id": provider.client_id,
+            "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+            "client_assertion": assertion,
+        }, None
 
     def _admit(self, provider: OidcProvider, claims: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
         subject = claims.get(provider.subject_claim)
@@ -426,6 +465,24 @@ class OidcSignIn:
         await store.put_federated_session(
             FederatedSession(session_id, provider.name, str(claims["sub"]), groups, now))
         return await authenticator.token_for_session(session_id, now, stepped_up=True)
+
+
+def client_key(path: Path) -> tuple[Any, str]:
+    """Our private_key_jwt signing key from a PEM file, and the algorithm its type implies."""
+    try:
+        pem = path.read_bytes()
+        loaded = serialization.load_pem_private_key(pem, password=None)
+        kty, alg = (("RSA", "RS256") if isinstance(loaded, rsa.RSAPrivateKey)
+                    else ("EC", "ES256") if isinstance(loaded, ec.EllipticCurvePrivateKey)
+                    else ("OKP", "EdDSA") if isinstance(loaded, ed25519.Ed25519PrivateKey)
+                    else ("", ""))
+        if not kty:
+            raise ValueError("not an RSA, EC or Ed25519 key")
+        key = import_key(pem, kty, parameters={"use": "sig"})  # type: ignore[call-overload]
+    except (OSError, ValueError, TypeError, JoseError) as exc:
+        raise ValueError(f"cannot read the client key {path}: {type(exc).__name__}") from None
+    key.ensure_kid()
+    return key, alg
 
 
 def check_id_token(

@@ -25,7 +25,7 @@ const provider = new Provider(issuer, {
     ...c,
     grant_types: ['authorization_code', 'urn:ietf:params:oauth:grant-type:device_code'],
     response_types: ['code'],
-    token_endpoint_auth_method: 'client_secret_basic',
+    token_endpoint_auth_method: c.token_endpoint_auth_method || 'client_secret_basic',
     id_token_signed_response_alg: c.id_token_signed_response_alg || 'RS256',
   })),
   jwks: {
