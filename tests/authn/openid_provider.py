@@ -10,6 +10,7 @@ provider's login form, as a browser would.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -43,13 +44,16 @@ def ensure_installed() -> str:
     if node is None or npm is None:
         _unavailable("node and npm are needed to run the test OpenID provider")
     assert node is not None and npm is not None
-    if not (OP_DIR / "node_modules" / "oidc-provider").is_dir():
-        done = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=OP_DIR, capture_output=True, text=True, timeout=300, check=False,
-        )
-        if done.returncode != 0:
-            _unavailable(f"npm ci for the test OpenID provider failed: {done.stderr[-500:]}")
+    # Test workers (pytest-xdist) share the directory: one installs, the others wait.
+    with open(OP_DIR / ".install-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (OP_DIR / "node_modules" / "oidc-provider" / "package.json").is_file():
+            done = subprocess.run(
+                [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=OP_DIR, capture_output=True, text=True, timeout=300, check=False,
+            )
+            if done.returncode != 0:
+                _unavailable(f"npm ci for the test OpenID provider failed: {done.stderr[-500:]}")
     return node
 
 
