@@ -62,6 +62,7 @@ def openid_provider(
     port: int, redirect_uris: list[str], accounts: dict[str, dict[str, Any]], tmp: Path,
     issuer: str | None = None,
     extra_clients: list[dict[str, Any]] | None = None,
+    conform: bool = False,
 ) -> Iterator[str]:
     """Run the provider on ``127.0.0.1:port`` (its issuer URL ``issuer`` when it sits behind a
     proxy); yield its issuer URL."""
@@ -70,6 +71,7 @@ def openid_provider(
     config.write_text(json.dumps({
         "port": port,
         **({"issuer": issuer} if issuer else {}),
+        "conform": conform,
         "clients": [{"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
                      "redirect_uris": redirect_uris}, *(extra_clients or [])],
         "accounts": accounts,

@@ -514,11 +514,13 @@ def proxy_port() -> int:
 
 @pytest.fixture(scope="module")
 def proxied_issuer(ports, proxy_port, tmp_path_factory):
-    """A second provider whose issuer URL is the proxy in front of it."""
+    """A second provider whose issuer URL is the proxy in front of it; it keeps scope claims
+    (email, groups) out of the ID token (OIDC Core 5.4), so they come from userinfo."""
     app_port, _ = ports
     front, port = f"http://127.0.0.1:{proxy_port}", free_port()
     with openid_provider(port, [f"http://127.0.0.1:{app_port}/api/v1/authn/oidc/test/callback"],
-                         ACCOUNTS, tmp_path_factory.mktemp("op-proxied"), issuer=front) as issuer:
+                         ACCOUNTS, tmp_path_factory.mktemp("op-proxied"), issuer=front,
+                         conform=True) as issuer:
         yield issuer, f"http://127.0.0.1:{port}"
 
 
@@ -534,10 +536,22 @@ async def proxy(proxied_issuer, proxy_port):
 @pytest.fixture
 async def proxied_client(aiohttp_client, make_config, ports, proxied_issuer, proxy):
     app_port, _ = ports
+    # The conforming provider's ID token carries only sub: the subject is the IdP's sub here.
+    provider = {**providers(proxied_issuer[0])[0], "subject_claim": "sub", "allowed_domains": []}
     config = make_config({"authn": {"oidc": {
         "allow_http_loopback": True, "redirect_base_url": f"http://127.0.0.1:{app_port}",
-        "providers": [providers(proxied_issuer[0])[0]]}}})
+        "providers": [provider]}}})
     return await aiohttp_client(EdgeTestServer(create_app(config), port=app_port))
+
+
+async def test_groups_from_userinfo_when_the_id_token_has_none(proxied_client, proxy, browser):
+    status, _, body = await sign_in(proxied_client, browser)
+    assert status == 201, body
+    payload = proxy.id_tokens[-1].split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert "groups" not in claims  # the provider kept them for userinfo
+    facts = await proxied_client.app[STORE].require().get_federated_session(body["session_id"])
+    assert facts is not None and facts.groups == ("sre", "staff")
 
 
 def _forge(kind: str, proxy: TamperingProxy) -> Callable[[dict[str, Any]], dict[str, Any]]:

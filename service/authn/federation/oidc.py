@@ -240,6 +240,7 @@ class OidcSignIn:
             raise SignInRefused("code_rejected", "the identity provider did not accept the code",
                                 f"token_endpoint:{answer[0]}:{answer[1][:64]}")
         claims = await self._id_token(provider, answer[2], record.nonce, now)
+        claims = await self._with_userinfo(provider, claims, answer[2].get("access_token"))
         subject, issued = await self._finish(authenticator, provider, record, claims, now)
         if record.cli_redirect is None or record.cli_challenge is None:
             return CallbackResult(issued, None, subject, record.purpose)
@@ -328,8 +329,32 @@ class OidcSignIn:
             raise SignInRefused(code, "the device authorization ended without a sign-in",
                                 f"device:{status}:{error[:64]}")
         claims = await self._id_token(provider, answer, None, now)
+        claims = await self._with_userinfo(provider, claims, answer.get("access_token"))
         _, issued = await self._finish(authenticator, provider, record, claims, now)
         return issued
+
+    async def _with_userinfo(
+        self, provider: OidcProvider, claims: dict[str, Any], access_token: Any
+    ) -> dict[str, Any]:
+        """The groups from the userinfo endpoint when the ID token lacks the groups claim
+        (providers that conform to OIDC Core 5.4 keep scope claims out of the ID token). The
+        answer must be about the same ``sub`` (5.3.4); only the groups claim is taken from it."""
+        name = provider.groups_claim
+        if not name or name in claims or not isinstance(access_token, str):
+            return claims
+        endpoint = (await self._discovery(provider)).get("userinfo_endpoint")
+        if not isinstance(endpoint, str):
+            return claims
+        try:
+            info = await self.fetcher.get_json_bearer(endpoint, access_token)
+        except FetchError:
+            raise ProviderUnavailable(provider.name) from None
+        if not isinstance(info, dict) or info.get("sub") != claims.get("sub"):
+            raise SignInRefused("token_claims_invalid",
+                                "the userinfo answer is not about the signed-in person")
+        if name not in info:
+            return claims
+        return {**claims, name: info[name]}
 
     async def _finish(
         self,

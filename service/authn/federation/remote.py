@@ -145,6 +145,25 @@ class Fetcher:
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise FetchError(f"{host}: {type(exc).__name__}") from None
 
+    async def get_json_bearer(self, url: str, token: str) -> Any:
+        """GET a JSON document with a bearer token (userinfo); never cached."""
+        check_url(url, allow_http_loopback=self.allow_http_loopback)
+        host = urlsplit(url).hostname
+        headers = {"Authorization": f"Bearer {token}"}
+        try:
+            async with self._client().get(url, headers=headers, allow_redirects=False) as resp:
+                if resp.status != 200 or "json" not in resp.content_type:
+                    raise FetchError(f"{host}: HTTP {resp.status} {resp.content_type}")
+                body = await resp.content.read(MAX_DOCUMENT_BYTES + 1)
+                if len(body) > MAX_DOCUMENT_BYTES:
+                    raise FetchError(f"{host}: document over {MAX_DOCUMENT_BYTES} bytes")
+                try:
+                    return json.loads(body)
+                except ValueError:
+                    raise FetchError(f"{host}: not JSON") from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise FetchError(f"{host}: {type(exc).__name__}") from None
+
     async def post_form(
         self, url: str, form: Mapping[str, str], *, auth: tuple[str, str] | None = None
     ) -> tuple[int, Any]:

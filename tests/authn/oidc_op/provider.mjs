@@ -42,8 +42,9 @@ const provider = new Provider(issuer, {
     groups: ['groups'],
   },
   scopes: ['openid', 'email', 'profile', 'groups'],
-  // Claims of the granted scopes go into the ID token as well (not only userinfo).
-  conformIdTokenClaims: false,
+  // Claims of the granted scopes go into the ID token as well (not only userinfo), unless the
+  // config asks for the conforming behaviour (scope claims from userinfo only).
+  conformIdTokenClaims: Boolean(config.conform),
   pkce: { required: () => true },
   features: { devInteractions: { enabled: true }, deviceFlow: { enabled: true } },
   // First-party client: the grant is implied, so the only page a person sees is the login form.
