@@ -21,6 +21,7 @@ from .appkeys import (
     CONFIG,
     DECISION_LOG,
     ENGINE,
+    FEDERATION,
     METRICS,
     NOTIFICATIONS,
     POLICY_FOLLOWER,
@@ -32,6 +33,10 @@ from .appkeys import (
 from .approvals.expiry import expire_once
 from .audit.checkpointer import checkpointing
 from .audit.log import AuditLog
+from .authn.federation import Federation
+from .authn.federation.oidc import OidcSignIn
+from .authn.federation.remote import Fetcher
+from .authn.federation.workload import WorkloadExchange
 from .authn.published import PublishedKeyRing
 from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
@@ -115,6 +120,7 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     app.cleanup_ctx.append(_audit)
     app.cleanup_ctx.append(_audit_checkpoints)  # signed checkpoints of the chain; a last one on stop
     app.cleanup_ctx.append(_authenticator)
+    app.cleanup_ctx.append(_federation)  # OIDC sign-in and workload token exchange (after AuthN)
     app.cleanup_ctx.append(_notifications)  # the outbox dispatcher: after all it reads
     app.cleanup_ctx.append(_housekeeping)
 
@@ -265,6 +271,23 @@ async def _notifications(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _federation(app: web.Application) -> AsyncIterator[None]:
+    """FEDERATION: the OpenID providers and workload issuers of ``authn.oidc``/``authn.workload``
+    (their documents are fetched on first use, so an unreachable IdP never blocks start-up)."""
+    config = app[CONFIG]
+    fetcher = Fetcher(allow_http_loopback=config.federation.allow_http_loopback)
+    leeway = float(config.authn.clock_skew_s)
+    app[FEDERATION] = Federation(
+        fetcher,
+        OidcSignIn(config.federation, fetcher, leeway, float(config.authn.session_ttl_s)),
+        WorkloadExchange(config.federation, fetcher, leeway),
+    )
+    try:
+        yield
+    finally:
+        await app[FEDERATION].close()
+
+
 async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
     """Every ``HOUSEKEEPING_INTERVAL_S``: expire tickets, then purge dead claims, failures and
     sessions. Idle while there is no store; a failed round is logged and retried."""
@@ -279,6 +302,8 @@ async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
         if claims or failures or sessions:
             log.info("purged %d expired one-time claims, %d old login failures, %d expired "
                      "sessions", claims, failures, sessions)
+        # Pending OIDC sign-ins and CLI handoffs past their expiry; IdP facts of purged sessions.
+        await link.store.purge_federation(now)
 
     async with _every(HOUSEKEEPING_INTERVAL_S, round_):
         yield

@@ -15,6 +15,7 @@ from .config import Config
 
 if TYPE_CHECKING:
     from .audit.log import AuditLog
+    from .authn.federation import Federation
     from .authn.sessions import Authenticator
     from .authz.decisionlog import DecisionLog
     from .authz.engine import PolicyEngine
@@ -38,6 +39,7 @@ __all__ = [
     "CORRELATION_ID",
     "DECISION_LOG",
     "ENGINE",
+    "FEDERATION",
     "METRICS",
     "NOTIFICATIONS",
     "POLICY_FOLLOWER",
@@ -75,6 +77,8 @@ AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
 #: The notification outbox dispatcher of this process (``service.notifications``).
 NOTIFICATIONS: web.AppKey[Dispatcher] = web.AppKey("notifications")
+#: Identity federation: OIDC sign-in of people, RFC 8693 token exchange of workloads.
+FEDERATION: web.AppKey[Federation] = web.AppKey("federation")
 #: Open live streams (SSE), capped per principal and per worker; told to stop on shutdown.
 STREAMS: web.AppKey[StreamSlots] = web.AppKey("streams")
 

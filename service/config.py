@@ -37,10 +37,13 @@ __all__ = [
     "ConfigError",
     "DatabaseItem",
     "Environments",
+    "FederationConfig",
     "NotificationsConfig",
+    "OidcProvider",
     "Secret",
     "SinkConfig",
     "StorageItem",
+    "WorkloadIssuer",
     "load",
     "load_from_process",
 ]
@@ -54,7 +57,7 @@ _SHORTHANDS = {
     "MODE": ("mode",),
 }
 # Variables that are not configuration keys (read by tests and tooling, not by the service).
-_NOT_CONFIG = {"CONFIG", "CREDENTIALS", "TEST_PG_DSN", "TOKEN", "URL"}
+_NOT_CONFIG = {"CONFIG", "CREDENTIALS", "TEST_PG_DSN", "TOKEN", "TOKEN_FILE", "URL"}
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -613,6 +616,157 @@ class StorageItem(_InventoryItem):
 
     provider: str
 
+_FEDERATION_ALGS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384",
+                    "ES512", "EdDSA")
+
+
+@dataclass(frozen=True)
+class OidcStepUp:
+    """Step-up through the IdP: a fresh login there (``prompt=login``, ``max_age=0``)."""
+
+    acr_values: str | None = None
+    #: The returned ``acr`` must be one of these (empty: any); ``amr`` must contain all of these.
+    required_acr: tuple[str, ...] = ()
+    required_amr: tuple[str, ...] = ()
+    #: The IdP's ``auth_time`` may be at most this old when the callback arrives.
+    max_auth_age_s: int = 120
+
+
+@dataclass(frozen=True)
+class OidcProvider:
+    """One OpenID provider people sign in with (``authn.oidc.providers[]``)."""
+
+    name: str
+    issuer: str
+    client_id: str
+    #: ``client_secret_basic`` (with ``client_secret``) or ``private_key_jwt`` (RFC 7523: an
+    #: assertion signed with the key in ``private_key_file``; no shared secret).
+    client_auth: str
+    client_secret: Secret | None
+    private_key_file: Path | None
+    display_name: str
+    scopes: tuple[str, ...] = ("openid", "email", "profile")
+    subject_claim: str = "email"
+    groups_claim: str | None = "groups"
+    #: Who may sign in at all: the subject's e-mail domain (when the subject is an address)
+    #: and IdP groups; empty means no restriction on that axis.
+    allowed_domains: tuple[str, ...] = ()
+    allowed_groups: tuple[str, ...] = ()
+    algorithms: tuple[str, ...] = ("RS256", "ES256", "EdDSA")
+    step_up: OidcStepUp = field(default_factory=OidcStepUp)
+
+
+@dataclass(frozen=True)
+class WorkloadIssuer:
+    """One issuer of workload tokens accepted by the token exchange (``authn.workload.issuers[]``)."""
+
+    name: str
+    issuer: str
+    audience: str
+    subject: str  # template, e.g. "ci:github:{repository}"
+    kind: str  # service | agent
+    jwks_uri: str | None = None
+    max_token_age_s: int = 600
+    algorithms: tuple[str, ...] = ("RS256", "ES256", "EdDSA")
+    #: claim -> accepted values (a token must match every condition; a list is any of).
+    conditions: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """``authn.oidc`` and ``authn.workload``: identity federation (people and workloads)."""
+
+    providers: tuple[OidcProvider, ...] = ()
+    workload_issuers: tuple[WorkloadIssuer, ...] = ()
+    #: Our public base URL; the IdP redirects to ``<base>/api/v1/authn/oidc/<name>/callback``.
+    redirect_base_url: str = "http://127.0.0.1:8700"
+    #: Plain HTTP to issuers on loopback (development and tests only); HTTPS otherwise.
+    allow_http_loopback: bool = False
+    login_ttl_s: int = 600
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {
+        "oidc": {"providers": [], "redirect_base_url": "http://127.0.0.1:8700",
+                 "allow_http_loopback": False, "login_ttl_s": 600},
+        "workload": {"issuers": []},
+    }
+
+    def provider(self, name: str) -> OidcProvider | None:
+        return next((p for p in self.providers if p.name == name), None)
+
+    @classmethod
+    def from_raw(cls, authn: Mapping[str, Any], resolve: _Resolve) -> FederationConfig:
+        oidc = authn.get("oidc") or {}
+        workload = authn.get("workload") or {}
+        providers = tuple(_oidc_provider(p, resolve) for p in oidc.get("providers") or [])
+        issuers = tuple(_workload_issuer(i) for i in workload.get("issuers") or [])
+        for kind, names in (("authn.oidc.providers", [p.name for p in providers]),
+                            ("authn.workload.issuers", [i.name for i in issuers])):
+            if len(set(names)) != len(names):
+                raise ConfigError(f"{kind}: names must be unique")
+        base = str(oidc.get("redirect_base_url", "http://127.0.0.1:8700")).rstrip("/")
+        if urlsplit(base).scheme not in ("http", "https") or not urlsplit(base).hostname:
+            raise ConfigError("authn.oidc.redirect_base_url must be an http(s) URL")
+        return cls(providers=providers, workload_issuers=issuers, redirect_base_url=base,
+                   allow_http_loopback=bool(oidc.get("allow_http_loopback", False)),
+                   login_ttl_s=int(oidc.get("login_ttl_s", 600)))
+
+
+def _algorithms(raw: Any, where: str) -> tuple[str, ...]:
+    algs = tuple(raw or ("RS256", "ES256", "EdDSA"))
+    bad = [a for a in algs if a not in _FEDERATION_ALGS]
+    if bad or not algs:
+        # Never "none", never HMAC: a public key must not double as a shared secret.
+        raise ConfigError(f"{where}.algorithms: only public-key algorithms "
+                          f"({', '.join(_FEDERATION_ALGS)}) are allowed, not {bad}")
+    return algs
+
+
+def _oidc_provider(raw: Mapping[str, Any], resolve: _Resolve) -> OidcProvider:
+    where = f"authn.oidc.providers[{raw.get('name')}]"
+    step = raw.get("step_up") or {}
+    client_auth = raw.get("client_auth", "client_secret_basic")
+    if client_auth == "client_secret_basic" and not raw.get("client_secret"):
+        raise ConfigError(f"{where}: client_secret_basic needs client_secret")
+    if client_auth == "private_key_jwt" and not raw.get("private_key_file"):
+        raise ConfigError(f"{where}: private_key_jwt needs private_key_file")
+    secret = raw.get("client_secret")
+    key_file = raw.get("private_key_file")
+    return OidcProvider(
+        name=raw["name"], issuer=raw["issuer"], client_id=raw["client_id"],
+        client_auth=client_auth, client_secret=Secret(secret) if secret else None,
+        private_key_file=resolve(key_file) if key_file else None,
+        display_name=raw.get("display_name") or raw["name"],
+        scopes=tuple(raw.get("scopes") or ("openid", "email", "profile")),
+        subject_claim=raw.get("subject_claim", "email"),
+        groups_claim=raw.get("groups_claim", "groups"),
+        allowed_domains=tuple(d.lower() for d in raw.get("allowed_domains") or ()),
+        allowed_groups=tuple(raw.get("allowed_groups") or ()),
+        algorithms=_algorithms(raw.get("algorithms"), where),
+        step_up=OidcStepUp(
+            acr_values=step.get("acr_values"),
+            required_acr=tuple(step.get("required_acr") or ()),
+            required_amr=tuple(step.get("required_amr") or ()),
+            max_auth_age_s=int(step.get("max_auth_age_s", 120)),
+        ),
+    )
+
+
+def _workload_issuer(raw: Mapping[str, Any]) -> WorkloadIssuer:
+    where = f"authn.workload.issuers[{raw.get('name')}]"
+    conditions = tuple(
+        (str(claim), tuple(str(v) for v in (value if isinstance(value, list) else [value])))
+        for claim, value in sorted((raw.get("conditions") or {}).items())
+    )
+    if not conditions:
+        # Without a condition any workload of the issuer (any repository, any cluster) would do.
+        raise ConfigError(f"{where}.conditions: at least one claim condition is required")
+    return WorkloadIssuer(
+        name=raw["name"], issuer=raw["issuer"], audience=raw["audience"],
+        subject=raw["subject"], kind=raw.get("kind", "service"),
+        jwks_uri=raw.get("jwks_uri"), max_token_age_s=int(raw.get("max_token_age_s", 600)),
+        algorithms=_algorithms(raw.get("algorithms"), where), conditions=conditions,
+    )
+
 
 @dataclass(frozen=True)
 class InventoryConfig:
@@ -647,6 +801,7 @@ class Config:
     )
     notifications: NotificationsConfig = field(
         default_factory=lambda: NotificationsConfig.from_raw(NotificationsConfig.DEFAULTS))
+    federation: FederationConfig = field(default_factory=FederationConfig)
     source: str | None = None  # the file it came from, for messages
 
     def is_production(self, env: str) -> bool:
@@ -669,7 +824,7 @@ DEFAULTS: dict[str, Any] = {
     "store": StoreConfig.DEFAULTS,
     "policies": PoliciesConfig.DEFAULTS,
     "environments": Environments.DEFAULTS,
-    "authn": AuthnConfig.DEFAULTS,
+    "authn": {**AuthnConfig.DEFAULTS, **FederationConfig.DEFAULTS},
     "approvals": ApprovalsConfig.DEFAULTS,
     "audit": AuditConfig.DEFAULTS,
     "logging": LoggingConfig.DEFAULTS,
@@ -836,6 +991,7 @@ def _build(raw: dict[str, Any], base: Path, source: str | None) -> Config:
         inventory=InventoryConfig.from_raw(raw["inventory"]),
         decision_log=DecisionLogConfig.from_raw(raw["decision_log"], resolve),
         notifications=NotificationsConfig.from_raw(raw["notifications"]),
+        federation=FederationConfig.from_raw(raw["authn"], resolve),
         source=source,
     )
 

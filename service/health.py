@@ -20,6 +20,7 @@ from .appkeys import (
     CONFIG,
     DECISION_LOG,
     ENGINE,
+    FEDERATION,
     POLICY_FOLLOWER,
     SHADOW,
     STORE,
@@ -129,7 +130,11 @@ def setup_health(app: web.Application) -> None:
     async def authn() -> dict[str, Any]:
         if app[STORE].store is None:
             return {"status": "placeholder", "detail": "authentication needs a store"}
-        return {"status": "ready", **app[AUTHENTICATOR].status(clock.now())}
+        status = {"status": "ready", **app[AUTHENTICATOR].status(clock.now())}
+        federation = app.get(FEDERATION)
+        if federation is not None:
+            status["federation"] = federation.status()
+        return status
 
     async def approvals() -> dict[str, Any]:
         if not app[CONFIG].approvals.enabled or app[STORE].store is None:

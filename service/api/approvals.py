@@ -85,6 +85,9 @@ async def create_approval(run: Write) -> Outcome:
         subject_kind=subject_kind, action=body["action"],
         target=Target(body["resource"], body["env"]), command_hash=command_hash,
         correlation_id=run.correlation_id,
+        subject_idp_groups=(
+            run.principal.idp_groups if body["subject_id"] == run.principal.subject_id else ()
+        ),
     )
     if "ttl_s" in body and body["ttl_s"] < req.ttl_s:
         req = type(req)(req.quorum, req.require_groups, req.reviewer_roles, body["ttl_s"],
@@ -152,7 +155,8 @@ async def review_approval(run: Write) -> Outcome:
     if run.config.is_production(ticket.env):
         stepup.require_fresh(run.principal, run.now, run.config.authn.step_up_window_s,
                              "reviewing a production ticket needs a recent step-up authentication")
-    facts = reviewer_facts(run.request.app[ENGINE], run.principal.subject_id, "approvals.review")
+    facts = reviewer_facts(run.request.app[ENGINE], run.principal.subject_id, "approvals.review",
+                           run.principal.idp_groups)
     outcome = decide_review(
         ticket,
         reviewer=run.principal.subject_id,
@@ -179,7 +183,8 @@ async def revoke_approval(run: Write) -> Outcome:
     """Revoke a pending or approved ticket: its requester, or an admin."""
     ticket = await _load(run.request, run.tx)
     if run.principal.subject_id != ticket.requested_by and "admin" not in reviewer_facts(
-        run.request.app[ENGINE], run.principal.subject_id, "approvals.revoke"
+        run.request.app[ENGINE], run.principal.subject_id, "approvals.revoke",
+        run.principal.idp_groups,
     ).roles:
         raise Forbidden("only the ticket's requester or an admin can revoke it", code="not_requester")
     updated = await run.tx.transition_ticket(ticket.id, ("pending", "approved"), "revoked", run.now,

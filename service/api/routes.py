@@ -15,6 +15,7 @@ from . import (
     audit,
     authn,
     compose,
+    federation,
     installer,
     inventory,
     legacy,
@@ -24,8 +25,21 @@ from . import (
     tasks,
 )
 
-_MODULES = (system, authn, approvals, approval_events, installer, tasks, audit, compose, inventory,
-            legacy, policy_revisions, openapi)
+_MODULES = (
+    system,
+    authn,
+    federation,
+    approvals,
+    approval_events,
+    installer,
+    tasks,
+    audit,
+    compose,
+    inventory,
+    legacy,
+    policy_revisions,
+    openapi,
+)
 
 
 def add_routes(app: web.Application) -> None:

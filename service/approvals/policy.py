@@ -50,12 +50,17 @@ def ticket_requirements(
     target: Target,
     command_hash: str | None,
     correlation_id: str,
+    subject_idp_groups: Sequence[str] = (),
 ) -> Requirements:
     """What a ticket for ``subject_id`` doing ``action`` on ``target`` must satisfy;
     ``PolicyDenied`` (403 ``subject_denied``) when the policy would deny the action itself, and
     422 ``approval_not_required`` when it would allow it without a ticket (such a ticket could
     never be redeemed, and would only sit in the approvers' queue)."""
     subject = _stepped_up(subject_id, subject_kind)
+    if subject_idp_groups:
+        # A person signed in through OIDC asking for their own ticket: the IdP groups of their
+        # session, which bind roles as they will when the ticket is redeemed.
+        subject["idp_groups"] = list(subject_idp_groups)
     decision = decide(engine, config.environments, subject, actions.get(action), target,
                       {"correlation_id": correlation_id, "command_hash": command_hash})
     if decision.decision == "deny":
@@ -82,9 +87,12 @@ class ReviewerFacts:
     groups: Sequence[str]
 
 
-def reviewer_facts(engine: PolicyEngine, subject_id: str, action: str) -> ReviewerFacts:
-    """``subject_id``'s roles and groups in the serving revision, for deciding ``action``."""
-    facts = engine.facts(subject_id, action)
+def reviewer_facts(
+    engine: PolicyEngine, subject_id: str, action: str, idp_groups: Sequence[str] = ()
+) -> ReviewerFacts:
+    """``subject_id``'s roles and groups in the serving revision, for deciding ``action`` (with
+    the roles its OIDC session's IdP groups are bound to)."""
+    facts = engine.facts(subject_id, action, idp_groups)
     return ReviewerFacts(tuple(facts["roles"]), tuple(facts["groups"]))
 
 

@@ -20,6 +20,9 @@ class Principal:
     auth_time: float
     authn_method: str
     step_up_at: float | None = None
+    #: IdP groups recorded on the session at OIDC sign-in or step-up (never in a token); the
+    #: engine binds them to roles through ``group_bindings`` in policy data.
+    idp_groups: tuple[str, ...] = ()
 
     @property
     def is_authenticated(self) -> bool:
@@ -38,7 +41,7 @@ class Principal:
         # Whole seconds, as the policy input schema says: policies reason about seconds, and a
         # stable value within a second lets the decision cache serve repeated calls.
         age = None if at is None else int(max(0.0, now - at))
-        return {
+        doc: dict[str, Any] = {
             "subject_id": self.subject_id,
             "kind": self.kind,
             "session_id": self.session_id,
@@ -50,6 +53,10 @@ class Principal:
                 "age_s": age,
             },
         }
+        if self.authn_method == "oidc":
+            # Sessions opened through OpenID Connect carry the IdP groups recorded at sign-in.
+            doc["idp_groups"] = list(self.idp_groups)
+        return doc
 
 
 #: The caller presented no credentials (or none that verified); AuthN never rejects by itself.

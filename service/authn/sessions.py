@@ -58,7 +58,13 @@ from .identities import load as load_identities
 from .keyring import ALG, KeyRing
 from .principal import Principal
 from .published import PublishedKeyRing
-from .stepup import ACR_STEP_UP, AMR_STEP_UP, METHOD_ASSERTION
+from .stepup import (
+    ACR_STEP_UP,
+    AMR_STEP_UP,
+    FEDERATED_METHODS,
+    METHOD_ASSERTION,
+    METHOD_OIDC,
+)
 from .tokens import AccessTokens
 
 __all__ = ["Authenticator", "IssuedToken", "create_authenticator"]
@@ -230,22 +236,32 @@ class Authenticator:
                 raise
             claims = self.tokens.verify(token, now)
         subject, kind = claims["sub"], claims["kind"]
-        identity = self.identities.active(subject)
-        if identity is None or identity.kind != kind:
+        identity = self.identities.get(subject)
+        if identity is not None and (identity.disabled or identity.kind != kind):
             raise SubjectDisabled()
         session = await self._active_session(claims["sid"], now)
         if session.subject_id != subject or session.kind != kind:
             raise SessionInactive()
+        groups: tuple[str, ...] = ()
+        if identity is None:
+            # Federated subjects need no entry in the identities file (just-in-time); anyone
+            # else without one is refused.
+            if session.authn_method not in FEDERATED_METHODS:
+                raise SubjectDisabled()
+            if session.authn_method == METHOD_OIDC:
+                facts = await self.store.get_federated_session(session.id)
+                groups = facts.groups if facts is not None else ()
         # Step-up counts only on a token issued after it: an older token of the same session
         # (perhaps copied before the step-up) stays un-stepped.
         stepped = "acr" in claims and claims["acr"] == ACR_STEP_UP
         return Principal(
             subject_id=subject,
-            kind=identity.kind,
+            kind=kind,
             session_id=session.id,
             auth_time=session.auth_time,
             authn_method=session.authn_method,
             step_up_at=session.step_up_at if stepped else None,
+            idp_groups=groups,
         )
 
     async def step_up(
@@ -409,6 +425,17 @@ class Authenticator:
         if session.expires_at <= now:
             raise SessionInactive()
         return session
+
+    async def open_federated_session(
+        self, subject_id: str, kind: str, method: str, now: float
+    ) -> IssuedToken:
+        """A session for a subject a federation verified (OIDC sign-in, token exchange)."""
+        return await self._open_session(subject_id, kind, method, now)
+
+    async def token_for_session(self, session_id: str, now: float, *, stepped_up: bool) -> IssuedToken:
+        """A new access token for a still-active session (a federation handoff redeems one)."""
+        session = await self._active_session(session_id, now)
+        return self._issue(session, now, stepped_up=stepped_up and session.step_up_at is not None)
 
     async def _open_session(
         self, subject_id: str, kind: str, method: str, now: float

@@ -12,7 +12,17 @@ import re
 from .errors import StepUpRequired
 from .principal import Principal
 
-__all__ = ["ACR_STEP_UP", "AMR_STEP_UP", "METHOD_ASSERTION", "challenge", "require_fresh"]
+__all__ = [
+    "ACR_STEP_UP",
+    "AMR_STEP_UP",
+    "FEDERATED_METHODS",
+    "KEY_BASED_METHODS",
+    "METHOD_ASSERTION",
+    "METHOD_OIDC",
+    "METHOD_TOKEN_EXCHANGE",
+    "challenge",
+    "require_fresh",
+]
 
 #: ``acr`` of a session that stepped up; the value the challenge asks for in ``acr_values``.
 ACR_STEP_UP = "urn:controlplane:acr:mfa"
@@ -20,6 +30,14 @@ ACR_STEP_UP = "urn:controlplane:acr:mfa"
 AMR_STEP_UP = ("pwd", "otp", "mfa")
 #: ``authn_method`` of a session opened with a signed assertion (services and agents).
 METHOD_ASSERTION = "private_key_jwt"
+#: ``authn_method`` of a workload session opened by an RFC 8693 token exchange.
+METHOD_TOKEN_EXCHANGE = "token_exchange"  # noqa: S105 - a method name
+#: ``authn_method`` of a person's session opened by an OpenID Connect sign-in.
+METHOD_OIDC = "oidc"
+#: Methods whose subjects need no entry in the identities file (the federation vouches).
+FEDERATED_METHODS = frozenset({METHOD_OIDC, METHOD_TOKEN_EXCHANGE})
+#: Methods that prove possession of a key at login: a fresh one stands in for step-up.
+KEY_BASED_METHODS = frozenset({METHOD_ASSERTION, METHOD_TOKEN_EXCHANGE})
 _UNSAFE = re.compile(r"[^\x20-\x7e]")
 
 
@@ -60,7 +78,7 @@ def require_fresh(
     else:
         fresh = (
             principal.is_authenticated
-            and principal.authn_method == METHOD_ASSERTION
+            and principal.authn_method in KEY_BASED_METHODS
             and now - principal.auth_time <= window_s
         )
     if not fresh:

@@ -24,7 +24,7 @@ import secrets
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -269,13 +269,16 @@ class PolicyEngine:
             raise RuntimeError("no policy revision loaded")
         return _project(current.projection, strip(input_doc))
 
-    def facts(self, subject_id: str, action: str) -> dict[str, Any]:
+    def facts(
+        self, subject_id: str, action: str, idp_groups: Sequence[str] = ()
+    ) -> dict[str, Any]:
         """The subject's roles, groups and grants for ``action``, exactly as the policy sees them
-        in the serving revision (empty with no revision: nothing is granted). Never from tokens."""
+        in the serving revision (empty with no revision: nothing is granted). Never from tokens;
+        ``idp_groups`` are the IdP groups recorded on the caller's OIDC session."""
         current = self._current
         if current is None:
             return {"roles": [], "groups": [], "grants": []}
-        return current.projection.facts(subject_id, action)
+        return current.projection.facts(subject_id, action, idp_groups)
 
     def decide(self, input_doc: Mapping[str, Any]) -> Decision:
         """One decision; never raises for a bad policy or input (fails closed to deny)."""
@@ -467,9 +470,11 @@ def _project(projection: Projection, stripped: dict[str, Any]) -> dict[str, Any]
     if not isinstance(principal, Mapping) or not isinstance(principal.get("subject_id"), str):
         return stripped  # the policy sees no facts; a malformed principal is the policy's to deny
     out = dict(stripped)
+    idp = principal.get("idp_groups")
+    idp_groups = [g for g in idp if isinstance(g, str)] if isinstance(idp, list) else []
     out["principal"] = {
         **principal,
-        **projection.facts(principal["subject_id"], str(stripped.get("action"))),
+        **projection.facts(principal["subject_id"], str(stripped.get("action")), idp_groups),
     }
     return out
 

@@ -9,8 +9,8 @@ the code-owned action catalogue, forms the (small) Rego data document.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from service.authz import actions
@@ -19,7 +19,7 @@ from service.authz.source import SourceError
 __all__ = ["PROJECTED_KEYS", "Projection", "build_projection"]
 
 #: Top-level data keys resolved in Python and projected into input.principal, never in Rego data.
-PROJECTED_KEYS = ("roles", "bindings", "groups")
+PROJECTED_KEYS = ("roles", "bindings", "groups", "group_bindings")
 _GRANT_KEYS = {"actions", "envs", "kinds", "scope"}
 _KINDS = {"human", "service", "agent"}
 _EMPTY: tuple[tuple[str, ...], tuple[str, ...], Mapping[str, tuple[dict[str, Any], ...]]] = (
@@ -38,8 +38,14 @@ class Projection:
     ]
     rego_data: Mapping[str, Any]
     role_count: int
+    #: IdP group -> (roles, grants by action): ``group_bindings``, for federated sign-ins.
+    idp_groups: Mapping[str, tuple[tuple[str, ...], Mapping[str, tuple[dict[str, Any], ...]]]] = (
+        field(default_factory=dict)
+    )
 
-    def facts(self, subject_id: str, action: str) -> dict[str, Any]:
+    def facts(
+        self, subject_id: str, action: str, idp_groups: Sequence[str] = ()
+    ) -> dict[str, Any]:
         """The projected fields for ``subject_id`` deciding ``action`` (empty for unknown subjects).
 
         ``grants`` holds only the grants whose ``actions`` cover ``action`` (without the
@@ -47,10 +53,24 @@ class Projection:
         carries just what this decision can use.
         """
         roles, groups, by_action = self.subjects.get(subject_id, _EMPTY)
+        grants = list(by_action.get(action, ()))
+        bound = [self.idp_groups[g] for g in idp_groups if g in self.idp_groups]
+        if bound:
+            # IdP groups (recorded on an OIDC session at sign-in) add their bound roles' grants;
+            # a grant reached twice counts once.
+            names = set(roles)
+            seen = {id(g) for g in grants}
+            for group_roles, group_by_action in bound:
+                names.update(group_roles)
+                for grant in group_by_action.get(action, ()):
+                    if id(grant) not in seen:
+                        seen.add(id(grant))
+                        grants.append(grant)
+            roles = tuple(sorted(names))
         return {
             "roles": list(roles),
             "groups": list(groups),
-            "grants": list(by_action.get(action, ())),
+            "grants": grants,
         }
 
 
@@ -66,6 +86,7 @@ def build_projection(
     roles = _mapping(data.get("roles", {}), "roles")
     bindings = _mapping(data.get("bindings", {}), "bindings")
     groups = _mapping(data.get("groups", {}), "groups")
+    group_bindings = _mapping(data.get("group_bindings", {}), "group_bindings")
     flat = _flatten_roles(roles)
 
     member_of: dict[str, list[str]] = {}
@@ -103,6 +124,21 @@ def build_projection(
             {a: tuple(g) for a, g in by_action.items()},
         )
 
+    idp_groups: dict[str, tuple[tuple[str, ...], Mapping[str, tuple[dict[str, Any], ...]]]] = {}
+    for group, entry in group_bindings.items():
+        bound = _mapping(entry, f"group_bindings.{group}").get("roles", [])
+        names = sorted(set(_strings(bound, f"group_bindings.{group}.roles")))
+        for name in names:
+            if name not in flat:
+                raise SourceError(f"group_bindings.{group}: unknown role {name!r}")
+        merged: dict[str, list[dict[str, Any]]] = {}
+        for name in names:
+            for action, grants in by_role[name].items():
+                for grant in grants:
+                    if all(grant is not g for g in merged.get(action, [])):
+                        merged.setdefault(action, []).append(grant)
+        idp_groups[str(group)] = (tuple(names), {a: tuple(g) for a, g in merged.items()})
+
     if "controlplane" in data:
         raise SourceError("data key 'controlplane' is reserved for the engine (action catalogue)")
     rego_data = {k: v for k, v in data.items() if k not in PROJECTED_KEYS}
@@ -116,7 +152,7 @@ def build_projection(
             }
         }
     }
-    return Projection(subjects, rego_data, len(flat))
+    return Projection(subjects, rego_data, len(flat), idp_groups)
 
 
 def _environments(table: Any, production: Mapping[str, bool]) -> dict[str, Any]:

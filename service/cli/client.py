@@ -297,6 +297,10 @@ class Client:
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path).body
 
+    def post_form(self, path: str, form: Mapping[str, str]) -> Any:
+        """POST ``application/x-www-form-urlencoded`` (OAuth endpoints), unauthenticated."""
+        return self.request("POST", path, form=form, auth=False).body
+
     def request(
         self,
         method: str,
@@ -306,8 +310,10 @@ class Client:
         query: Mapping[str, Any] | None = None,
         auth: bool = True,
         headers: Mapping[str, str] | None = None,
+        form: Mapping[str, str] | None = None,
     ) -> Response:
-        req = self._request(method, path, body=body, query=query, auth=auth, headers=headers)
+        req = self._request(method, path, body=body, query=query, auth=auth, headers=headers,
+                            form=form)
         try:
             with _OPENER.open(req, timeout=self.timeout) as resp:
                 return Response(resp.status, dict(resp.headers), _decode(resp.read()))
@@ -332,15 +338,20 @@ class Client:
         auth: bool = True,
         headers: Mapping[str, str] | None = None,
         accept: str = "application/json, application/problem+json",
+        form: Mapping[str, str] | None = None,
     ) -> urllib.request.Request:
         url = self.base_url + path
         params = {k: str(v) for k, v in (query or {}).items() if v is not None}
         if params:
             url += "?" + urllib.parse.urlencode(params)
         data = None if body is None else json.dumps(body).encode("utf-8")
+        if form is not None:
+            data = urllib.parse.urlencode(form).encode("ascii")
         req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 (http/https only)
         req.add_header("Accept", accept)
-        if data is not None:
+        if form is not None:
+            req.add_header("Content-Type", "application/x-www-form-urlencoded")
+        elif data is not None:
             req.add_header("Content-Type", "application/json")
         for name, value in (headers or {}).items():
             req.add_header(name, value)
@@ -518,6 +529,11 @@ def _one_line(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------- credentials
+
+
+def workload_token_file(explicit: str | None) -> str | None:
+    """``--token-file``, else ``$CONTROLPLANE_TOKEN_FILE`` (a CI job's OIDC token file)."""
+    return explicit or os.environ.get("CONTROLPLANE_TOKEN_FILE") or None
 
 
 def credentials_path(environ: Mapping[str, str] | None = None) -> Path:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
+import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,6 +62,13 @@ def register(sub: Any) -> None:
         help="generate a key pair; write the private key here (0600)",
     )
     ak.set_defaults(func=add_key)
+
+    ls = commands.add_parser(
+        "list", help="the identities file's subjects and the federated subjects seen (SSO, CI)"
+    )
+    ls.add_argument("--config", metavar="FILE", help="the service's configuration file")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.set_defaults(func=list_identities)
 
 
 def _add_cost(parser: argparse.ArgumentParser) -> None:
@@ -143,6 +153,59 @@ def add_key(args: argparse.Namespace) -> int:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+
+def list_identities(args: argparse.Namespace) -> int:
+    """Every subject the service knows: the file's (with kind and state), then the federated
+    subjects the store has seen sign in (OIDC people, token-exchange workloads)."""
+    from .. import config as config_mod
+
+    try:
+        config = config_mod.load_from_process(args.config)
+        directory = identities.load(config.authn.identities)
+    except (config_mod.ConfigError, identities.IdentitiesError, OSError) as exc:
+        return _fail(str(exc))
+    rows: list[dict[str, Any]] = [
+        {"subject_id": i.subject_id, "kind": i.kind, "source": "file",
+         "state": "disabled" if i.disabled else "active"}
+        for i in sorted(directory, key=lambda i: i.subject_id)
+    ]
+    federated, note = asyncio.run(_federated(config))
+    rows.extend(federated)
+    if args.json:
+        print(json.dumps({"identities": rows, "federated_note": note}, indent=2))
+        return _EXIT_OK
+    for row in rows:
+        seen = f"  last seen {_iso(row['last_seen'])}" if "last_seen" in row else ""
+        print(f"{row['subject_id']:40} {row['kind']:8} {row['source']}{seen}")
+    if note:
+        print(note, file=sys.stderr)
+    return _EXIT_OK
+
+
+async def _federated(config: Any) -> tuple[list[dict[str, Any]], str | None]:
+    from ..store import StoreError, open_store
+
+    url = config.store.url
+    if url is None or (config.store.backend == "sqlite" and not config.store.sqlite_path.exists()):
+        return [], "no store: federated subjects are not listed"
+    try:
+        store = await open_store(url.reveal(), schema=config.store.postgres_schema)
+    except StoreError as exc:
+        return [], f"store unavailable, federated subjects not listed: {exc}"
+    try:
+        seen = await store.list_federated_subjects(1000)
+    finally:
+        await store.close()
+    return [
+        {"subject_id": s.subject_id, "kind": s.kind, "source": s.source,
+         "first_seen": s.first_seen, "last_seen": s.last_seen}
+        for s in seen
+    ], None
+
+
+def _iso(value: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
 
 
 def _fail(message: str) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import client as http
+from . import sso
 from .client import EXIT_OK, CredentialStore, UsageError, guarded
 
 __all__ = ["prompt_otp", "register", "run", "step_up_session"]
@@ -31,20 +32,30 @@ def register(sub: Any) -> None:
 
     login_p = sub.add_parser("login", parents=[http.connection_parent(token=False)],
                              help="log in and store a token for the server")
-    login_p.add_argument("subject", metavar="SUBJECT", help="subject id, e.g. alice or ci-bot")
+    login_p.add_argument("subject", metavar="SUBJECT", nargs="?",
+                         help="subject id, e.g. alice or ci-bot (not with --sso or --token-file)")
     how = login_p.add_mutually_exclusive_group()
+    how.add_argument("--sso", action="store_true",
+                     help="sign in through the organisation's OpenID provider (browser, loopback redirect)")
+    how.add_argument("--token-file", metavar="PATH",
+                     help="exchange a workload's OIDC token (CI job, pod) for a session; '-' reads "
+                          "stdin (env CONTROLPLANE_TOKEN_FILE)")
     how.add_argument("--password-stdin", action="store_true",
                      help="read the password from the first line of stdin (no prompt)")
     how.add_argument("--key", type=Path, metavar="PEM",
                      help="Ed25519 private key (PKCS#8 PEM) of a service or agent: log in with an assertion")
     login_p.add_argument("--audience", default=DEFAULT_AUDIENCE,
                          help=f"the service's issuer, the assertion's audience (default {DEFAULT_AUDIENCE})")
+    _sso_args(login_p)
     _print_token_arg(login_p)
     login_p.set_defaults(func=guarded(login))
 
     step_p = sub.add_parser("step-up", parents=[conn],
                             help="verify a one-time code; the stored token becomes a stepped-up one")
     step_p.add_argument("--otp", metavar="CODE", help="the 6-digit code (prompted for when absent)")
+    step_p.add_argument("--sso", action="store_true",
+                        help="re-authenticate at the OpenID provider instead of a one-time code")
+    _sso_args(step_p)
     _print_token_arg(step_p)
     step_p.set_defaults(func=guarded(step_up))
 
@@ -54,6 +65,17 @@ def register(sub: Any) -> None:
     who_p = sub.add_parser("whoami", parents=[conn], help="show the principal the service sees")
     who_p.add_argument("--json", action="store_true", help="print the principal document as JSON")
     who_p.set_defaults(func=guarded(whoami))
+
+
+def _sso_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--provider", metavar="NAME",
+                        help="with --sso: the sign-in provider (needed when several are configured)")
+    parser.add_argument("--no-browser", action="store_true",
+                        help="with --sso: only print the URL to open (no browser is started)")
+    if parser.prog.endswith("login"):
+        parser.add_argument("--device", action="store_true",
+                            help="with --sso: the device authorization grant (RFC 8628), for a "
+                                 "terminal without a browser: open the printed URL anywhere")
 
 
 def _print_token_arg(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +99,13 @@ def run(argv: Sequence[str]) -> int:
 
 def login(args: argparse.Namespace) -> int:
     url = http.server_url(args.server)
+    token_file = http.workload_token_file(args.token_file)
+    if args.sso or token_file is not None:
+        return _federated_login(args, url, token_file)
+    if not args.subject:
+        raise UsageError("SUBJECT is required (or --sso, or --token-file)")
+    if args.device:
+        raise UsageError("--device goes with --sso")
     body: dict[str, Any]
     if args.key is not None:
         body = {"assertion": _assertion(args.key, args.subject, args.audience)}
@@ -94,8 +123,13 @@ def login(args: argparse.Namespace) -> int:
 
 def step_up(args: argparse.Namespace) -> int:
     api = http.client_for(args)
-    code = args.otp if args.otp is not None else prompt_otp()
-    answer = step_up_session(api, code)
+    if args.sso:
+        provider = sso.choose_provider(api, args.provider)
+        answer = adopt_step_up(
+            api, sso.sso_flow(api, provider, step_up=True, open_browser=not args.no_browser))
+    else:
+        code = args.otp if args.otp is not None else prompt_otp()
+        answer = step_up_session(api, code)
     if api.from_store:
         _message(args, f"stepped up on {api.base_url} (token valid {answer.get('expires_in')} s)")
     elif not args.print_token:
@@ -108,9 +142,13 @@ def step_up(args: argparse.Namespace) -> int:
 
 
 def step_up_session(api: http.Client, code: str) -> dict[str, Any]:
-    """Step ``api``'s session up with a one-time code; ``api`` uses the new token from then on,
-    and the credentials file keeps it when the old one came from there. The server's answer."""
-    answer = api.post("/api/v1/authn/step-up", {"otp": code})
+    """Step ``api``'s session up with a one-time code (``adopt_step_up``). The server's answer."""
+    return adopt_step_up(api, api.post("/api/v1/authn/step-up", {"otp": code}))
+
+
+def adopt_step_up(api: http.Client, answer: Any) -> dict[str, Any]:
+    """Take a step-up answer (one-time code or IdP re-authentication): ``api`` uses the new token
+    from then on, and the credentials file keeps it when the old one came from there."""
     _need_token(answer)
     if api.from_store:
         store = CredentialStore()
@@ -118,6 +156,32 @@ def step_up_session(api: http.Client, code: str) -> dict[str, Any]:
         store.put(api.base_url, http.token_entry(answer, previous.get("subject_id")))
     api.token = answer["access_token"]
     return dict(answer)
+
+
+def _federated_login(args: argparse.Namespace, url: str, token_file: str | None) -> int:
+    if args.subject:
+        raise UsageError("SUBJECT comes from the identity provider with --sso and --token-file")
+    if args.device and not args.sso:
+        raise UsageError("--device goes with --sso")
+    api = http.Client(url)
+    if token_file is not None:
+        answer, how = sso.exchange_token_file(api, token_file), "a workload token"
+    else:
+        provider = sso.choose_provider(api, args.provider)
+        if args.device:
+            answer = sso.device_flow(api, provider)
+        else:
+            answer = sso.sso_flow(api, provider, open_browser=not args.no_browser)
+        how = f"single sign-on ({provider})"
+    _need_token(answer)
+    principal = http.Client(url, answer["access_token"]).get("/api/v1/authn/sessions/current")
+    subject = principal.get("subject_id") if isinstance(principal, dict) else None
+    CredentialStore().put(url, http.token_entry(answer, subject))
+    _message(args, f"logged in to {url} as {subject} through {how} "
+                   f"(session {answer.get('session_id')}, token valid {answer.get('expires_in')} s)")
+    if args.print_token:
+        print(answer["access_token"])
+    return EXIT_OK
 
 
 def logout(args: argparse.Namespace) -> int:

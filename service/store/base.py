@@ -35,8 +35,13 @@ __all__ = [
     "Conflict",
     "DeliveryRecord",
     "EventRecord",
+    "FederatedSession",
+    "FederatedSubject",
+    "FederationOps",
+    "HandoffRecord",
     "Json",
     "NotFound",
+    "OidcLoginRecord",
     "OutboxEvent",
     "OutboxOps",
     "OutboxState",
@@ -383,6 +388,72 @@ class SessionOps(Protocol):
     ) -> tuple[int, int, int]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class OidcLoginRecord:
+    """A pending OpenID Connect authorization request (single use; keyed by its state's hash)."""
+
+    state_hash: str
+    provider: str
+    purpose: str  # login | step_up
+    nonce: str
+    code_verifier: str
+    browser_hash: str | None
+    session_id: str | None  # the session a step-up is for
+    redirect_uri: str
+    cli_redirect: str | None
+    cli_challenge: str | None
+    created_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffRecord:
+    """A one-time code a loopback CLI redeems (RFC 8252 + PKCE) for the session it started."""
+
+    code_hash: str
+    challenge: str
+    session_id: str
+    stepped_up: bool
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class FederatedSession:
+    """What the IdP said about a session's person; refreshed at every sign-in and step-up."""
+
+    session_id: str
+    provider: str
+    foreign_sub: str
+    groups: tuple[str, ...]
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class FederatedSubject:
+    subject_id: str
+    kind: str
+    source: str
+    first_seen: float
+    last_seen: float
+
+
+class FederationOps(Protocol):
+    """Identity federation: pending OIDC logins and CLI handoffs (each taken once, across
+    workers and replicas), the IdP facts of federated sessions, federated subjects seen."""
+
+    async def put_oidc_login(self, rec: OidcLoginRecord) -> None: ...
+    async def take_oidc_login(self, state_hash: str, now: float) -> OidcLoginRecord | None: ...
+    async def put_handoff(self, rec: HandoffRecord) -> None: ...
+    async def take_handoff(self, code_hash: str, now: float) -> HandoffRecord | None: ...
+    async def put_federated_session(self, rec: FederatedSession) -> None: ...
+    async def get_federated_session(self, session_id: str) -> FederatedSession | None: ...
+    async def record_federated_subject(
+        self, subject_id: str, kind: str, source: str, at: float
+    ) -> None: ...
+    async def list_federated_subjects(self, limit: int = 100) -> list[FederatedSubject]: ...
+    async def purge_federation(self, now: float) -> int: ...
+
+
 class TicketOps(Protocol):
     """Approval tickets; every state change is one conditional write (``approvals.states``),
     and writes its ``approval.*`` outbox event in the same transaction (``approvals.events``)."""
@@ -498,7 +569,6 @@ class PublishedKeyOps(Protocol):
     async def published_signing_keys(self, now: float) -> list[PublishedKey]: ...
 
 
-
 class OutboxOps(Protocol):
     """The notification outbox. Ticket changes write its events themselves (``TicketOps``: each
     change and its event commit together); the dispatcher claims due events under a lease
@@ -539,13 +609,13 @@ class OutboxOps(Protocol):
     async def purge_outbox(self, delivered_before: float) -> int: ...
 
 
-class Tx(SessionOps, TicketOps, TaskOps, AuditOps, OutboxOps, PolicyRevisionOps, PublishedKeyOps,
-         Protocol):
+class Tx(SessionOps, TicketOps, TaskOps, FederationOps, AuditOps, OutboxOps, PolicyRevisionOps,
+         PublishedKeyOps, Protocol):
     """Every operation, all inside one transaction: they commit together or not at all."""
 
 
-class Store(SessionOps, TicketOps, TaskOps, AuditOps, OutboxOps, PolicyRevisionOps, PublishedKeyOps,
-         Protocol):
+class Store(SessionOps, TicketOps, TaskOps, FederationOps, AuditOps, OutboxOps, PolicyRevisionOps,
+         PublishedKeyOps, Protocol):
     """A durable store: every operation is its own transaction; ``transaction()`` groups them."""
 
     #: Told of every transaction the store opens (``write``); the worker's metrics hook.

@@ -7,6 +7,7 @@ classification — lives in this package, so SQLite and PostgreSQL cannot drift 
 
     core.py      Dialect, Conn, Query, Unit, migrations, canonical JSON
     sessions.py  sessions, one-time claims, login failures     (base.SessionOps)
+    federation.py OIDC logins, CLI handoffs, federated sessions (base.FederationOps)
     tickets.py   approval tickets and reviews                   (base.TicketOps)
     tasks.py     tasks and step events                          (base.TaskOps)
     audit.py     the audit hash chain                           (base.AuditOps)
@@ -37,6 +38,7 @@ from .core import (
     migrations,
     pending_migrations,
 )
+from .federation import FederationSql
 from .outbox import OutboxSql
 from .policy_revisions import PolicyRevisionSql
 from .sessions import SessionSql
@@ -58,8 +60,8 @@ __all__ = [
 ]
 
 
-class _Operations(SessionSql, TicketSql, TaskSql, AuditSql, OutboxSql, PolicyRevisionSql,
-                  SigningKeySql):
+class _Operations(SessionSql, FederationSql, TicketSql, TaskSql, AuditSql, OutboxSql,
+                  PolicyRevisionSql, SigningKeySql):
     """Every operation of ``base.Tx``; where they run is the subclass's ``_unit``."""
 
     __slots__ = ()

@@ -1,0 +1,38 @@
+"""Identity federation: OpenID Connect sign-in for people, RFC 8693 token exchange for workloads.
+
+    remote.py    discovery documents and JWKS: HTTPS, deadlines, size caps, ETag/Cache-Control
+    verify.py    foreign JWTs verified with joserfc (algorithm allow-list per issuer), claims
+    workload.py  token exchange: issuer conditions, subject templates, one use per token (jti)
+    oidc.py      authorization code + PKCE sign-in, IdP step-up, the CLI loopback handoff
+
+The identity library only authenticates; roles stay in policy data (``group_bindings``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .oidc import OidcSignIn
+from .remote import Fetcher
+from .workload import WorkloadExchange
+
+__all__ = ["Federation"]
+
+
+@dataclass
+class Federation:
+    """What the app holds (``appkeys.FEDERATION``): one fetcher shared by both halves."""
+
+    fetcher: Fetcher
+    oidc: OidcSignIn
+    workload: WorkloadExchange
+
+    def status(self) -> dict[str, list[str]]:
+        """Configuration-level facts for the authn status surface: names only."""
+        return {
+            "oidc_providers": [p.name for p in self.oidc.config.providers],
+            "workload_issuers": [i.name for i in self.oidc.config.workload_issuers],
+        }
+
+    async def close(self) -> None:
+        await self.fetcher.close()
