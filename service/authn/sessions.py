@@ -221,16 +221,25 @@ class Authenticator:
     async def authenticate_bearer(self, token: str, now: float) -> Principal:
         """The principal of a bearer access token; raises an ``InvalidToken`` subclass."""
         claims = self.tokens.verify(token, now)
-        subject, kind = claims["sub"], claims["kind"]
-        identity = self.identities.active(subject)
-        if identity is None or identity.kind != kind:
-            raise SubjectDisabled()
-        session = await self._active_session(claims["sid"], now)
-        if session.subject_id != subject or session.kind != kind:
-            raise SessionInactive()
         # Step-up counts only on a token issued after it: an older token of the same session
         # (perhaps copied before the step-up) stays un-stepped.
         stepped = "acr" in claims and claims["acr"] == ACR_STEP_UP
+        return await self.session_principal(claims["sub"], claims["kind"], claims["sid"],
+                                            stepped=stepped, now=now)
+
+    async def session_principal(
+        self, subject: str, kind: str, session_id: str, *, stepped: bool, now: float
+    ) -> Principal:
+        """The principal of a verified credential naming ``session_id`` (a bearer token, or the
+        console's session cookie): the identity must be active with that kind and the session
+        live and its own. ``stepped``: the credential was issued after the session's step-up.
+        Raises an ``InvalidToken`` subclass."""
+        identity = self.identities.active(subject)
+        if identity is None or identity.kind != kind:
+            raise SubjectDisabled()
+        session = await self._active_session(session_id, now)
+        if session.subject_id != subject or session.kind != kind:
+            raise SessionInactive()
         return Principal(
             subject_id=subject,
             kind=identity.kind,
