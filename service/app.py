@@ -35,6 +35,7 @@ from .authz.engine import LOG_FIELDS, PolicyEngine
 from .authz.reload import reloading
 from .compose.preflight import RuleSet
 from .config import Config
+from .console import setup_console
 from .edge import MAX_HEADER_FIELD_BYTES
 from .health import setup_health
 from .middleware.authn import setup_authn
@@ -105,6 +106,7 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     app.cleanup_ctx.append(_housekeeping)
 
     api_routes.add_routes(app)
+    setup_console(app)  # /console/ (and GET /): HTML for people, cookie session
     return app
 
 

@@ -1,0 +1,65 @@
+// The console's only script (served from /console/static, loaded with `defer`; the CSP allows
+// no inline script). It adds what pages cannot do alone: the inbox's live updates (server-sent
+// events from /console/inbox/events) and ages/countdowns in <time> elements. Without it every
+// page still works; times show as ISO 8601 and a reload refreshes the inbox.
+"use strict";
+
+(function () {
+  function plural(n, unit) { return n + " " + unit + (n === 1 ? "" : "s"); }
+
+  function span(seconds) {
+    var s = Math.max(0, Math.floor(seconds));
+    if (s < 60) { return plural(s, "second"); }
+    var m = Math.floor(s / 60);
+    if (m < 60) { return plural(m, "minute") + (m < 10 ? " " + plural(s % 60, "second") : ""); }
+    var h = Math.floor(m / 60);
+    if (h < 48) { return plural(h, "hour") + " " + plural(m % 60, "minute"); }
+    return plural(Math.floor(h / 24), "day");
+  }
+
+  function tick() {
+    var now = Date.now();
+    var times = document.querySelectorAll("time[datetime]");
+    for (var i = 0; i < times.length; i++) {
+      var el = times[i];
+      var at = Date.parse(el.getAttribute("datetime"));
+      if (isNaN(at)) { continue; }
+      var label = el.getAttribute("data-label") || "";
+      if (!el.title) { el.title = el.getAttribute("datetime"); }
+      if (el.classList.contains("countdown")) {
+        var left = (at - now) / 1000;
+        el.textContent = left > 0 ? (label ? label + " " : "") + "in " + span(left)
+                                  : (label ? label + " " : "") + "passed";
+        el.classList.toggle("soon", left > 0 && left < 300);
+      } else if (el.classList.contains("age")) {
+        el.textContent = (label ? label + " " : "") + span((now - at) / 1000) + " ago";
+      }
+    }
+  }
+
+  function live(container) {
+    var url = container.getAttribute("data-stream");
+    if (!url || !window.EventSource) { return; }
+    var source = new EventSource(url);
+    source.addEventListener("inbox", function (event) {
+      var doc;
+      try { doc = JSON.parse(event.data); } catch (e) { return; }
+      // The fragment is rendered by the server with every value escaped (the same renderer as
+      // the page itself); the CSP would refuse any script in it regardless.
+      container.innerHTML = doc.html;
+      container.setAttribute("data-updated", String(Date.now()));
+      tick();
+    });
+    source.addEventListener("end", function () {
+      source.close();
+      window.location.assign("/console/login");
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    tick();
+    window.setInterval(tick, 1000);
+    var inbox = document.getElementById("inbox");
+    if (inbox) { live(inbox); }
+  });
+})();
