@@ -35,7 +35,7 @@ from .authz.engine import LOG_FIELDS, PolicyEngine
 from .authz.reload import reloading
 from .compose.preflight import RuleSet
 from .config import Config
-from .console import setup_console
+from .console.views import setup_console
 from .edge import MAX_HEADER_FIELD_BYTES
 from .health import setup_health
 from .middleware.authn import setup_authn

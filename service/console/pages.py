@@ -162,7 +162,8 @@ def _deadline(view: Mapping[str, Any]) -> Markup:
         return _time(view.get("pending_until"), cls="countdown", label="review by")
     if view["state"] == "approved":
         return _time(view.get("expires_at"), cls="countdown", label="use by")
-    return render('<span class="state state-$s">$s</span>', s=view["state"])
+    closed = view.get("consumed_at") if view["state"] == "consumed" else view.get("closed_at")
+    return _time(closed, cls="age", label=view["state"])
 
 
 def inbox_items(pending: Sequence[Mapping[str, Any]], recent: Sequence[Mapping[str, Any]]

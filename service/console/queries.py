@@ -110,6 +110,10 @@ async def ticket_records(store: Store, ticket: TicketRecord) -> tuple[list[dict[
     return found, True
 
 
+_STORY = {"created": "requested", "review_approve": "approved (review)",
+          "review_reject": "rejected (review)", "revoked": "revoked"}
+
+
 def timeline(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ticket's story from its records: creation, reviews, consumption, refusals."""
     events = []
@@ -119,9 +123,11 @@ def timeline(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             kind = "consumed"
         if kind is None and r.get("action") in ("approvals.read", "approvals.list"):
             continue  # page views and reads are in the full audit view, not the story
-        what = kind or r.get("action", "")
+        what = _STORY.get(kind or "", kind or "")
         if kind is None:
             what = f"{r.get('action', '')} presenting the ticket"
+        elif kind == "consumed":
+            what = f"consumed by {r.get('action', '')}"
         found = r.get("principal")
         principal: dict[str, Any] = found if isinstance(found, dict) else {}
         outcome = r.get("outcome", "")

@@ -37,7 +37,7 @@ from . import pages, queries
 from . import session as cookies
 from .html import Markup
 
-__all__ = ["CSP", "routes"]
+__all__ = ["CSP", "routes", "setup_console"]
 
 routes = web.RouteTableDef()
 log = logging.getLogger("controlplane.console")
@@ -573,3 +573,8 @@ async def static(request: web.Request) -> web.StreamResponse:
     response = web.Response(body=data, content_type=content_type, charset="utf-8")
     response.headers["Cache-Control"] = "public, max-age=3600"
     return _secure(response)
+
+
+def setup_console(app: web.Application) -> None:
+    """Add the console's routes (and ``GET /``, which redirects to it)."""
+    app.router.add_routes(routes)

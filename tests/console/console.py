@@ -67,11 +67,19 @@ class Visitor:
         return None
 
 
+async def token_of(client: TestClient, subject: str) -> str:
+    """One API login per subject and client (password hashing is deliberately slow)."""
+    tokens: dict[str, str] = client.__dict__.setdefault("console_tokens", {})
+    if subject not in tokens:
+        tokens[subject] = await login(client, subject)
+    return tokens[subject]
+
+
 async def request_ticket(client: TestClient, subject: str = "alice", *, env: str = "prod",
                          reason: str = "release 1.2.3", resource: Any = None,
                          command: Any = None) -> dict[str, Any]:
     """A ticket requested through the API (as the requester's CLI would)."""
-    token = await login(client, subject)
+    token = await token_of(client, subject)
     body: dict[str, Any] = {"subject_id": subject, "env": env, "action": "installer.run.execute",
                             "resource": resource if resource is not None else
                             {"app": "web", "version": "1.2.3"}, "reason": reason}

@@ -119,7 +119,8 @@ async def test_request_review_in_the_browser_and_run(tmp_path, browser_required,
                 assert [(e["kind"], e["env"]) for e in events] == [(INTENT_KIND, "prod")], events
                 await page.reload()
                 await expect(page.locator("#state")).to_have_text("consumed")
-                await expect(page.locator("#timeline")).to_contain_text("consumed")
+                await expect(page.locator("#timeline")).to_contain_text(
+                    "consumed by installer.run.execute")
                 await page.screenshot(path=str(artifacts / "ticket.png"), full_page=True)
                 assert errors == [], errors
             finally:

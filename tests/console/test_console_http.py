@@ -17,7 +17,7 @@ from service.appkeys import AUTHENTICATOR, STORE
 from service.console import session as cookies
 from service.console.views import CSP
 from tests.auth import bearer, login, otp
-from tests.console.console import COMMANDS, Visitor, request_ticket
+from tests.console.console import COMMANDS, Visitor, request_ticket, token_of
 from tests.store.pg import temp_schema
 
 
@@ -123,8 +123,7 @@ async def test_posts_without_the_csrf_token_are_refused(client, visitors):
     visitors.append(fresh)
     response = await fresh.post("/console/login", {"subject_id": "bob", "password": "bob-dev-password"})
     assert response.status == 403 and fresh.cookie() is None
-    ticket_now = await (await client.get(f"/api/v1/approvals/{ticket['id']}",
-                                         headers=bearer(await login(client, "bob")))).json()
+    ticket_now = await api_ticket(client, ticket["id"])
     assert ticket_now["state"] == "pending" and ticket_now["reviews"] == []
 
 
@@ -170,7 +169,7 @@ async def review(visitor: Visitor, ticket_id: str, decision: str, **extra: str) 
 
 
 async def api_ticket(client: TestClient, ticket_id: str) -> dict[str, Any]:
-    token = await login(client, "bob")
+    token = await token_of(client, "bob")
     return dict(await (await client.get(f"/api/v1/approvals/{ticket_id}", headers=bearer(token))).json())
 
 
@@ -227,7 +226,7 @@ async def approve_with_step_up(client: TestClient, visitors: list[Visitor]) -> N
     assert [(r["reviewer"], r["reason"]) for r in stored["reviews"]] == [("bob", "CHG-42")]
     text = await bob.page(f"/console/tickets/{ticket['id']}")
     assert 'id="state">approved<' in text and ">1 of 1<" in text and 'name="decision"' not in text
-    assert "review_approve" in text  # the timeline, from the ticket's audit records
+    assert "approved (review)" in text  # the timeline, from the ticket's audit records
     audit = await bob.page(f"/console/tickets/{ticket['id']}/audit")
     assert '&quot;action&quot;: &quot;approvals.review&quot;' in audit
     # The step-up stays on the session: the next prod review needs no code.
