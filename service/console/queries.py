@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import clock
-from ..approvals.policy import reviewer_facts
+from ..approvals.policy import ReviewerFacts, reviewer_facts
 from ..approvals.tickets import NotEligibleReviewer, decide_review
 from ..authn.principal import Principal
 from ..authz.engine import PolicyEngine
@@ -39,11 +39,11 @@ class Inbox:
 
 
 def review_refusal(engine: PolicyEngine, principal: Principal, ticket: TicketRecord,
-                   now: float) -> str | None:
+                   now: float, facts: ReviewerFacts | None = None) -> str | None:
     """Why ``principal`` may not review ``ticket`` (a stable code), or None when they may."""
     if ticket.state != "pending":
         return "state_conflict"
-    facts = reviewer_facts(engine, principal.subject_id, "approvals.review")
+    facts = facts or reviewer_facts(engine, principal.subject_id, "approvals.review")
     try:
         # "reject" needs every rule but the group quorum, which only an approval has to meet.
         decide_review(ticket, reviewer=principal.subject_id, reviewer_kind=principal.kind,
@@ -56,12 +56,13 @@ def review_refusal(engine: PolicyEngine, principal: Principal, ticket: TicketRec
 
 async def inbox(store: Store, engine: PolicyEngine, principal: Principal, now: float) -> Inbox:
     """The pending tickets ``principal`` may review (oldest first), and recent ones they reviewed."""
+    facts = reviewer_facts(engine, principal.subject_id, "approvals.review")
     pending: list[TicketRecord] = []
     cursor: str | None = None
     while len(pending) < INBOX_PENDING_MAX:
         page, cursor = await store.list_tickets(state="pending", limit=MAX_PAGE, before=cursor)
         pending.extend(t for t in page if t.pending_until > now
-                       and review_refusal(engine, principal, t, now) is None)
+                       and review_refusal(engine, principal, t, now, facts) is None)
         if cursor is None:
             break
     pending.sort(key=lambda t: (t.created_at, t.id))

@@ -110,6 +110,7 @@ async def test_request_review_in_the_browser_and_run(tmp_path, browser_required,
                 await page.get_by_label("Reason").fill("change CHG-42 approved")
                 await page.get_by_label("One-time code (step-up)").fill(
                     totp.code_at(TOTP_SECRETS["bob"], time.time()))
+                await page.screenshot(path=str(artifacts / "review.png"))
                 await page.get_by_role("button", name="Approve").click()
                 await expect(page.locator("#state")).to_have_text("approved")
                 await expect(page.locator("#quorum")).to_have_text("1 of 1")
