@@ -163,7 +163,7 @@ async def _form(request: web.Request) -> dict[str, str]:
                         code="form_refused")
     if request.content_length is not None and request.content_length > MAX_FORM_BYTES:
         raise Forbidden("the form is too large", code="form_refused")
-    raw = await request.content.read(MAX_FORM_BYTES + 1)
+    raw = await request.read()  # bounded by the app's client_max_size (413 beyond it)
     if len(raw) > MAX_FORM_BYTES:
         raise Forbidden("the form is too large", code="form_refused")
     try:

@@ -74,11 +74,14 @@ async def test_request_review_in_the_browser_and_run(tmp_path, browser_required,
                 errors: list[str] = []
                 page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
                 page.on("pageerror", lambda e: errors.append(str(e)))
-                # bob signs in and keeps his inbox open.
+                # bob signs in with the keyboard alone and keeps his inbox open.
                 await page.goto(base + "/")
-                await page.get_by_label("User").fill("bob")
-                await page.get_by_label("Password").fill(PASSWORDS["bob"])
-                await page.get_by_role("button", name="Sign in").click()
+                await expect(page.get_by_label("User")).to_be_focused()
+                await page.keyboard.type("bob")
+                await page.keyboard.press("Tab")
+                await expect(page.get_by_label("Password")).to_be_focused()
+                await page.keyboard.type(PASSWORDS["bob"])
+                await page.keyboard.press("Enter")
                 await expect(page.get_by_role("heading", name="Inbox")).to_be_visible()
                 await expect(page.locator("#inbox li.empty")).to_be_visible()
                 await page.wait_for_timeout(300)  # the live stream is open
@@ -123,6 +126,15 @@ async def test_request_review_in_the_browser_and_run(tmp_path, browser_required,
                 await expect(page.locator("#timeline")).to_contain_text(
                     "consumed by installer.run.execute")
                 await page.screenshot(path=str(artifacts / "ticket.png"), full_page=True)
+
+                # Readable on a phone: nothing wider than the screen.
+                await page.set_viewport_size({"width": 390, "height": 844})
+                for path in ("/console/", f"/console/tickets/{ticket['id']}", "/console/requests"):
+                    await page.goto(base + path)
+                    overflow = await page.evaluate(
+                        "document.documentElement.scrollWidth - window.innerWidth")
+                    assert overflow <= 0, (path, overflow)
+                await page.screenshot(path=str(artifacts / "requests-phone.png"), full_page=True)
                 assert errors == [], errors
             finally:
                 await browser.close()

@@ -309,3 +309,46 @@ async def test_the_inbox_updates_live_and_lists_oldest_first(client, visitors):
     mine = await signed_in(client, visitors, "alice")
     requests = await mine.page("/console/requests")
     assert first["id"] in requests and second["id"] in requests and "state-pending" in requests
+
+
+async def test_only_a_valid_console_cookie_signs_in(client, visitors):
+    """Tampered, foreign-typed (an API access token) or expired cookies are no session."""
+    bob = await signed_in(client, visitors, "bob")
+    value = bob.cookie()
+    assert value is not None
+    header, payload, signature = value.split(".")
+    flipped = signature[:-2] + ("AA" if signature[-2:] != "AA" else "BA")
+    app = client.server.app
+    principal = (await cookies.verify(app[AUTHENTICATOR], value, time.time())).principal
+    expired, _ = cookies.issue(app[AUTHENTICATOR], principal, expires_at=time.time() - 3600,
+                               now=time.time() - 7200)
+    for forged in (f"{header}.{payload}.{flipped}", await token_of(client, "bob"), expired,
+                   "not-a-token", value + "x"):
+        visitor = Visitor(client)
+        visitors.append(visitor)
+        visitor.http.cookie_jar.update_cookies({"cp_console": forged}, visitor.base)
+        response = await visitor.get("/console/")
+        assert response.status == 303 and response.headers["Location"].startswith("/console/login")
+    assert (await bob.get("/console/")).status == 200
+
+
+async def test_a_ticket_requested_through_another_instance_shows_live(aiohttp_client, make_config,
+                                                                      visitors):
+    """Two app instances on one store (as two workers or replicas are): the inbox stream of one
+    shows a ticket requested through the other, because it reads the store, not its process."""
+    from service.app import create_app
+    from tests.servers import EdgeTestServer
+
+    config = make_config()
+    first = await aiohttp_client(EdgeTestServer(create_app(config)))
+    second = await aiohttp_client(EdgeTestServer(create_app(config)))
+    bob = await signed_in(second, visitors, "bob")
+    stream = await bob.get("/console/inbox/events", headers={"Accept": "text/event-stream"})
+    assert stream.status == 200
+    assert "Nothing waits for your review" in (await read_event(stream, "inbox"))["html"]
+    ticket = await request_ticket(first, reason="through the other instance")
+    assert ticket["id"] in (await read_event(stream, "inbox"))["html"]
+    # A logout through the other instance ends the stream (its session is re-checked).
+    assert await first.server.app[STORE].require().revoke_subject_sessions("bob", time.time())
+    assert (await read_event(stream, "end")) == {"reason": "session_ended"}
+    stream.close()
