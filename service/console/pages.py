@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: Bumped whenever console.css or console.js change, so a cached copy is never used with new HTML.
-ASSET_VERSION = "3"
+ASSET_VERSION = "4"
 
 _LAYOUT = """<!doctype html>
 <html lang="en">
@@ -242,7 +242,11 @@ def ticket_page(view: Mapping[str, Any], *, timeline: Sequence[Mapping[str, Any]
     events = join(render("""<li><span class="seq">#$seq</span> $at · <span class="who">$who</span>
 · <span class="what">$what</span> · <span class="outcome">$outcome</span></li>""", **e)
         for e in timeline)
-    body = render("""$alert
+    body = render("""<div id="ticket" data-stream="/console/tickets/$id/events" data-state="$state"
+ data-reviews="$review_count">
+$alert
+<p id="changed" class="alert" role="status" hidden>This ticket has changed.
+<a href="/console/tickets/$id">Show the current state</a></p>
 <p class="summary"><span class="state state-$state" id="state">$state</span> $deadline</p>
 <section aria-labelledby="what"><h2 id="what">What is asked</h2>
 <dl class="facts">
@@ -271,7 +275,9 @@ $review_form
 <section aria-labelledby="tl"><h2 id="tl">Timeline</h2>
 <ol class="timeline" id="timeline">$events</ol>
 <p><a href="/console/tickets/$id/audit">All audit records of this ticket</a></p>
-</section>""", alert=_alert(error), state=view["state"], deadline=_deadline(view), id=view["id"],
+</section>
+</div>""", alert=_alert(error), review_count=len(view["reviews"]), state=view["state"],
+        deadline=_deadline(view), id=view["id"],
         action=view["action"], env=view["env"], subject=view["subject_id"],
         requester=view["requested_by"], created=_time(view["created_at"], cls="age"),
         reason=view.get("reason") or "", command=_command(view.get("command")),

@@ -53,9 +53,12 @@ _STATIC_TYPES = {"console.css": "text/css", "console.js": "text/javascript",
 LOGIN_CSRF_COOKIE = "cp_console_login"
 #: A form body is a few fields; anything bigger is not one of ours.
 MAX_FORM_BYTES = 16 * 1024
+MAX_PASSWORD_CHARS = 1024
 #: How often the inbox stream re-reads the store (it works across workers and replicas).
 INBOX_POLL_S = 1.0
 INBOX_MAX_S = 900.0
+#: A ticket's states after which nothing about it changes any more.
+FINAL_STATES = frozenset({"consumed", "rejected", "expired", "revoked"})
 
 # The API's ticket read and review, as the console runs them: same action, same target reader,
 # same Execute step; the review's body comes from the form (validated against the API's schema).
@@ -227,16 +230,15 @@ async def login(request: web.Request) -> web.StreamResponse:
     next_path = _safe_next(form.get("next"))
     authenticator, now = request.app[AUTHENTICATOR], clock.now()
     try:
-        if not subject or not password or len(password) > 1024:
-            raise AuthnErrorForm("invalid_credentials", 401)
+        if not subject or not password or len(password) > MAX_PASSWORD_CHARS:
+            raise Unauthorized("sign-in refused", code="invalid_credentials")
         issued = await authenticator.login_password(subject, password, request.remote, now)
         principal = await authenticator.authenticate_bearer(issued.access_token, now)
-    except (AuthnError, AuthnErrorForm) as exc:
-        problem = exc.problem() if isinstance(exc, AuthnErrorForm) else to_problem(exc)
-        response = page(pages.login_page(csrf=form.get("csrf", ""), next_path=next_path,
-                                         error=problem.instance_code, subject=subject),
-                        status=problem.status, headers=problem.headers)
-        return response
+    except (AuthnError, Problem) as exc:
+        problem = to_problem(exc)
+        return page(pages.login_page(csrf=form.get("csrf", ""), next_path=next_path,
+                                     error=problem.instance_code, subject=subject),
+                    status=problem.status, headers=problem.headers)
     stored = await request.app[STORE].require().get_session(principal.session_id)
     expires = stored.expires_at if stored is not None else now + authenticator.settings.token_ttl_s
     value, _ = cookies.issue(authenticator, principal, expires_at=expires, now=now)
@@ -246,17 +248,6 @@ async def login(request: web.Request) -> web.StreamResponse:
     log.info("console sign-in", extra={"fields": {"event": "console.signed_in",
                                                    "subject": principal.subject_id}})
     return response
-
-
-class AuthnErrorForm(Exception):
-    """A sign-in form refused before any credential check (empty or oversized fields)."""
-
-    def __init__(self, code: str, status: int) -> None:
-        super().__init__(code)
-        self.code, self.status = code, status
-
-    def problem(self) -> Problem:
-        return Unauthorized("sign-in refused", code=self.code)
 
 
 @routes.post("/console/logout")
@@ -369,6 +360,21 @@ async def inbox_events(request: web.Request) -> web.StreamResponse:
 
 async def _inbox_stream(request: web.Request, store: Any, found: cookies.ConsoleSession
                         ) -> web.StreamResponse:
+    async def state() -> tuple[bytes | None, bool]:
+        markup = await _inbox_markup(store, request, found.principal)
+        data = json.dumps({"html": markup}, separators=(",", ":"))
+        return f"event: inbox\ndata: {data}\n\n".encode(), False
+
+    return await _poll_stream(request, state, "console inbox stream")
+
+
+async def _poll_stream(request: web.Request,
+                       state: Callable[[], Awaitable[tuple[bytes | None, bool]]],
+                       name: str) -> web.StreamResponse:
+    """An SSE response that re-reads the store every ``INBOX_POLL_S`` (so any worker's or
+    replica's change shows) and sends ``state()``'s event when it differs from the last one
+    sent; ends after a final state, a session that ended (``event: end``), ``INBOX_MAX_S``, a
+    store outage or shutdown (an ``EventSource`` then reconnects by itself)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "X-Accel-Buffering": "no",
                                            "X-Correlation-ID": request[CORRELATION_ID]})
@@ -379,7 +385,7 @@ async def _inbox_stream(request: web.Request, store: Any, found: cookies.Console
     try:
         await response.prepare(request)
         started = last_beat = last_check = loop.time()
-        sent: str | None = None
+        sent: bytes | None = None
         while not slots.stopping:
             now = loop.time()
             if now - started >= INBOX_MAX_S or request.transport is None or (
@@ -391,22 +397,24 @@ async def _inbox_stream(request: web.Request, store: Any, found: cookies.Console
                     await response.write(b'event: end\ndata: {"reason":"session_ended"}\n\n')
                     break
             try:
-                markup = await _inbox_markup(store, request, found.principal)
+                event, final = await state()
             except StoreError:
-                log.warning("console inbox stream ended: store unavailable")
+                log.warning("%s ended: store unavailable", name)
                 break
-            if markup != sent:
-                sent = markup
-                data = json.dumps({"html": markup}, separators=(",", ":"))
-                await response.write(f"event: inbox\ndata: {data}\n\n".encode())
+            if event is not None and event != sent:
+                sent = event
+                await response.write(event)
                 last_beat = now
             elif now - last_beat >= heartbeat_s:
                 await response.write(b": heartbeat\n\n")
                 last_beat = now
+            if final:
+                await response.write(b'event: end\ndata: {"reason":"final"}\n\n')
+                break
             await asyncio.sleep(INBOX_POLL_S)
         await response.write_eof()
     except ConnectionError:
-        log.debug("console inbox stream: the client went away")
+        log.debug("%s: the client went away", name)
     return response
 
 
@@ -452,6 +460,40 @@ async def _ticket_markup(request: web.Request, store: Any, ticket: TicketRecord,
     return pages.ticket_page(_view(ticket), timeline=queries.timeline(records),
                              policy_reasons=queries.policy_reasons(records), review_form=form,
                              who=principal.subject_id, csrf=found.csrf, error=error)
+
+
+@routes.get("/console/tickets/{id}/events")
+@console("approvals.read")
+async def ticket_events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: ``event: ticket`` with its state and review count, first at once and
+    then on every change, until it reaches a final state (the page reloads itself on a change)."""
+    found = await _session(request)
+    if found is None:
+        return _secure(web.Response(status=401, text="sign in first", content_type="text/plain"))
+
+    async def execute(run: Run) -> Outcome:
+        request.app[STREAMS].acquire(run.principal.subject_id)
+        ticket: TicketRecord = run.target.record
+        return Outcome(200, None, audit={"ticket_id": ticket.id, "stream": True},
+                       stream=lambda: _ticket_stream(request, run.store, ticket.id))
+
+    try:
+        return await chain.run(request, _READ, execute)
+    except Problem as problem:
+        return _secure(web.Response(status=problem.status, text=problem.instance_code,
+                                    content_type="text/plain", headers=problem.headers))
+
+
+async def _ticket_stream(request: web.Request, store: Any, ticket_id: str) -> web.StreamResponse:
+    async def state() -> tuple[bytes | None, bool]:
+        ticket = await store.get_ticket(ticket_id)
+        if ticket is None:
+            return None, True
+        data = json.dumps({"state": ticket.state, "reviews": len(ticket.reviews)},
+                          separators=(",", ":"))
+        return f"event: ticket\ndata: {data}\n\n".encode(), ticket.state in FINAL_STATES
+
+    return await _poll_stream(request, state, "console ticket stream")
 
 
 @routes.post("/console/tickets/{id}/review")

@@ -121,8 +121,8 @@ async def test_request_review_in_the_browser_and_run(tmp_path, browser_required,
                 # alice's waiting run goes through with the ticket and gets its step event.
                 events = await asyncio.wait_for(run, 30)
                 assert [(e["kind"], e["env"]) for e in events] == [(INTENT_KIND, "prod")], events
-                await page.reload()
-                await expect(page.locator("#state")).to_have_text("consumed")
+                # The open ticket page shows the consumption by itself (live, no reload).
+                await expect(page.locator("#state")).to_have_text("consumed", timeout=10_000)
                 await expect(page.locator("#timeline")).to_contain_text(
                     "consumed by installer.run.execute")
                 await page.screenshot(path=str(artifacts / "ticket.png"), full_page=True)

@@ -352,3 +352,18 @@ async def test_a_ticket_requested_through_another_instance_shows_live(aiohttp_cl
     assert await first.server.app[STORE].require().revoke_subject_sessions("bob", time.time())
     assert (await read_event(stream, "end")) == {"reason": "session_ended"}
     stream.close()
+
+
+async def test_the_ticket_page_stream_follows_the_ticket_to_its_end(client, visitors):
+    ticket = await request_ticket(client)
+    bob = await signed_in(client, visitors, "bob")
+    stream = await bob.get(f"/console/tickets/{ticket['id']}/events")
+    assert stream.status == 200 and stream.content_type == "text/event-stream"
+    console_headers_ok(stream)
+    assert await read_event(stream, "ticket") == {"state": "pending", "reviews": 0}
+    revoked = await client.post(f"/api/v1/approvals/{ticket['id']}/revoke",
+                                headers=bearer(await token_of(client, "alice")))
+    assert revoked.status == 200
+    assert await read_event(stream, "ticket") == {"state": "revoked", "reviews": 0}
+    assert await read_event(stream, "end") == {"reason": "final"}
+    assert (await bob.get("/console/tickets/nope/events")).status == 404

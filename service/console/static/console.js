@@ -50,10 +50,38 @@
       container.setAttribute("data-updated", String(Date.now()));
       tick();
     });
-    source.addEventListener("end", function () {
-      source.close();
-      window.location.assign("/console/login");
+    source.addEventListener("end", function (event) { ended(source, event); });
+  }
+
+  function ended(source, event) {
+    source.close();
+    var doc = {};
+    try { doc = JSON.parse(event.data); } catch (e) { doc = {}; }
+    if (doc.reason === "session_ended") { window.location.assign("/console/login"); }
+  }
+
+  // The ticket page: reload when the ticket changes (state or reviews), unless the person is
+  // in the middle of writing a review: then say so and let them choose.
+  function watch(ticket) {
+    var url = ticket.getAttribute("data-stream");
+    if (!url || !window.EventSource) { return; }
+    var source = new EventSource(url);
+    source.addEventListener("ticket", function (event) {
+      var doc;
+      try { doc = JSON.parse(event.data); } catch (e) { return; }
+      if (doc.state === ticket.getAttribute("data-state") &&
+          String(doc.reviews) === ticket.getAttribute("data-reviews")) { return; }
+      var form = document.querySelector("form.review");
+      var typing = form && Array.prototype.some.call(
+        form.querySelectorAll("textarea, input[name=otp]"), function (f) { return f.value !== ""; });
+      if (typing) {
+        document.getElementById("changed").hidden = false;
+      } else {
+        source.close();
+        window.location.reload();
+      }
     });
+    source.addEventListener("end", function (event) { ended(source, event); });
   }
 
   document.addEventListener("DOMContentLoaded", function () {
@@ -61,5 +89,7 @@
     window.setInterval(tick, 1000);
     var inbox = document.getElementById("inbox");
     if (inbox) { live(inbox); }
+    var ticket = document.getElementById("ticket");
+    if (ticket) { watch(ticket); }
   });
 })();
