@@ -9,7 +9,7 @@ session at once, on every worker and replica. It carries a random CSRF token, th
 synchronizer token every state-changing form must echo (compared in constant time); the token
 is tied to this session and changes with each sign-in. The cookie is ``HttpOnly`` (page
 JavaScript never sees it), ``SameSite=Strict``, ``Path=/console``, and ``Secure`` when the
-request came over TLS.
+browser came over TLS (``over_tls``).
 """
 
 from __future__ import annotations
@@ -99,15 +99,25 @@ def csrf_matches(session: ConsoleSession, presented: str | None) -> bool:
     return hmac.compare_digest(presented.encode("utf-8", "replace"), session.csrf.encode())
 
 
-def set_cookie(request: web.Request, response: web.StreamResponse, value: str) -> None:
-    """Set the session cookie (a browser-session cookie: no Max-Age; the JWS carries the expiry)."""
-    response.set_cookie(COOKIE, value, path=COOKIE_PATH, httponly=True, samesite="Strict",
-                        secure=request.secure)
+def over_tls(request: web.Request) -> bool:
+    """Whether the browser reached us over TLS: directly, or through a TLS-terminating proxy
+    that says so in ``X-Forwarded-Proto``. Trusting that header is safe here, as it only ever
+    makes a cookie stricter (``Secure``): a client that forges it over plain HTTP just stops
+    getting its own cookie back."""
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    return request.secure or forwarded == "https"
 
 
-def clear_cookie(request: web.Request, response: web.StreamResponse) -> None:
-    response.del_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="Strict",
-                        secure=request.secure)
+def set_cookie(request: web.Request, response: web.StreamResponse, value: str,
+               name: str = COOKIE) -> None:
+    """Set a console cookie (a browser-session cookie: no Max-Age; the JWS carries the expiry)."""
+    response.set_cookie(name, value, path=COOKIE_PATH, httponly=True, samesite="Strict",
+                        secure=over_tls(request))
+
+
+def clear_cookie(request: web.Request, response: web.StreamResponse, name: str = COOKIE) -> None:
+    response.del_cookie(name, path=COOKIE_PATH, httponly=True, samesite="Strict",
+                        secure=over_tls(request))
 
 
 def presented(request: web.Request) -> str | None:

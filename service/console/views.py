@@ -153,11 +153,14 @@ async def _session(request: web.Request) -> cookies.ConsoleSession | None:
 
 
 def _same_origin(request: web.Request) -> bool:
-    """A browser's ``Origin`` (sent on every POST) must be this site; absent counts as same."""
+    """A browser's ``Origin`` (sent on every POST) must be this site: the host it asked for,
+    over HTTP or (through a TLS-terminating proxy too) HTTPS. Absent counts as same: browsers
+    send it on every form post, and other clients cannot be made to post by a foreign page."""
     origin = request.headers.get("Origin")
     if origin is None:
         return True
-    return origin == f"{request.scheme}://{request.host}"
+    scheme, sep, host = origin.partition("://")
+    return bool(sep) and scheme in ("http", "https") and host == request.host
 
 
 async def _form(request: web.Request) -> dict[str, str]:
@@ -210,13 +213,8 @@ async def login_form(request: web.Request) -> web.StreamResponse:
     token = request.cookies.get(LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
     response = page(pages.login_page(csrf=token, next_path=_safe_next(request.query.get("next")),
                                      error=None))
-    _set_login_csrf(request, response, token)
+    cookies.set_cookie(request, response, token, name=LOGIN_CSRF_COOKIE)
     return response
-
-
-def _set_login_csrf(request: web.Request, response: web.StreamResponse, token: str) -> None:
-    response.set_cookie(LOGIN_CSRF_COOKIE, token, path=cookies.COOKIE_PATH, httponly=True,
-                        samesite="Strict", secure=request.secure)
 
 
 @routes.post("/console/login")
@@ -244,7 +242,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     value, _ = cookies.issue(authenticator, principal, expires_at=expires, now=now)
     response = redirect(next_path)
     cookies.set_cookie(request, response, value)
-    response.del_cookie(LOGIN_CSRF_COOKIE, path=cookies.COOKIE_PATH)
+    cookies.clear_cookie(request, response, name=LOGIN_CSRF_COOKIE)
     log.info("console sign-in", extra={"fields": {"event": "console.signed_in",
                                                    "subject": principal.subject_id}})
     return response

@@ -367,3 +367,24 @@ async def test_the_ticket_page_stream_follows_the_ticket_to_its_end(client, visi
     assert await read_event(stream, "ticket") == {"state": "revoked", "reviews": 0}
     assert await read_event(stream, "end") == {"reason": "final"}
     assert (await bob.get("/console/tickets/nope/events")).status == 404
+
+
+async def test_behind_a_tls_proxy_the_cookie_is_secure_and_https_origins_pass(client, visitors):
+    visitor = Visitor(client)
+    visitors.append(visitor)
+    await visitor.page("/console/login")
+    host = visitor.base.authority
+    response = await visitor.post("/console/login", {
+        "csrf": visitor.csrf, "subject_id": "bob", "password": "bob-dev-password"},
+        headers={"X-Forwarded-Proto": "https", "Origin": f"https://{host}"})
+    assert response.status == 303
+    set_cookie = [h for h in response.headers.getall("Set-Cookie") if h.startswith("cp_console=")]
+    assert "secure" in set_cookie[0].lower()
+    # A foreign host is refused whatever the scheme.
+    other = Visitor(client)
+    visitors.append(other)
+    await other.page("/console/login")
+    refused = await other.post("/console/login", {
+        "csrf": other.csrf, "subject_id": "bob", "password": "bob-dev-password"},
+        headers={"Origin": "https://evil.example"})
+    assert refused.status == 403
