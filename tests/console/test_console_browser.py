@@ -101,6 +101,8 @@ async def test_request_review_in_the_browser_and_run(tmp_path, browser_required,
                 # It shows up in bob's open inbox without a reload, with the command.
                 row = page.locator(f'li[data-ticket="{ticket["id"]}"]')
                 await expect(row).to_be_visible(timeout=10_000)
+                await expect(page.locator("#inbox-status")).to_have_text(
+                    "Inbox updated: 1 to review")  # announced to screen readers
                 if COMMANDS:
                     await expect(row.locator("pre.command")).to_contain_text(
                         "helm upgrade web ./chart --set image.tag=1.2.3")

@@ -48,6 +48,9 @@
       // the page itself); the CSP would refuse any script in it regardless.
       container.innerHTML = doc.html;
       container.setAttribute("data-updated", String(Date.now()));
+      var count = container.querySelector(".count");
+      var status = document.getElementById("inbox-status");
+      if (status && count) { status.textContent = "Inbox updated: " + count.textContent + " to review"; }
       tick();
     });
     source.addEventListener("end", function (event) { ended(source, event); });
