@@ -213,7 +213,7 @@ def requests_page(views: Sequence[Mapping[str, Any]], *, who: str, csrf: str) ->
     if not views:
         rows = Markup('<tr><td colspan="6">You have no approval requests.</td></tr>')
     body = render("""<div class="scroll"><table>
-<caption>Tickets for you (you are their subject), newest first</caption>
+<caption>Tickets for you or requested by you, newest first</caption>
 <thead><tr><th scope="col">Ticket</th><th scope="col">Action</th><th scope="col">Env</th>
 <th scope="col">State</th><th scope="col">Requested</th><th scope="col">Deadline</th></tr></thead>
 <tbody>$rows</tbody></table></div>""", rows=rows)

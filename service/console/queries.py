@@ -27,6 +27,8 @@ INBOX_PENDING_MAX = 1000
 #: Recently decided tickets the reviewer took part in, looked for among this many newest.
 INBOX_RECENT_SCAN = 100
 INBOX_RECENT_MAX = 10
+#: Tickets someone requested for another subject are looked for among this many newest.
+REQUESTS_SCAN = MAX_PAGE
 #: At most this many audit records are read to find a ticket's (from its creation on).
 AUDIT_SCAN_MAX = 20_000
 SEARCH_MARGIN = 200
@@ -73,9 +75,13 @@ async def inbox(store: Store, engine: PolicyEngine, principal: Principal, now: f
 
 
 async def my_requests(store: Store, principal: Principal, limit: int = 100) -> list[TicketRecord]:
-    """Tickets for ``principal`` (as their subject), newest first."""
-    tickets, _ = await store.list_tickets(subject_id=principal.subject_id, limit=limit)
-    return tickets
+    """Tickets for ``principal`` (as their subject, from an index) and, among the newest
+    ``REQUESTS_SCAN`` tickets, those they requested for someone else; newest first."""
+    mine, _ = await store.list_tickets(subject_id=principal.subject_id, limit=limit)
+    newest, _ = await store.list_tickets(limit=REQUESTS_SCAN)
+    found = {t.id: t for t in mine}
+    found.update((t.id, t) for t in newest if t.requested_by == principal.subject_id)
+    return sorted(found.values(), key=lambda t: (t.created_at, t.id), reverse=True)[:limit]
 
 
 async def ticket_records(store: Store, ticket: TicketRecord) -> tuple[list[dict[str, Any]], bool]:
