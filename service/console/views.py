@@ -60,13 +60,13 @@ INBOX_MAX_S = 900.0
 #: A ticket's states after which nothing about it changes any more.
 FINAL_STATES = frozenset({"consumed", "rejected", "expired", "revoked"})
 
-# The API's ticket read and review, as the console runs them: same action, same target reader,
-# same Execute step; the review's body comes from the form (validated against the API's schema).
 def _declared(handler: Any) -> tuple[Protection, Callable[[Any], Awaitable[Outcome]]]:
     """What ``@protected`` declared for an API handler: its protection and Execute step."""
     return handler.protection, handler.execute
 
 
+# The API's ticket read and review, as the console runs them: same action, same target reader,
+# same Execute step; the review's body comes from the form (validated against the API's schema).
 _api_read, _ = _declared(api_approvals.read_approval)
 _api_review, _review_execute = _declared(api_approvals.review_approval)
 _READ = Protection(_api_read.action, _api_read.target, None)
