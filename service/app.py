@@ -49,6 +49,7 @@ from .authz.revisions import SignatureError, TrustedKeys
 from .authz.shadow import Shadow
 from .compose.preflight import RuleSet
 from .config import Config
+from .console.views import setup_console
 from .edge import MAX_HEADER_FIELD_BYTES
 from .health import setup_health
 from .middleware.authn import setup_authn
@@ -125,6 +126,7 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     app.cleanup_ctx.append(_housekeeping)
 
     api_routes.add_routes(app)
+    setup_console(app)  # /console/ (and GET /): HTML for people, cookie session
     return app
 
 

@@ -422,7 +422,8 @@ async def test_admin_reads_the_audit_log(make_client, tmp_path):
 
 
 async def test_every_route_is_protected_or_public(client):
-    """No handler of its own making: a route is in the chain with a catalogue action, or public."""
+    """No handler of its own making: a route is in the chain with a catalogue action, a console
+    page that runs its actions through the chain, or public."""
     from service.authz import actions
 
     unmarked = []
@@ -431,8 +432,12 @@ async def test_every_route_is_protected_or_public(client):
             continue
         handler = route.handler
         protection = getattr(handler, "protection", None)
+        console_actions = getattr(handler, "console_actions", None)
         if protection is not None:
             assert protection.action.name in actions.ACTIONS
+        elif console_actions is not None:
+            # A console page: the cookie names who calls, and each action it takes runs the chain.
+            assert set(console_actions) <= set(actions.ACTIONS)
         elif not getattr(handler, "public", False):
             unmarked.append(f"{route.method} {route.resource.canonical}")
     assert unmarked == []

@@ -56,7 +56,7 @@ from .errors import (
 from .identities import IdentityDirectory
 from .identities import load as load_identities
 from .keyring import ALG, KeyRing
-from .principal import Principal
+from .principal import KINDS, Principal
 from .published import PublishedKeyRing
 from .stepup import (
     ACR_STEP_UP,
@@ -235,12 +235,26 @@ class Authenticator:
             if not isinstance(self.keys, PublishedKeyRing) or not await self.keys.look_up(now):
                 raise
             claims = self.tokens.verify(token, now)
-        subject, kind = claims["sub"], claims["kind"]
+        # Step-up counts only on a token issued after it: an older token of the same session
+        # (perhaps copied before the step-up) stays un-stepped.
+        stepped = "acr" in claims and claims["acr"] == ACR_STEP_UP
+        return await self.session_principal(claims["sub"], claims["kind"], claims["sid"],
+                                            stepped=stepped, now=now)
+
+    async def session_principal(
+        self, subject: str, kind: str, session_id: str, *, stepped: bool, now: float
+    ) -> Principal:
+        """The principal of a verified credential naming ``session_id`` (a bearer token, or the
+        console's session cookie): the identity must be active with that kind and the session
+        live and its own. ``stepped``: the credential was issued after the session's step-up.
+        Raises an ``InvalidToken`` subclass."""
         identity = self.identities.get(subject)
         if identity is not None and (identity.disabled or identity.kind != kind):
             raise SubjectDisabled()
-        session = await self._active_session(claims["sid"], now)
+        session = await self._active_session(session_id, now)
         if session.subject_id != subject or session.kind != kind:
+            raise SessionInactive()
+        if kind not in KINDS:  # tokens and sessions only carry these; anything else fails closed
             raise SessionInactive()
         groups: tuple[str, ...] = ()
         if identity is None:
@@ -251,9 +265,6 @@ class Authenticator:
             if session.authn_method == METHOD_OIDC:
                 facts = await self.store.get_federated_session(session.id)
                 groups = facts.groups if facts is not None else ()
-        # Step-up counts only on a token issued after it: an older token of the same session
-        # (perhaps copied before the step-up) stays un-stepped.
-        stepped = "acr" in claims and claims["acr"] == ACR_STEP_UP
         return Principal(
             subject_id=subject,
             kind=kind,

@@ -1,0 +1,130 @@
+"""The console's cookie session: a signed credential bound to a store session, and its CSRF token.
+
+The cookie holds a compact JWS of its own type (``console-session+jwt``), signed with the same
+key ring as access tokens but never accepted as one (the access-token verifier refuses any other
+``typ``, and the API reads only the ``Authorization`` header). It names the store session a
+password login opened, so every request re-checks that session (``Authenticator.
+session_principal``): a logout anywhere, an expiry or a disabled identity ends the console
+session at once, on every worker and replica. It carries a random CSRF token, the
+synchronizer token every state-changing form must echo (compared in constant time); the token
+is tied to this session and changes with each sign-in. The cookie is ``HttpOnly`` (page
+JavaScript never sees it), ``SameSite=Strict``, ``Path=/console``, and ``Secure`` when the
+browser came over TLS (``over_tls``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from ..authn.errors import ClaimsInvalid, InvalidToken, IssuerMismatch, UnknownKey
+from ..authn.principal import Principal
+from ..authn.sessions import Authenticator
+from ..authn.tokens import check_audience, check_time, encode, parse, require_string
+
+__all__ = ["CONSOLE_TYP", "COOKIE", "ConsoleSession", "csrf_matches", "issue", "verify"]
+
+COOKIE = "cp_console"
+COOKIE_PATH = "/console"
+CONSOLE_TYP = "console-session+jwt"
+#: The console's audience: distinct from the API's, so the claims say what the credential is for.
+AUDIENCE_SUFFIX = "#console"
+CLAIMS = frozenset({"iss", "aud", "sub", "sid", "kind", "iat", "exp", "csrf", "stp"})
+_CSRF_BYTES = 32
+
+
+@dataclass(frozen=True)
+class ConsoleSession:
+    """A verified console cookie: who, which store session, its CSRF token, and step-up."""
+
+    principal: Principal
+    csrf: str
+    stepped: bool
+    expires_at: float
+
+
+def issue(authenticator: Authenticator, principal: Principal, *, expires_at: float, now: float,
+          csrf: str | None = None, stepped: bool = False) -> tuple[str, str]:
+    """A signed cookie value for ``principal``'s session (and its CSRF token: new unless given)."""
+    csrf = csrf or secrets.token_urlsafe(_CSRF_BYTES)
+    settings = authenticator.settings
+    claims: dict[str, Any] = {
+        "iss": settings.issuer,
+        "aud": settings.audience + AUDIENCE_SUFFIX,
+        "sub": principal.subject_id,
+        "sid": principal.session_id,
+        "kind": principal.kind,
+        "iat": int(now),
+        "exp": max(int(now) + 1, math.floor(expires_at)),
+        "csrf": csrf,
+        "stp": stepped,
+    }
+    key = authenticator.keys.signing_key()
+    return encode(claims, key.private_key, typ=CONSOLE_TYP, kid=key.kid), csrf
+
+
+async def verify(authenticator: Authenticator, value: str, now: float) -> ConsoleSession:
+    """The session a cookie value stands for; raises an ``InvalidToken`` subclass."""
+    settings = authenticator.settings
+    jws = parse(value, typ=CONSOLE_TYP, require_kid=True)
+    key = authenticator.keys.verification_key(jws.kid or "", now)
+    if key is None:
+        raise UnknownKey()
+    jws.verify_signature(key)
+    claims: Mapping[str, Any] = jws.claims()
+    if set(claims) != CLAIMS or not isinstance(claims["stp"], bool):
+        raise ClaimsInvalid()
+    for name in ("sub", "sid", "kind", "csrf"):
+        require_string(claims, name)
+    if claims["iss"] != settings.issuer:
+        raise IssuerMismatch()
+    check_audience(claims, settings.audience + AUDIENCE_SUFFIX)
+    check_time(claims, now, skew_s=settings.clock_skew_s,
+               max_lifetime_s=settings.session_ttl_s + settings.clock_skew_s)
+    principal = await authenticator.session_principal(
+        claims["sub"], claims["kind"], claims["sid"], stepped=claims["stp"], now=now)
+    return ConsoleSession(principal, claims["csrf"], claims["stp"], float(claims["exp"]))
+
+
+def csrf_matches(session: ConsoleSession, presented: str | None) -> bool:
+    """The synchronizer-token check, in constant time."""
+    if not isinstance(presented, str) or not presented:
+        return False
+    return hmac.compare_digest(presented.encode("utf-8", "replace"), session.csrf.encode())
+
+
+def over_tls(request: web.Request) -> bool:
+    """Whether the browser reached us over TLS: directly, or through a TLS-terminating proxy
+    that says so in ``X-Forwarded-Proto``. Trusting that header is safe here, as it only ever
+    makes a cookie stricter (``Secure``): a client that forges it over plain HTTP just stops
+    getting its own cookie back."""
+    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    return request.secure or forwarded == "https"
+
+
+def set_cookie(request: web.Request, response: web.StreamResponse, value: str,
+               name: str = COOKIE) -> None:
+    """Set a console cookie (a browser-session cookie: no Max-Age; the JWS carries the expiry)."""
+    response.set_cookie(name, value, path=COOKIE_PATH, httponly=True, samesite="Strict",
+                        secure=over_tls(request))
+
+
+def clear_cookie(request: web.Request, response: web.StreamResponse, name: str = COOKIE) -> None:
+    response.del_cookie(name, path=COOKIE_PATH, httponly=True, samesite="Strict",
+                        secure=over_tls(request))
+
+
+def presented(request: web.Request) -> str | None:
+    """The cookie value this request carries, if any."""
+    return request.cookies.get(COOKIE) or None
+
+
+def invalid(exc: Exception) -> bool:
+    """Whether ``exc`` means "no valid console session" (as opposed to an outage)."""
+    return isinstance(exc, InvalidToken)

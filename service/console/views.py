@@ -1,0 +1,620 @@
+"""The console's routes: sign-in, inbox (live), ticket detail, review, my requests, audit view.
+
+Handlers stay thin. Who is calling comes from the console's own cookie (``session.py``), never
+from a bearer token; every ticket read and every review runs the one chain (``chain.run``) with
+the same catalogue action, target and Execute step as the API route, so the policy, the review
+rules (no self-review, people only, group quorum), step-up and audit apply exactly as they do
+there. Each chain run's JSON answer is replaced by a page (``Outcome.stream`` renders it after
+the audit record committed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from aiohttp import web
+
+from .. import chain, clock
+from ..api import approvals as api_approvals
+from ..appkeys import AUTHENTICATOR, CONFIG, CORRELATION_ID, ENGINE, PRINCIPAL, STORE, STREAMS
+from ..approvals.tickets import ticket_view
+from ..authn.errors import AuthnError, InvalidToken
+from ..authn.principal import ANONYMOUS, Principal
+from ..authz import actions
+from ..errors import Forbidden, Problem, Unauthorized, to_problem
+from ..run import Outcome, Protection, Run, Target, Write
+from ..schemas import ValidationFailed, validate
+from ..store.base import StoreError, TicketRecord
+from . import pages, queries
+from . import session as cookies
+from .html import Markup
+
+__all__ = ["CSP", "routes", "setup_console"]
+
+routes = web.RouteTableDef()
+log = logging.getLogger("controlplane.console")
+
+#: The console's Content-Security-Policy: its own script and style only, nothing inline, no
+#: framing, no foreign form targets.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+       "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; "
+       "object-src 'none'")
+STATIC = Path(__file__).resolve().parent / "static"
+_STATIC_TYPES = {"console.css": "text/css", "console.js": "text/javascript",
+                 "favicon.svg": "image/svg+xml"}
+LOGIN_CSRF_COOKIE = "cp_console_login"
+#: A form body is a few fields; anything bigger is not one of ours.
+MAX_FORM_BYTES = 16 * 1024
+MAX_PASSWORD_CHARS = 1024
+#: How often the inbox stream re-reads the store (it works across workers and replicas).
+INBOX_POLL_S = 1.0
+INBOX_MAX_S = 900.0
+#: A ticket's states after which nothing about it changes any more.
+FINAL_STATES = frozenset({"consumed", "rejected", "expired", "revoked"})
+
+def _declared(handler: Any) -> tuple[Protection, Callable[[Any], Awaitable[Outcome]]]:
+    """What ``@protected`` declared for an API handler: its protection and Execute step."""
+    return handler.protection, handler.execute
+
+
+# The API's ticket read and review, as the console runs them: same action, same target reader,
+# same Execute step; the review's body comes from the form (validated against the API's schema).
+_api_read, _ = _declared(api_approvals.read_approval)
+_api_review, _review_execute = _declared(api_approvals.review_approval)
+_READ = Protection(_api_read.action, _api_read.target, None)
+_REVIEW = Protection(_api_review.action, _api_review.target, None)
+
+
+async def _inbox_target(request: web.Request, body: Any) -> Target:
+    # The inbox spans every environment: authorized as the strictest (as the API list is).
+    return Target(resource={"collection": "approvals"},
+                  env=request.app[CONFIG].environments.strictest())
+
+
+_LIST = Protection(actions.get("approvals.list"), _inbox_target, None)
+
+
+def console(*action_names: str) -> Callable[[Any], Any]:
+    """Mark a console route and name the catalogue actions it runs through the chain (none for
+    sign-in and static files). A test walks the route table with these marks."""
+    for name in action_names:
+        actions.get(name)
+
+    def mark(handler: Any) -> Any:
+        handler.console_actions = action_names
+        return handler
+
+    return mark
+
+
+# -- responses ----------------------------------------------------------------------------------
+
+
+def _secure(response: web.StreamResponse) -> web.StreamResponse:
+    response.headers["Content-Security-Policy"] = CSP
+    response.headers.setdefault("Cache-Control", "no-store")
+    response.headers["X-Frame-Options"] = "DENY"
+    # Browsers send ``Origin: null`` on form posts under ``no-referrer``; the console checks
+    # Origin on every post, so its pages send their origin to themselves and nowhere else.
+    response.headers["Referrer-Policy"] = "same-origin"
+    return response
+
+
+def page(markup: Markup, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    response = web.Response(text=markup, status=status, content_type="text/html",
+                            charset="utf-8", headers=headers)
+    _secure(response)
+    return response
+
+
+def redirect(location: str) -> web.Response:
+    response = web.Response(status=303, headers={"Location": location})
+    _secure(response)
+    return response
+
+
+def _to_login(request: web.Request) -> web.Response:
+    target = request.path_qs if request.method == "GET" else "/console/"
+    return redirect("/console/login?" + urlencode({"next": target}))
+
+
+def _safe_next(value: str | None) -> str:
+    """Only a console path of this site (no scheme, no host, no ``//``, no backslash)."""
+    if (not value or not value.startswith("/console/") or "//" in value or "\\" in value
+            or any(ord(c) < 0x20 for c in value) or len(value) > 512):
+        return "/console/"
+    return value
+
+
+# -- session and forms --------------------------------------------------------------------------
+
+
+async def _session(request: web.Request) -> cookies.ConsoleSession | None:
+    """The request's console session, if its cookie verifies and the store session is live."""
+    # Who is calling comes from the cookie alone: a bearer token on a console request is ignored.
+    request[PRINCIPAL] = ANONYMOUS
+    value = cookies.presented(request)
+    if value is None:
+        return None
+    try:
+        found = await cookies.verify(request.app[AUTHENTICATOR], value, clock.now())
+    except InvalidToken:
+        return None
+    request[PRINCIPAL] = found.principal  # what the chain's AuthN stage reads
+    return found
+
+
+def _same_origin(request: web.Request) -> bool:
+    """A browser's ``Origin`` (sent on every POST) must be this site: the host it asked for,
+    over HTTP or (through a TLS-terminating proxy too) HTTPS. Absent counts as same: browsers
+    send it on every form post, and other clients cannot be made to post by a foreign page."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    scheme, sep, host = origin.partition("://")
+    return bool(sep) and scheme in ("http", "https") and host == request.host
+
+
+async def _form(request: web.Request) -> dict[str, str]:
+    if request.content_type != "application/x-www-form-urlencoded":
+        raise Forbidden("console forms are posted as application/x-www-form-urlencoded",
+                        code="form_refused")
+    if request.content_length is not None and request.content_length > MAX_FORM_BYTES:
+        raise Forbidden("the form is too large", code="form_refused")
+    raw = await request.read()  # bounded by the app's client_max_size (413 beyond it)
+    if len(raw) > MAX_FORM_BYTES:
+        raise Forbidden("the form is too large", code="form_refused")
+    try:
+        pairs = parse_qsl(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False,
+                          max_num_fields=20)
+    except (UnicodeDecodeError, ValueError):
+        raise Forbidden("the form could not be read", code="form_refused") from None
+    form: dict[str, str] = {}
+    for key, value in pairs:
+        if key in form or "\x00" in value:
+            raise Forbidden("the form could not be read", code="form_refused")
+        form[key] = value
+    return form
+
+
+def _check_csrf(request: web.Request, expected: str | None, form: dict[str, str]) -> None:
+    """Every state-changing form: same origin, and the synchronizer token (constant time)."""
+    presented = form.get("csrf", "")
+    if (not _same_origin(request) or not expected or not presented
+            or not hmac.compare_digest(presented.encode("utf-8", "replace"), expected.encode())):
+        raise Forbidden("the form's CSRF token is missing or does not match this session",
+                        code="csrf_failed")
+
+
+# -- sign-in ------------------------------------------------------------------------------------
+
+
+@routes.get("/")
+@console()
+async def root(request: web.Request) -> web.StreamResponse:
+    """The site's root is the console."""
+    return redirect("/console/")
+
+
+@routes.get("/console/login")
+@console()
+async def login_form(request: web.Request) -> web.StreamResponse:
+    """The sign-in form, with a pre-session CSRF token (double-submitted as a cookie)."""
+    if await _session(request) is not None:
+        return redirect(_safe_next(request.query.get("next")))
+    token = request.cookies.get(LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
+    response = page(pages.login_page(csrf=token, next_path=_safe_next(request.query.get("next")),
+                                     error=None))
+    cookies.set_cookie(request, response, token, name=LOGIN_CSRF_COOKIE)
+    return response
+
+
+@routes.post("/console/login")
+@console()
+async def login(request: web.Request) -> web.StreamResponse:
+    """Password sign-in: opens a store session (as ``POST /api/v1/authn/sessions`` does) and
+    sets the console cookie for it; the access token never leaves the server."""
+    form = await _form(request)
+    _check_csrf(request, request.cookies.get(LOGIN_CSRF_COOKIE), form)
+    subject, password = form.get("subject_id", "")[:200], form.get("password", "")
+    next_path = _safe_next(form.get("next"))
+    authenticator, now = request.app[AUTHENTICATOR], clock.now()
+    try:
+        if not subject or not password or len(password) > MAX_PASSWORD_CHARS:
+            raise Unauthorized("sign-in refused", code="invalid_credentials")
+        issued = await authenticator.login_password(subject, password, request.remote, now)
+        principal = await authenticator.authenticate_bearer(issued.access_token, now)
+    except (AuthnError, Problem) as exc:
+        problem = to_problem(exc)
+        return page(pages.login_page(csrf=form.get("csrf", ""), next_path=next_path,
+                                     error=problem.instance_code, subject=subject),
+                    status=problem.status, headers=problem.headers)
+    stored = await request.app[STORE].require().get_session(principal.session_id)
+    expires = stored.expires_at if stored is not None else now + authenticator.settings.token_ttl_s
+    value, _ = cookies.issue(authenticator, principal, expires_at=expires, now=now)
+    response = redirect(next_path)
+    cookies.set_cookie(request, response, value)
+    cookies.clear_cookie(request, response, name=LOGIN_CSRF_COOKIE)
+    log.info("console sign-in", extra={"fields": {"event": "console.signed_in",
+                                                   "subject": principal.subject_id}})
+    return response
+
+
+@routes.post("/console/logout")
+@console()
+async def logout(request: web.Request) -> web.StreamResponse:
+    """End the store session (every token and cookie of it, everywhere) and clear the cookie."""
+    found = await _session(request)
+    response = redirect("/console/login")
+    if found is None:
+        cookies.clear_cookie(request, response)
+        return response
+    form = await _form(request)
+    _check_csrf(request, found.csrf, form)
+    await request.app[AUTHENTICATOR].revoke(found.principal, clock.now())
+    cookies.clear_cookie(request, response)
+    return response
+
+
+# -- pages --------------------------------------------------------------------------------------
+
+
+async def _run_page(request: web.Request, spec: Protection,
+                    build: Callable[[Run], Awaitable[tuple[Markup, dict[str, Any]]]]
+                    ) -> web.StreamResponse:
+    """Run the chain for a console read; its Execute step builds the page."""
+    async def execute(run: Run) -> Outcome:
+        markup, audit = await build(run)
+        return Outcome(200, None, audit=audit, stream=_ready(page(markup)))
+
+    return await chain.run(request, spec, execute)
+
+
+def _ready(response: web.StreamResponse) -> Callable[[], Awaitable[web.StreamResponse]]:
+    async def produce() -> web.StreamResponse:
+        return response
+
+    return produce
+
+
+def _code(problem: Problem) -> str:
+    """The code a page shows: a policy denial's first reason the console can explain (e.g.
+    ``self_review``), else the problem's own code."""
+    if problem.instance_code == "denied":
+        reasons = problem.extensions.get("reasons")
+        for reason in reasons if isinstance(reasons, list) else []:
+            if reason in pages.MESSAGES:
+                return str(reason)
+    return problem.instance_code
+
+
+def _problem_page(request: web.Request, problem: Problem,
+                  found: cookies.ConsoleSession | None) -> web.Response:
+    who = found.principal.subject_id if found else None
+    return page(pages.error_page(problem.status, _code(problem), who=who,
+                                 csrf=found.csrf if found else None),
+                status=problem.status, headers=problem.headers)
+
+
+@routes.get("/console/")
+@console("approvals.list")
+async def inbox_page(request: web.Request) -> web.StreamResponse:
+    """Tickets this person may review, pending first and oldest first; live by SSE."""
+    found = await _session(request)
+    if found is None:
+        return _to_login(request)
+
+    async def build(run: Run) -> tuple[Markup, dict[str, Any]]:
+        items = await _inbox_markup(run.store, request, run.principal)
+        return pages.inbox_page(items, who=run.principal.subject_id, csrf=found.csrf), {}
+
+    try:
+        return await _run_page(request, _LIST, build)
+    except Problem as problem:
+        return _problem_page(request, problem, found)
+
+
+async def _inbox_markup(store: Any, request: web.Request, principal: Principal) -> Markup:
+    box = await queries.inbox(store, request.app[ENGINE], principal, clock.now())
+    return pages.inbox_items([_view(t) for t in box.pending], [_view(t) for t in box.recent])
+
+
+def _view(ticket: TicketRecord) -> dict[str, Any]:
+    """The API's ticket view (``command`` included once tickets carry it)."""
+    view = ticket_view(ticket)
+    view.setdefault("command", getattr(ticket, "command", None))
+    return view
+
+
+@routes.get("/console/inbox/events")
+@console("approvals.list")
+async def inbox_events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: ``event: inbox`` with the rendered list whenever it changes (the
+    store is polled, so a change made through any worker or replica shows)."""
+    found = await _session(request)
+    if found is None:
+        return _secure(web.Response(status=401, text="sign in first", content_type="text/plain"))
+
+    async def execute(run: Run) -> Outcome:
+        request.app[STREAMS].acquire(run.principal.subject_id)
+        return Outcome(200, None, audit={"stream": True},
+                       stream=lambda: _inbox_stream(request, run.store, found))
+
+    try:
+        return await chain.run(request, _LIST, execute)
+    except Problem as problem:
+        response = web.Response(status=problem.status, text=problem.instance_code,
+                                content_type="text/plain", headers=problem.headers)
+        return _secure(response)
+
+
+async def _inbox_stream(request: web.Request, store: Any, found: cookies.ConsoleSession
+                        ) -> web.StreamResponse:
+    async def state() -> tuple[bytes | None, bool]:
+        markup = await _inbox_markup(store, request, found.principal)
+        data = json.dumps({"html": markup}, separators=(",", ":"))
+        return f"event: inbox\ndata: {data}\n\n".encode(), False
+
+    return await _poll_stream(request, state, "console inbox stream")
+
+
+async def _poll_stream(request: web.Request,
+                       state: Callable[[], Awaitable[tuple[bytes | None, bool]]],
+                       name: str) -> web.StreamResponse:
+    """An SSE response that re-reads the store every ``INBOX_POLL_S`` (so any worker's or
+    replica's change shows) and sends ``state()``'s event when it differs from the last one
+    sent; ends after a final state, a session that ended (``event: end``), ``INBOX_MAX_S``, a
+    store outage or shutdown (an ``EventSource`` then reconnects by itself)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "X-Accel-Buffering": "no",
+                                           "X-Correlation-ID": request[CORRELATION_ID]})
+    _secure(response)
+    slots = request.app[STREAMS]
+    heartbeat_s, check_s = slots.config.heartbeat_s, slots.config.session_check_s
+    loop = asyncio.get_running_loop()
+    try:
+        await response.prepare(request)
+        started = last_beat = last_check = loop.time()
+        sent: bytes | None = None
+        while not slots.stopping:
+            now = loop.time()
+            if now - started >= INBOX_MAX_S or request.transport is None or (
+                    request.transport.is_closing()):
+                break
+            if now - last_check >= check_s:
+                last_check = now
+                if await _session(request) is None:
+                    await response.write(b'event: end\ndata: {"reason":"session_ended"}\n\n')
+                    break
+            try:
+                event, final = await state()
+            except StoreError:
+                log.warning("%s ended: store unavailable", name)
+                break
+            if event is not None and event != sent:
+                sent = event
+                await response.write(event)
+                last_beat = now
+            elif now - last_beat >= heartbeat_s:
+                await response.write(b": heartbeat\n\n")
+                last_beat = now
+            if final:
+                await response.write(b'event: end\ndata: {"reason":"final"}\n\n')
+                break
+            await asyncio.sleep(INBOX_POLL_S)
+        await response.write_eof()
+    except ConnectionError:
+        log.debug("%s: the client went away", name)
+    return response
+
+
+@routes.get("/console/tickets/{id}")
+@console("approvals.read")
+async def ticket_page(request: web.Request) -> web.StreamResponse:
+    """Everything about one ticket, its reviews and timeline, and the review form."""
+    found = await _session(request)
+    if found is None:
+        return _to_login(request)
+    try:
+        return await _run_page(request, _READ, _ticket_builder(request, found, None, ""))
+    except Problem as problem:
+        return _problem_page(request, problem, found)
+
+
+def _ticket_builder(request: web.Request, found: cookies.ConsoleSession, error: str | None,
+                    reason: str) -> Callable[[Run], Awaitable[tuple[Markup, dict[str, Any]]]]:
+    async def build(run: Run) -> tuple[Markup, dict[str, Any]]:
+        ticket: TicketRecord = run.target.record
+        markup = await _ticket_markup(request, run.store, ticket, found, run.principal, error,
+                                      reason)
+        return markup, {"ticket_id": ticket.id}
+
+    return build
+
+
+async def _ticket_markup(request: web.Request, store: Any, ticket: TicketRecord,
+                         found: cookies.ConsoleSession, principal: Principal, error: str | None,
+                         reason: str) -> Markup:
+    now, config = clock.now(), request.app[CONFIG]
+    records, _ = await queries.ticket_records(store, ticket)
+    refusal = queries.review_refusal(request.app[ENGINE], principal, ticket, now)
+    if refusal is None:
+        needs = config.is_production(ticket.env) and not principal.step_up_verified(
+            now, config.authn.step_up_window_s)
+        form = pages.review_form(ticket.id, csrf=found.csrf, needs_step_up=needs or
+                                 error in ("step_up_required", "otp_invalid"), reason=reason)
+    elif refusal == "state_conflict":
+        form = Markup("")
+    else:
+        form = pages.cannot_review(refusal)
+    return pages.ticket_page(_view(ticket), timeline=queries.timeline(records),
+                             policy_reasons=queries.policy_reasons(records), review_form=form,
+                             who=principal.subject_id, csrf=found.csrf, error=error)
+
+
+@routes.get("/console/tickets/{id}/events")
+@console("approvals.read")
+async def ticket_events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: ``event: ticket`` with its state and review count, first at once and
+    then on every change, until it reaches a final state (the page reloads itself on a change)."""
+    found = await _session(request)
+    if found is None:
+        return _secure(web.Response(status=401, text="sign in first", content_type="text/plain"))
+
+    async def execute(run: Run) -> Outcome:
+        request.app[STREAMS].acquire(run.principal.subject_id)
+        ticket: TicketRecord = run.target.record
+        return Outcome(200, None, audit={"ticket_id": ticket.id, "stream": True},
+                       stream=lambda: _ticket_stream(request, run.store, ticket.id))
+
+    try:
+        return await chain.run(request, _READ, execute)
+    except Problem as problem:
+        return _secure(web.Response(status=problem.status, text=problem.instance_code,
+                                    content_type="text/plain", headers=problem.headers))
+
+
+async def _ticket_stream(request: web.Request, store: Any, ticket_id: str) -> web.StreamResponse:
+    async def state() -> tuple[bytes | None, bool]:
+        ticket = await store.get_ticket(ticket_id)
+        if ticket is None:
+            return None, True
+        data = json.dumps({"state": ticket.state, "reviews": len(ticket.reviews)},
+                          separators=(",", ":"))
+        return f"event: ticket\ndata: {data}\n\n".encode(), ticket.state in FINAL_STATES
+
+    return await _poll_stream(request, state, "console ticket stream")
+
+
+@routes.post("/console/tickets/{id}/review")
+@console("approvals.review", "approvals.read")
+async def review(request: web.Request) -> web.StreamResponse:
+    """Approve or reject through the API's own review step; a one-time code in the form steps
+    the session up first (the inline step-up prompt)."""
+    found = await _session(request)
+    if found is None:
+        return _to_login(request)
+    form = await _form(request)
+    _check_csrf(request, found.csrf, form)
+    body: dict[str, Any] = {"decision": form.get("decision", "")}
+    if form.get("reason"):
+        body["reason"] = form["reason"]
+    new_cookie: str | None = None
+    try:
+        try:
+            validate("approval-review.schema.json", body)
+        except ValidationFailed as exc:
+            raise to_problem(exc) from None
+        if form.get("otp"):
+            found, new_cookie = await _step_up(request, found, form["otp"])
+
+        async def execute(run: Write) -> Outcome:
+            run.body = body
+            outcome = await _review_execute(run)
+            return Outcome(outcome.status, outcome.body, audit=outcome.audit,
+                           stream=_ready(redirect(f"/console/tickets/{run.target.id}")))
+
+        response = await chain.run(request, _REVIEW, execute)
+    except (Problem, AuthnError) as exc:
+        problem = to_problem(exc)
+        response = await _ticket_refused(request, found, problem, form.get("reason", ""))
+    if new_cookie is not None:
+        cookies.set_cookie(request, response, new_cookie)
+    return response
+
+
+async def _step_up(request: web.Request, found: cookies.ConsoleSession, otp: str
+                   ) -> tuple[cookies.ConsoleSession, str]:
+    """Verify the code on the session (the API's step-up), then a stepped cookie for it."""
+    authenticator, now = request.app[AUTHENTICATOR], clock.now()
+    await authenticator.step_up(found.principal, otp[:64], now, request.remote)
+    p = found.principal
+    principal = await authenticator.session_principal(p.subject_id, p.kind, p.session_id,
+                                                      stepped=True, now=now)
+    request[PRINCIPAL] = principal
+    value, csrf = cookies.issue(authenticator, principal, expires_at=found.expires_at, now=now,
+                                csrf=found.csrf, stepped=True)
+    return cookies.ConsoleSession(principal, csrf, True, found.expires_at), value
+
+
+async def _ticket_refused(request: web.Request, found: cookies.ConsoleSession, problem: Problem,
+                          reason: str) -> web.StreamResponse:
+    """The ticket page again, saying why (by stable code), the reason kept in the form."""
+    code = _code(problem)
+    if code in ("ticket_not_found", "csrf_failed", "store_unavailable"):
+        return _problem_page(request, problem, found)
+    try:
+        response = await _run_page(request, _READ,
+                                   _ticket_builder(request, found, code, reason))
+    except Problem as again:
+        return _problem_page(request, again, found)
+    response.set_status(problem.status)
+    response.headers.update({k: v for k, v in problem.headers.items() if k != "WWW-Authenticate"})
+    return response
+
+
+@routes.get("/console/tickets/{id}/audit")
+@console("approvals.read")
+async def audit_page(request: web.Request) -> web.StreamResponse:
+    """Every audit record that names the ticket, read-only."""
+    found = await _session(request)
+    if found is None:
+        return _to_login(request)
+
+    async def build(run: Run) -> tuple[Markup, dict[str, Any]]:
+        ticket: TicketRecord = run.target.record
+        records, truncated = await queries.ticket_records(run.store, ticket)
+        return pages.audit_page(ticket.id, records, truncated=truncated,
+                                who=run.principal.subject_id, csrf=found.csrf), {
+            "ticket_id": ticket.id}
+
+    try:
+        return await _run_page(request, _READ, build)
+    except Problem as problem:
+        return _problem_page(request, problem, found)
+
+
+@routes.get("/console/requests")
+@console("approvals.list")
+async def requests_page(request: web.Request) -> web.StreamResponse:
+    """The tickets for this person, with their state."""
+    found = await _session(request)
+    if found is None:
+        return _to_login(request)
+
+    async def build(run: Run) -> tuple[Markup, dict[str, Any]]:
+        tickets = await queries.my_requests(run.store, run.principal)
+        return pages.requests_page([_view(t) for t in tickets], who=run.principal.subject_id,
+                                   csrf=found.csrf), {}
+
+    try:
+        return await _run_page(request, _LIST, build)
+    except Problem as problem:
+        return _problem_page(request, problem, found)
+
+
+@routes.get("/console/static/{name}")
+@console()
+async def static(request: web.Request) -> web.StreamResponse:
+    """The console's one stylesheet and one script (no CDN, no build step)."""
+    name = request.match_info["name"]
+    content_type = _STATIC_TYPES.get(name)
+    if content_type is None:
+        return _secure(web.Response(status=404, text="not found", content_type="text/plain"))
+    data = await asyncio.to_thread((STATIC / name).read_bytes)
+    response = web.Response(body=data, content_type=content_type, charset="utf-8")
+    response.headers["Cache-Control"] = "public, max-age=3600"
+    return _secure(response)
+
+
+def setup_console(app: web.Application) -> None:
+    """Add the console's routes (and ``GET /``, which redirects to it)."""
+    app.router.add_routes(routes)
