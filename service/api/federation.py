@@ -28,6 +28,8 @@ from ..authn.federation.workload import (
 from ..authn.stepup import METHOD_OIDC
 from ..body import read_json
 from ..chain import public
+from ..console import federated as console_sso
+from ..console.session import safe_next
 from ..errors import BadRequest, NotFound, ServiceUnavailable, Unauthorized
 from .authn import _authenticator, _caller, _client_addr, _token_body
 
@@ -75,6 +77,11 @@ async def providers(request: web.Request) -> web.Response:
 async def _start(request: web.Request, purpose: str, session_id: str | None) -> web.Response:
     federation = _federation(request)
     query = request.query
+    console_path = query.get("next") if purpose == "login" else None
+    if console_path is not None and (safe_next(console_path) != console_path
+                                     or "cli_redirect" in query):
+        raise BadRequest("next must be a console path (/console/...) and cannot go with "
+                         "cli_redirect", code="invalid_request")
     try:
         url, browser = await federation.oidc.start(
             request.app[STORE].require(), request.match_info["provider"], clock.now(),
@@ -96,6 +103,16 @@ async def _start(request: web.Request, purpose: str, session_id: str | None) -> 
         samesite="Lax", path="/api/v1/authn/oidc/",
         secure=federation.oidc.config.redirect_base_url.startswith("https://"),
     )  # fmt: skip
+    if console_path is not None:
+        # A console sign-in: the callback ends in a console cookie session, landing here.
+        response.set_cookie(
+            console_sso.MARKER_COOKIE, console_sso.marker(browser, console_path),
+            max_age=federation.oidc.config.login_ttl_s, httponly=True, samesite="Lax",
+            path="/api/v1/authn/oidc/",
+            secure=federation.oidc.config.redirect_base_url.startswith("https://"),
+        )  # fmt: skip
+    else:
+        response.del_cookie(console_sso.MARKER_COOKIE, path="/api/v1/authn/oidc/")
     response.headers["Cache-Control"] = "no-store"
     return response
 
@@ -103,7 +120,8 @@ async def _start(request: web.Request, purpose: str, session_id: str | None) -> 
 @routes.get(_LOGIN_PATH + "/login")
 @public
 async def login(request: web.Request) -> web.Response:
-    """Start the browser sign-in: 302 to the provider (code flow, PKCE S256, state, nonce)."""
+    """Start the browser sign-in: 302 to the provider (code flow, PKCE S256, state, nonce).
+    With ``next`` (a console path) it ends in a console session instead of a token."""
     return await _start(request, "login", None)
 
 
@@ -122,10 +140,11 @@ async def step_up(request: web.Request) -> web.Response:
 @public
 async def callback(request: web.Request) -> web.Response:
     """The provider's redirect: verify everything, open our session, answer with our token (or
-    hand off to the CLI's loopback port)."""
+    hand off to the CLI's loopback port, or set the console's cookie for a console sign-in)."""
     federation = _federation(request)
     authenticator = _authenticator(request)
     browser = request.cookies.get(BROWSER_COOKIE)
+    console_path = console_sso.console_next(request.cookies.get(console_sso.MARKER_COOKIE), browser)
     try:
         result = await federation.oidc.callback(
             authenticator, request.match_info["provider"], request.query, browser, clock.now()
@@ -138,10 +157,15 @@ async def callback(request: web.Request) -> web.Response:
         raise _unavailable() from None
     if result.redirect is not None:
         response: web.Response = _redirect(result.redirect)
+    elif console_path is not None and result.purpose == "login":
+        assert result.issued is not None
+        response = await console_sso.signed_in(request, authenticator, result.issued, console_path)
     else:
         assert result.issued is not None
         response = web.json_response(_token_body(result.issued), status=201)
     response.del_cookie(BROWSER_COOKIE, path="/api/v1/authn/oidc/")
+    if console_path is not None:
+        response.del_cookie(console_sso.MARKER_COOKIE, path="/api/v1/authn/oidc/")
     response.headers["Cache-Control"] = "no-store"
     return response
 

@@ -12,20 +12,31 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aiohttp import web
+
 from .html import Markup, join, render
 
 __all__ = [
+    "CSP",
     "audit_page",
     "error_page",
     "inbox_items",
     "inbox_page",
     "login_page",
     "requests_page",
+    "secure",
+    "signed_in_page",
     "ticket_page",
 ]
 
+#: The console's Content-Security-Policy: its own script and style only, nothing inline, no
+#: framing, no foreign form targets.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+       "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; "
+       "object-src 'none'")
+
 #: Bumped whenever console.css or console.js change, so a cached copy is never used with new HTML.
-ASSET_VERSION = "5"
+ASSET_VERSION = "6"
 
 _LAYOUT = """<!doctype html>
 <html lang="en">
@@ -75,6 +86,7 @@ MESSAGES: Mapping[str, str] = {
     "step_up_not_available": "Your account cannot step up (no authenticator enrolled).",
     "login_throttled": "Too many attempts. Wait a moment and try again.",
     "invalid_credentials": "Unknown user or wrong password.",
+    "identity_provider_unavailable": "The sign-in provider cannot be reached. Try again shortly.",
     "denied": "The policy does not allow you to do this.",
     "state_conflict": "The ticket is no longer pending.",
     "ticket_not_found": "There is no such ticket.",
@@ -106,7 +118,27 @@ def layout(title: str, body: Markup, *, who: str | None = None, csrf: str | None
     return render(_LAYOUT, title=title, nav=nav, body=body, version=ASSET_VERSION)
 
 
-def login_page(*, csrf: str, next_path: str, error: str | None, subject: str = "") -> Markup:
+def secure(response: web.StreamResponse) -> web.StreamResponse:
+    """The headers every console response carries (the CSP, no caching, no framing)."""
+    response.headers["Content-Security-Policy"] = CSP
+    response.headers.setdefault("Cache-Control", "no-store")
+    response.headers["X-Frame-Options"] = "DENY"
+    # Browsers send ``Origin: null`` on form posts under ``no-referrer``; the console checks
+    # Origin on every post, so its pages send their origin to themselves and nowhere else.
+    response.headers["Referrer-Policy"] = "same-origin"
+    return response
+
+
+def login_page(*, csrf: str, next_path: str, error: str | None, subject: str = "",
+               providers: Sequence[tuple[str, str]] = ()) -> Markup:
+    """The sign-in form, and one "Sign in with <provider>" link per ``(label, href)``."""
+    sso = Markup("")
+    if providers:
+        links = join(render('<li><a class="button sso" href="$href">Sign in with $label</a></li>',
+                            href=href, label=label) for label, href in providers)
+        sso = render('<section class="card sso" aria-labelledby="sso-heading">'
+                     '<h2 id="sso-heading">Single sign-on</h2><ul class="sso">$links</ul>'
+                     '</section>', links=links)
     body = render("""$alert
 <form class="card login" method="post" action="/console/login">
 <input type="hidden" name="csrf" value="$csrf">
@@ -118,8 +150,18 @@ def login_page(*, csrf: str, next_path: str, error: str | None, subject: str = "
 <input id="password" name="password" type="password" autocomplete="current-password"
  required maxlength="1024"></p>
 <p><button type="submit">Sign in</button></p>
-</form>""", alert=_alert(error), csrf=csrf, next=next_path, subject=subject)
+</form>
+$sso""", alert=_alert(error), csrf=csrf, next=next_path, subject=subject, sso=sso)
     return layout("Sign in", body)
+
+
+def signed_in_page(*, who: str, next_path: str) -> Markup:
+    """After a single sign-on: where the browser goes next (it follows the ``Refresh`` header
+    the page is served with; the link is there for the person)."""
+    body = render('<p>Signed in as <strong>$who</strong>.</p>'
+                  '<p><a id="continue" href="$next">Continue to the console</a></p>',
+                  who=who, next=next_path)
+    return layout("Signed in", body)
 
 
 def error_page(status: int, code: str, *, who: str | None = None, csrf: str | None = None

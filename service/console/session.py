@@ -28,7 +28,7 @@ from ..authn.principal import Principal
 from ..authn.sessions import Authenticator
 from ..authn.tokens import check_audience, check_time, encode, parse, require_string
 
-__all__ = ["CONSOLE_TYP", "COOKIE", "ConsoleSession", "csrf_matches", "issue", "verify"]
+__all__ = ["CONSOLE_TYP", "COOKIE", "ConsoleSession", "csrf_matches", "issue", "safe_next", "verify"]
 
 COOKIE = "cp_console"
 COOKIE_PATH = "/console"
@@ -97,6 +97,15 @@ def csrf_matches(session: ConsoleSession, presented: str | None) -> bool:
     if not isinstance(presented, str) or not presented:
         return False
     return hmac.compare_digest(presented.encode("utf-8", "replace"), session.csrf.encode())
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after signing in: only a console path of this site (no scheme, no host, no
+    ``//``, no backslash, no control character); anything else is the inbox."""
+    if (not value or not value.startswith("/console/") or "//" in value or "\\" in value
+            or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value) or len(value) > 512):
+        return "/console/"
+    return value
 
 
 def over_tls(request: web.Request) -> bool:

@@ -24,7 +24,16 @@ from aiohttp import web
 
 from .. import chain, clock
 from ..api import approvals as api_approvals
-from ..appkeys import AUTHENTICATOR, CONFIG, CORRELATION_ID, ENGINE, PRINCIPAL, STORE, STREAMS
+from ..appkeys import (
+    AUTHENTICATOR,
+    CONFIG,
+    CORRELATION_ID,
+    ENGINE,
+    FEDERATION,
+    PRINCIPAL,
+    STORE,
+    STREAMS,
+)
 from ..approvals.tickets import ticket_view
 from ..authn.errors import AuthnError, InvalidToken
 from ..authn.principal import ANONYMOUS, Principal
@@ -33,20 +42,16 @@ from ..errors import Forbidden, Problem, Unauthorized, to_problem
 from ..run import Outcome, Protection, Run, Target, Write
 from ..schemas import ValidationFailed, validate
 from ..store.base import StoreError, TicketRecord
-from . import pages, queries
+from . import federated, pages, queries
 from . import session as cookies
 from .html import Markup
+from .pages import CSP
 
 __all__ = ["CSP", "routes", "setup_console"]
 
 routes = web.RouteTableDef()
 log = logging.getLogger("controlplane.console")
 
-#: The console's Content-Security-Policy: its own script and style only, nothing inline, no
-#: framing, no foreign form targets.
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
-       "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'; "
-       "object-src 'none'")
 STATIC = Path(__file__).resolve().parent / "static"
 _STATIC_TYPES = {"console.css": "text/css", "console.js": "text/javascript",
                  "favicon.svg": "image/svg+xml"}
@@ -98,14 +103,7 @@ def console(*action_names: str) -> Callable[[Any], Any]:
 # -- responses ----------------------------------------------------------------------------------
 
 
-def _secure(response: web.StreamResponse) -> web.StreamResponse:
-    response.headers["Content-Security-Policy"] = CSP
-    response.headers.setdefault("Cache-Control", "no-store")
-    response.headers["X-Frame-Options"] = "DENY"
-    # Browsers send ``Origin: null`` on form posts under ``no-referrer``; the console checks
-    # Origin on every post, so its pages send their origin to themselves and nowhere else.
-    response.headers["Referrer-Policy"] = "same-origin"
-    return response
+_secure = pages.secure
 
 
 def page(markup: Markup, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -126,12 +124,7 @@ def _to_login(request: web.Request) -> web.Response:
     return redirect("/console/login?" + urlencode({"next": target}))
 
 
-def _safe_next(value: str | None) -> str:
-    """Only a console path of this site (no scheme, no host, no ``//``, no backslash)."""
-    if (not value or not value.startswith("/console/") or "//" in value or "\\" in value
-            or any(ord(c) < 0x20 for c in value) or len(value) > 512):
-        return "/console/"
-    return value
+_safe_next = cookies.safe_next
 
 
 # -- session and forms --------------------------------------------------------------------------
@@ -211,10 +204,19 @@ async def login_form(request: web.Request) -> web.StreamResponse:
     if await _session(request) is not None:
         return redirect(_safe_next(request.query.get("next")))
     token = request.cookies.get(LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
-    response = page(pages.login_page(csrf=token, next_path=_safe_next(request.query.get("next")),
-                                     error=None))
+    next_path = _safe_next(request.query.get("next"))
+    response = page(pages.login_page(csrf=token, next_path=next_path, error=None,
+                                     providers=_providers(request, next_path)))
     cookies.set_cookie(request, response, token, name=LOGIN_CSRF_COOKIE)
     return response
+
+
+def _providers(request: web.Request, next_path: str) -> list[tuple[str, str]]:
+    """The configured OpenID providers as "Sign in with <provider>" links back to ``next_path``."""
+    federation = request.app.get(FEDERATION)
+    if federation is None or not federation.oidc.enabled:
+        return []
+    return federated.provider_buttons(federation.oidc.listing(), next_path)
 
 
 @routes.post("/console/login")
@@ -235,7 +237,8 @@ async def login(request: web.Request) -> web.StreamResponse:
     except (AuthnError, Problem) as exc:
         problem = to_problem(exc)
         return page(pages.login_page(csrf=form.get("csrf", ""), next_path=next_path,
-                                     error=problem.instance_code, subject=subject),
+                                     error=problem.instance_code, subject=subject,
+                                     providers=_providers(request, next_path)),
                     status=problem.status, headers=problem.headers)
     stored = await request.app[STORE].require().get_session(principal.session_id)
     expires = stored.expires_at if stored is not None else now + authenticator.settings.token_ttl_s
