@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient
 from service.appkeys import AUTHENTICATOR, STORE
 from service.console import session as cookies
 from service.console.views import CSP
+from service.notifications.envelope import console_url
 from tests.auth import bearer, login, otp
 from tests.console.console import COMMANDS, Visitor, request_ticket, token_of
 from tests.store.pg import temp_schema
@@ -55,6 +56,18 @@ async def test_root_redirects_and_pages_need_a_session(client, visitors):
         console_headers_ok(response)
     stream = await visitor.get("/console/inbox/events")
     assert stream.status == 401
+
+
+async def test_the_link_in_notifications_is_the_ticket_page(client, visitors):
+    """Webhook and Slack payloads link ``{public_url}/console/tickets/{id}``: that path is the
+    console's page of that very ticket (the browser test follows the inbox link to it too)."""
+    ticket = await request_ticket(client, reason="the link in the message")
+    link = console_url("https://cp.example.test", ticket["id"])
+    assert link is not None and link.startswith("https://cp.example.test/console/")
+    bob = await signed_in(client, visitors, "bob")
+    page = await bob.page(link.removeprefix("https://cp.example.test"))
+    assert f'data-stream="/console/tickets/{ticket["id"]}/events"' in page
+    assert f"<code>{ticket['id']}</code>" in page and 'id="state"' in page
 
 
 async def test_sign_in_sets_a_strict_cookie_that_the_api_refuses(client, visitors):
