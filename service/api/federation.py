@@ -16,7 +16,12 @@ from aiohttp import web
 from .. import clock
 from ..appkeys import FEDERATION, STORE
 from ..authn.federation import Federation
-from ..authn.federation.oidc import BROWSER_COOKIE, ProviderUnavailable, SignInRefused
+from ..authn.federation.oidc import (
+    BROWSER_COOKIE,
+    CallbackResult,
+    ProviderUnavailable,
+    SignInRefused,
+)
 from ..authn.federation.workload import (
     ACCESS_TOKEN_TYPE,
     GRANT_TYPE,
@@ -152,22 +157,33 @@ async def callback(request: web.Request) -> web.Response:
     except SignInRefused as exc:
         authenticator.failed(exc.reason.split(":", 1)[0])
         _log_refusal(request, exc.reason)
-        raise _refused(exc) from None
+        if console_path is None:
+            raise _refused(exc) from None
+        response = console_sso.refused(request, exc.code, console_path)
     except ProviderUnavailable:
-        raise _unavailable() from None
-    if result.redirect is not None:
-        response: web.Response = _redirect(result.redirect)
-    elif console_path is not None and result.purpose == "login":
-        assert result.issued is not None
-        response = await console_sso.signed_in(request, authenticator, result.issued, console_path)
+        if console_path is None:
+            raise _unavailable() from None
+        response = console_sso.refused(request, "identity_provider_unavailable", console_path)
     else:
-        assert result.issued is not None
-        response = web.json_response(_token_body(result.issued), status=201)
+        response = await _signed_in(request, result, console_path)
     response.del_cookie(BROWSER_COOKIE, path="/api/v1/authn/oidc/")
     if console_path is not None:
         response.del_cookie(console_sso.MARKER_COOKIE, path="/api/v1/authn/oidc/")
     response.headers["Cache-Control"] = "no-store"
     return response
+
+
+async def _signed_in(request: web.Request, result: CallbackResult,
+                     console_path: str | None) -> web.Response:
+    """The callback's answer once the sign-in succeeded: the CLI handoff, the console's
+    session, or our token."""
+    if result.redirect is not None:
+        return _redirect(result.redirect)
+    assert result.issued is not None
+    if console_path is not None and result.purpose == "login":
+        return await console_sso.signed_in(request, _authenticator(request), result.issued,
+                                           console_path)
+    return web.json_response(_token_body(result.issued), status=201)
 
 
 @routes.post(_LOGIN_PATH + "/device")

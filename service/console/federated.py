@@ -31,11 +31,22 @@ from ..authn.sessions import Authenticator, IssuedToken
 from . import pages
 from . import session as cookies
 
-__all__ = ["MARKER_COOKIE", "console_next", "marker", "provider_buttons", "signed_in"]
+__all__ = [
+    "MARKER_COOKIE",
+    "SHOWN_ERRORS",
+    "console_next",
+    "marker",
+    "provider_buttons",
+    "refused",
+    "signed_in",
+]
 
 #: Set with the browser-binding cookie when a sign-in is started for the console.
 MARKER_COOKIE = "cp_oidc_console"
 log = logging.getLogger("controlplane.console")
+#: Refusals the sign-in page names; any other is shown as ``sso_failed`` (the details are in the
+#: service's log, with the correlation id).
+SHOWN_ERRORS = frozenset({"identity_provider_unavailable", "idp_refused", "subject_not_allowed"})
 
 
 def _tag(browser_secret: str) -> str:
@@ -88,4 +99,14 @@ async def signed_in(request: web.Request, authenticator: Authenticator, issued: 
     log.info("console sign-in", extra={"fields": {"event": "console.signed_in",
                                                    "subject": principal.subject_id,
                                                    "method": principal.authn_method}})
+    return response
+
+
+def refused(request: web.Request, code: str, next_path: str) -> web.Response:
+    """A console sign-in the callback refused: back to the console's sign-in page, which says
+    why in words (a known code) and offers the buttons again; never a JSON problem page."""
+    shown = code if code in SHOWN_ERRORS else "sso_failed"
+    response = web.Response(status=303, headers={
+        "Location": "/console/login?" + urlencode({"next": next_path, "sso_error": shown})})
+    pages.secure(response)
     return response

@@ -205,7 +205,10 @@ async def login_form(request: web.Request) -> web.StreamResponse:
         return redirect(_safe_next(request.query.get("next")))
     token = request.cookies.get(LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
     next_path = _safe_next(request.query.get("next"))
-    response = page(pages.login_page(csrf=token, next_path=next_path, error=None,
+    # A refused single sign-on comes back here naming why (only codes the page explains).
+    sso_error = request.query.get("sso_error")
+    error = sso_error if sso_error in federated.SHOWN_ERRORS | {"sso_failed"} else None
+    response = page(pages.login_page(csrf=token, next_path=next_path, error=error,
                                      providers=_providers(request, next_path)))
     cookies.set_cookie(request, response, token, name=LOGIN_CSRF_COOKIE)
     return response

@@ -130,10 +130,29 @@ async def test_an_api_sign_in_after_a_console_one_still_gets_its_token(app_clien
     assert not any(c.key == "cp_console" for c in browser.http.cookie_jar)
 
 
-@pytest.mark.parametrize("next_path", ["https://evil.example/", "/console//evil.example",
-                                       "/api/v1/approvals"])
-async def test_next_must_be_a_console_path(app_client, next_path):
-    response = await app_client.get("/api/v1/authn/oidc/test/login", params={"next": next_path},
-                                    allow_redirects=False)
-    assert response.status == 400
-    assert (await response.json())["code"] == "invalid_request"
+async def test_a_refused_console_sign_in_returns_to_the_sign_in_page(app_client, browser):
+    """Refused at the callback (here: the provider reports an error): the console's sign-in
+    page names why and offers the buttons again; no JSON problem page, no session."""
+    link = await sso_link(browser, app_client)
+    _, at, _ = await browser.go(url(app_client, link), login="alice",
+                                stop_at=callback_prefix(app_client))
+    async with browser.http.get(at + "&error=access_denied", allow_redirects=False) as resp:
+        assert resp.status == 303, await resp.text()
+        location = resp.headers["Location"]
+    assert location == "/console/login?next=%2Fconsole%2F&sso_error=idp_refused"
+    async with browser.http.get(urljoin(at, location), allow_redirects=False) as resp:
+        page = await resp.text()
+    assert resp.status == 200 and 'data-code="idp_refused"' in page
+    assert "The sign-in provider did not sign you in." in page and SSO_LINK.search(page)
+    assert not any(c.key == "cp_console" for c in browser.http.cookie_jar)
+    # The page explains only the codes it knows; anything else put in the URL shows nothing.
+    async with browser.http.get(url(app_client, "/console/login?sso_error=<b>x</b>")) as resp:
+        assert 'role="alert"' not in await resp.text()
+
+
+async def test_next_must_be_a_console_path(app_client):
+    for next_path in ("https://evil.example/", "/console//evil.example", "/api/v1/approvals"):
+        response = await app_client.get("/api/v1/authn/oidc/test/login",
+                                        params={"next": next_path}, allow_redirects=False)
+        assert response.status == 400, next_path
+        assert (await response.json())["code"] == "invalid_request"
