@@ -20,8 +20,11 @@ import yaml
 
 from service.app import create_app
 from service.appkeys import ENGINE, SHADOW, STORE
+from service.authz.reload import CandidateRevision
 from service.authz.revisions import Bundle, key_id, sign
+from service.authz.shadow import Shadow
 from service.config import ConfigError, load
+from service.store import Store, open_store
 from service.store.base import PolicyRevisionRecord
 from tests.api.test_policy_revisions import keypair, published
 from tests.auth import bearer, login
@@ -193,6 +196,65 @@ async def test_an_untrusted_candidate_is_rejected_and_sighup_follows_a_changed_o
     os.kill(os.getpid(), signal.SIGHUP)
     status = await _shadow_status(client, "off")
     assert status["shadow"]["state"] == "off" and status["shadow"]["revision"] is None
+
+
+async def _store_signed(store: Store, bundle: Bundle, key: Any, *,
+                        stored: Bundle | None = None) -> str:
+    """Write a revision straight into the store, signed for ``bundle``; ``stored``: other
+    content stored under that signature (altered after signing)."""
+    revision = bundle.revision_id()
+    content = stored or bundle
+    assert await store.add_policy_revision(PolicyRevisionRecord(
+        id=revision, digest=content.digest, bundle=content.to_doc(),
+        signature=sign(bundle, key, author="alice", message="", created_at="t"),
+        kid=key_id(key.public_key()), author="alice", message="", created_at=0.0,
+        published_by="alice", published_at=0.0))
+    return revision
+
+
+async def test_candidate_revision_waits_refuses_and_switches_on_the_real_store(tmp_path):
+    """The component alone on a real SQLite store: what it waits for (retried), what it refuses
+    for good (altered content, failing vetting), and a switch at reload."""
+    key, _ = keypair(tmp_path)
+    trusted = {key_id(key.public_key()): key.public_key()}
+    revoking = _revoking(tmp_path)
+    altered = Bundle({**revoking.modules, "authz.rego": revoking.modules["authz.rego"] + "\n#x\n"},
+                     revoking.data)
+    broken = Bundle({**revoking.modules, "authz.rego": "package controlplane.authz\nx := \n"},
+                    revoking.data)
+    store = await open_store(f"sqlite:///{tmp_path / 'cp.db'}")
+    shadow = Shadow(None, NON_PRODUCTION)
+    reachable, configured = False, revoking.revision_id()
+    candidate = CandidateRevision(shadow, lambda: store if reachable else None, trusted,
+                                  configured, reread=lambda: configured)
+    try:
+        await candidate.sync()
+        assert (shadow.state, shadow.error) == ("loading", "the store is unreachable: the "
+                                                "candidate revision cannot be read")
+        reachable = True
+        await candidate.sync()
+        assert (shadow.state, shadow.error) == ("loading", "the revision is not in the store")
+
+        # Signed for one content, another stored under it: refused, never retried.
+        configured = await _store_signed(store, altered, key, stored=broken)
+        await candidate.reload()
+        assert shadow.state == "rejected" and shadow.engine.revision is None
+        assert shadow.error is not None and shadow.error.startswith("signature: digest_mismatch")
+        # Signed by a trusted key but failing vetting: rejected by the candidate engine.
+        configured = await _store_signed(store, broken, key)
+        await candidate.reload()
+        assert shadow.state == "rejected" and shadow.engine.revision is None
+        assert shadow.status()["candidate_revision"] == configured, shadow.error
+        assert (shadow.error or "").startswith("compile"), shadow.error
+
+        configured = await _store_signed(store, revoking, key)
+        await candidate.reload()
+        assert (shadow.state, shadow.engine.revision) == ("ready", configured)
+        configured = altered.revision_id()  # back to a refused one: refused again, not re-read
+        await candidate.reload()
+        assert shadow.state == "rejected" and "digest_mismatch" in (shadow.error or "")
+    finally:
+        await store.close()
 
 
 def test_candidate_dir_and_candidate_revision_are_exclusive(make_config, tmp_path):
