@@ -190,8 +190,8 @@ async def _policy_store(app: web.Application) -> AsyncIterator[None]:
 
 async def _shadow_revision(app: web.Application) -> AsyncIterator[None]:
     """With ``policies.candidate_revision``: the published revision is read from the store,
-    verified with POLICY_KEYS and loaded into SHADOW before the first request (retried while
-    it cannot be read); SIGHUP re-reads the config file and follows a changed id."""
+    verified with POLICY_KEYS and loaded into SHADOW in the background (retried while it
+    cannot be read); SIGHUP re-reads the config file and follows a changed id."""
     config = app[CONFIG]
     revision = config.policies.candidate_revision
     if not revision:

@@ -49,13 +49,14 @@ def _policies(public: Path, candidate: str | None, poll_s: float = 0.1) -> dict[
 
 
 async def _shadow_status(client: Any, until: str, *, running: str | None = None,
-                         timeout: float = 20.0) -> dict[str, Any]:
-    """authz/status once the shadow is in state ``until`` (and, with ``running``, the process
-    runs that active revision), or at the timeout."""
+                         error: str | None = None, timeout: float = 20.0) -> dict[str, Any]:
+    """authz/status once the shadow is in state ``until`` (with ``error``; with ``running``,
+    the process runs that active revision), or at the timeout."""
     deadline = time.monotonic() + timeout
     while True:
         status = await (await client.get("/api/v1/authz/status")).json()
         done = status["shadow"]["state"] == until and (
+            error is None or status["shadow"]["error"] == error) and (
             running is None or (status["distribution"]["active_revision"] == running
                                 and status["distribution"]["running_active"]))
         if done or time.monotonic() > deadline:
@@ -89,7 +90,8 @@ async def test_a_published_revision_is_shadowed_and_counts_exactly_the_diverging
                                 "policies": _policies(public, candidate_id)})
     app = client.server.app
     # Not published yet: the shadow waits for it (and says why), serving is untouched.
-    status = (await (await client.get("/api/v1/authz/status")).json())["shadow"]
+    status = await _shadow_status(client, "loading", error="the revision is not in the store")
+    status = status["shadow"]
     assert (status["state"], status["source"], status["candidate_revision"]) == (
         "loading", "store", candidate_id)
     assert status["error"] == "the revision is not in the store"
@@ -169,7 +171,7 @@ async def test_an_untrusted_candidate_is_rejected_and_sighup_follows_a_changed_o
     client = await _client_from_file(aiohttp_client, path)
     app = client.server.app
     live = app[ENGINE].revision
-    status = await (await client.get("/api/v1/authz/status")).json()
+    status = await _shadow_status(client, "rejected")
     assert status["status"] == "ready" and status["revision"] == live
     assert status["shadow"]["state"] == "rejected" and status["shadow"]["revision"] is None
     assert status["shadow"]["error"].startswith("signature: untrusted_key")

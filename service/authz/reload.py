@@ -415,13 +415,18 @@ class CandidateRevision:
 
 @contextlib.asynccontextmanager
 async def shadowing(candidate: CandidateRevision, interval_s: float) -> AsyncIterator[None]:
-    """While open: load the candidate revision at once, retry every ``interval_s`` while it
+    """While open: load the candidate revision at once, in the background (serving never waits
+    for a candidate: its inputs are skipped until it loads), retry every ``interval_s`` while it
     cannot be read, and re-read the configuration at SIGHUP."""
-    await candidate.sync()
+    first = asyncio.create_task(candidate.sync())
 
     async def poll() -> None:
         if not candidate.done:
             await candidate.sync()
 
-    async with sighup.watching(poll, candidate.reload, interval_s):
-        yield
+    try:
+        async with sighup.watching(poll, candidate.reload, interval_s):
+            yield
+    finally:
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
