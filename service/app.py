@@ -44,11 +44,11 @@ from .authn.sessions import Authenticator
 from .authz.decide import observe
 from .authz.decisionlog import DecisionLog
 from .authz.engine import LOG_FIELDS, PolicyEngine
-from .authz.reload import StoreFollower, following, reloading
+from .authz.reload import CandidateRevision, StoreFollower, following, reloading, shadowing
 from .authz.revisions import SignatureError, TrustedKeys
 from .authz.shadow import Shadow
 from .compose.preflight import RuleSet
-from .config import Config
+from .config import Config, load_from_process
 from .console.views import setup_console
 from .edge import MAX_HEADER_FIELD_BYTES
 from .health import setup_health
@@ -118,6 +118,7 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     app.cleanup_ctx.append(_decision_observers)  # decision log, shadow evaluation (if configured)
     setup_store(app)
     app.cleanup_ctx.append(_policy_store)  # policies.source: store follows the fleet's revision
+    app.cleanup_ctx.append(_shadow_revision)  # policies.candidate_revision: shadow a published one
     app.cleanup_ctx.append(_audit)
     app.cleanup_ctx.append(_audit_checkpoints)  # signed checkpoints of the chain; a last one on stop
     app.cleanup_ctx.append(_authenticator)
@@ -187,6 +188,32 @@ async def _policy_store(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _shadow_revision(app: web.Application) -> AsyncIterator[None]:
+    """With ``policies.candidate_revision``: the published revision is read from the store,
+    verified with POLICY_KEYS and loaded into SHADOW in the background (retried while it
+    cannot be read); SIGHUP re-reads the config file and follows a changed id."""
+    config = app[CONFIG]
+    revision = config.policies.candidate_revision
+    if not revision:
+        yield
+        return
+    link, source = app[STORE], config.source
+    reread: Callable[[], str | None] | None = None
+    if source is not None:  # started from a file: SIGHUP reads it (and CONTROLPLANE_*) again
+        path = source
+
+        def reread_file() -> str | None:
+            return load_from_process(path).policies.candidate_revision
+
+        reread = reread_file
+    keys = app[POLICY_KEYS]
+    trust_error = None if len(keys) else "no trusted policy signing key could be read"
+    candidate = CandidateRevision(app[SHADOW], lambda: link.store, keys, revision,
+                                  trust_error=trust_error, reread=reread)
+    async with shadowing(candidate, config.policies.store.poll_interval_s):
+        yield
+
+
 async def _decision_observers(app: web.Application) -> AsyncIterator[None]:
     """DECISION_LOG and SHADOW, when configured: each observes the chain's decisions (a queue
     append on the request path) and works in its own thread."""
@@ -201,7 +228,9 @@ async def _decision_observers(app: web.Application) -> AsyncIterator[None]:
         app[DECISION_LOG] = sink
         removers.append(observe(engine, sink.record))
         closers.append(sink.close)
-    if config.policies.candidate_dir is not None:
+    if config.policies.candidate_dir is not None or config.policies.candidate_revision:
+        # A published candidate revision is given to the shadow by _shadow_revision (it needs
+        # the store and the trusted keys); until then its inputs are skipped.
         shadow = Shadow(config.policies.candidate_dir, config.environments,
                         sample_rate=config.policies.shadow_sample_rate,
                         queue_size=config.policies.shadow_queue_size,

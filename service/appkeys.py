@@ -64,7 +64,7 @@ POLICY_KEYS: web.AppKey[TrustedKeys] = web.AppKey("policy_keys")
 #: With ``policies.source: store``: what keeps this process on the fleet's active revision.
 POLICY_FOLLOWER: web.AppKey[StoreFollower | None] = web.AppKey("policy_follower")
 #: Set by ``_decision_observers`` only when configured (``decision_log.path``,
-#: ``policies.candidate_dir``).
+#: ``policies.candidate_dir`` or ``.candidate_revision``).
 DECISION_LOG: web.AppKey[DecisionLog] = web.AppKey("decision_log")
 SHADOW: web.AppKey[Shadow] = web.AppKey("shadow")
 #: The compose preflight rule set.

@@ -294,13 +294,16 @@ class PoliciesConfig:
     #: Shadow evaluation: a candidate revision decided alongside the live one, off the request
     #: path (sampled, bounded queue), never changing a decision; None turns it off.
     candidate_dir: Path | None = None
+    #: Shadow evaluation of a published (inactive) revision of the store, by id, verified
+    #: against ``store.trusted_keys`` like an active one; exclusive with ``candidate_dir``.
+    candidate_revision: str | None = None
     shadow_sample_rate: float = 1.0
     shadow_queue_size: int = 1000
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "dir": "policies", "reload_interval_s": 2, "source": "dir",
         "store": PolicyStoreConfig.DEFAULTS, "candidate_dir": None,
-        "shadow_sample_rate": 1.0, "shadow_queue_size": 1000,
+        "candidate_revision": None, "shadow_sample_rate": 1.0, "shadow_queue_size": 1000,
     }
 
     @classmethod
@@ -313,9 +316,21 @@ class PoliciesConfig:
             raise ConfigError("policies.source is store but policies.store.trusted_keys is empty: "
                               "no revision could ever be accepted")
         candidate = raw.get("candidate_dir")
+        candidate_revision = raw.get("candidate_revision") or None
+        if candidate and candidate_revision:
+            raise ConfigError("policies.candidate_dir and policies.candidate_revision are both "
+                              "set: shadow evaluation takes one candidate")
+        if candidate_revision and store_backend == "none":
+            raise ConfigError("policies.candidate_revision is set but store.backend is none: "
+                              "a published revision is read from the store")
+        if candidate_revision and not store.trusted_keys:
+            raise ConfigError("policies.candidate_revision is set but "
+                              "policies.store.trusted_keys is empty: no revision could ever be "
+                              "accepted")
         return cls(dir=resolve(raw["dir"]), reload_interval_s=float(raw["reload_interval_s"]),
                    source=raw["source"], store=store,
                    candidate_dir=resolve(candidate) if candidate else None,
+                   candidate_revision=candidate_revision,
                    shadow_sample_rate=float(raw["shadow_sample_rate"]),
                    shadow_queue_size=int(raw["shadow_queue_size"]))
 

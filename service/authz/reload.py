@@ -3,7 +3,9 @@
 A changed revision is compiled and vetted off the event loop and swapped in atomically by the
 engine; a revision that fails keeps the last good one serving (the engine reports the error).
 With ``policies.source: store`` (``StoreFollower``) the revision is the fleet's active one,
-published signed in the store; every process of every replica converges on it.
+published signed in the store; every process of every replica converges on it. With
+``policies.candidate_revision`` (``CandidateRevision``) a published, inactive revision is the
+shadow candidate, read and verified the same way.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from ..config import PolicyStoreConfig
 from ..store.base import PolicyActivation, Store, StoreError
 from .engine import PolicyEngine
 from .revisions import Bundle, BundleError, SignatureError, materialize, verify
+from .shadow import Shadow
 from .source import Snapshot
 
-__all__ = ["CHANNEL", "RevisionRefused", "StoreFollower", "fetch_revision", "following",
-           "materialize_revision", "reloading"]
+__all__ = ["CHANNEL", "CandidateRevision", "RevisionRefused", "StoreFollower", "fetch_revision",
+           "following", "materialize_revision", "reloading", "shadowing"]
 
 log = logging.getLogger("controlplane.authz")
 
@@ -305,3 +308,125 @@ async def following(follower: StoreFollower, store: Callable[[], Store | None],
         await asyncio.gather(task, return_exceptions=True)
         if listener is not None:
             await listener.close()
+
+
+# ---- policies.candidate_revision -------------------------------------------------------------
+
+#: Why a candidate revision is waited for (not refused): it may be published, or readable, later.
+_NOT_PUBLISHED = "the revision is not in the store"
+_UNREACHABLE = "the store is unreachable: the candidate revision cannot be read"
+
+
+class CandidateRevision:
+    """Keeps a ``Shadow`` on a published, inactive revision (``policies.candidate_revision``).
+
+    The revision is read with ``fetch_revision``, so it is verified against the trusted keys
+    exactly like an active revision, then vetted by a fresh candidate engine. One that fails
+    either is rejected (``authz/status`` ``shadow``: ``rejected`` and the reason) and never
+    retried: a revision's content and the keys do not change while the process runs. One that
+    cannot be read yet (store unreachable, not published yet) stays ``loading`` and is retried.
+    Nothing here touches the live engine: serving never depends on the candidate.
+
+    ``reread``: the configured candidate revision now (the config file read again at SIGHUP);
+    a different id switches the candidate, none turns shadow evaluation ``off``.
+    """
+
+    def __init__(self, shadow: Shadow, store: Callable[[], Store | None],
+                 trusted: Mapping[str, Any], revision: str, *,
+                 trust_error: str | None = None,
+                 reread: Callable[[], str | None] | None = None) -> None:
+        self._shadow = shadow
+        self._store = store
+        self._trusted = trusted
+        self._trust_error = trust_error
+        self.reread = reread
+        self._refused: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+        shadow.want(revision)
+
+    @property
+    def done(self) -> bool:
+        """The candidate is loaded, refused or off: nothing left to retry."""
+        return self._shadow.state != "loading"
+
+    async def sync(self) -> None:
+        """Load the wanted revision into the shadow if it is not loaded yet. Never raises."""
+        async with self._lock:
+            try:
+                await self._sync()
+            except Exception:
+                log.exception("shadow candidate revision sync failed")
+
+    async def _sync(self) -> None:
+        revision = self._shadow.wanted
+        if revision is None or self.done:
+            return
+        refused = self._refused.get(revision)
+        if refused is not None:
+            self._shadow.reject(refused)
+            return
+        store = self._store()
+        if store is None:
+            self._shadow.waiting(_UNREACHABLE)
+            return
+        try:
+            if self._trust_error is not None:
+                raise RevisionRefused(f"signature: untrusted_key: {self._trust_error}")
+            snapshot = await fetch_revision(store, revision, self._trusted)
+        except StoreError:
+            self._shadow.waiting(_UNREACHABLE)
+            return
+        except RevisionRefused as exc:
+            if str(exc) == _NOT_PUBLISHED:
+                self._shadow.waiting(_NOT_PUBLISHED)
+                return
+            self._refuse(revision, str(exc))
+            return
+        if self._shadow.wanted != revision:  # switched (SIGHUP) while it was read
+            return
+        if not await asyncio.to_thread(self._shadow.install, snapshot):
+            self._refused[revision] = self._shadow.error or "rejected"
+
+    def _refuse(self, revision: str, error: str) -> None:
+        self._refused[revision] = error
+        if self._shadow.wanted == revision:
+            self._shadow.reject(error)
+
+    async def reload(self) -> None:
+        """SIGHUP: read the configured candidate revision again; follow a change. Never raises."""
+        if self.reread is not None:
+            try:
+                wanted = await asyncio.to_thread(self.reread)
+            except Exception as exc:  # a broken file keeps the current candidate
+                log.error("shadow candidate: the configuration cannot be read again (%s); "
+                          "keeping candidate %s", exc, self._shadow.wanted)
+                return
+            async with self._lock:  # never while a revision is being installed
+                self._switch(wanted)
+        await self.sync()
+
+    def _switch(self, wanted: str | None) -> None:
+        if wanted != self._shadow.wanted:
+            log.info("shadow candidate revision: %s -> %s", self._shadow.wanted, wanted,
+                     extra={"fields": {"event": "policy.shadow_candidate_changed",
+                                       "revision": wanted}})
+            self._shadow.want(wanted)
+
+
+@contextlib.asynccontextmanager
+async def shadowing(candidate: CandidateRevision, interval_s: float) -> AsyncIterator[None]:
+    """While open: load the candidate revision at once, in the background (serving never waits
+    for a candidate: its inputs are skipped until it loads), retry every ``interval_s`` while it
+    cannot be read, and re-read the configuration at SIGHUP."""
+    first = asyncio.create_task(candidate.sync())
+
+    async def poll() -> None:
+        if not candidate.done:
+            await candidate.sync()
+
+    try:
+        async with sighup.watching(poll, candidate.reload, interval_s):
+            yield
+    finally:
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)

@@ -10,6 +10,10 @@ decision: sampled by ``shadow_sample_rate``, appended to a bounded queue (droppe
 when full), and nothing else on the request path. The worker thread decides each queued input
 with the candidate engine and compares; a different ``decision`` counts in
 ``controlplane_policy_shadow_divergence_total{live,candidate}`` and is logged with both results.
+
+``policies.candidate_revision`` names a published (inactive) revision of the store instead: no
+directory is read; ``authz.reload.CandidateRevision`` fetches and verifies it like an active
+revision and hands it to ``install`` (or its refusal to ``reject``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from service.authz.decision import Decision
 from service.authz.engine import PolicyEngine
+from service.authz.source import Snapshot
 
 __all__ = ["Shadow"]
 
@@ -36,7 +41,7 @@ log = logging.getLogger("controlplane.authz.shadow")
 class Shadow:
     def __init__(
         self,
-        candidate_dir: Path,
+        candidate_dir: Path | None,
         environments: Mapping[str, bool],
         *,
         sample_rate: float = 1.0,
@@ -44,9 +49,10 @@ class Shadow:
         poll_interval_s: float = 2.0,
         on_divergence: Callable[[str, str], None] | None = None,
     ) -> None:
-        self.candidate_dir = Path(candidate_dir)
-        self.engine = PolicyEngine(self.candidate_dir, environments)
-        self.engine.log_decisions = False
+        #: None: the candidate is a published revision, given to ``install`` (never a directory)
+        self.candidate_dir = Path(candidate_dir) if candidate_dir is not None else None
+        self.environments = environments
+        self.engine = self._engine()
         self.sample_rate = sample_rate
         self.queue_size = queue_size
         self.poll_interval_s = poll_interval_s
@@ -60,6 +66,69 @@ class Shadow:
         self.divergences: Counter[tuple[str, str]] = Counter()
         self._state = "loading"
         self._error: str | None = None
+        self._wanted: str | None = None
+
+    def _engine(self) -> PolicyEngine:
+        # Without a directory the engine only ever installs snapshots: its path is never read.
+        engine = PolicyEngine(self.candidate_dir or Path("."), self.environments)
+        engine.log_decisions = False
+        return engine
+
+    # ---- a published revision as the candidate (policies.candidate_revision) ---------------
+
+    @property
+    def state(self) -> str:
+        """``loading``, ``ready``, ``rejected`` or ``off``; ``error`` says why when not ready."""
+        return self._state
+
+    @property
+    def error(self) -> str | None:
+        return self._error
+
+    @property
+    def wanted(self) -> str | None:
+        """The published revision this shadow is asked to evaluate (None: a directory's)."""
+        return self._wanted
+
+    def want(self, revision: str | None) -> None:
+        """Another published revision is the candidate: nothing is compared until it loads."""
+        if revision == self._wanted:
+            return
+        self._wanted = revision
+        self.engine = self._engine()
+        self._state, self._error = ("loading", None) if revision else ("off", None)
+
+    def install(self, snapshot: Snapshot) -> bool:
+        """Vet and load a verified published revision as the candidate (a fresh engine: a
+        rejected one leaves no earlier candidate deciding in its name). Blocking."""
+        if snapshot.revision != self._wanted:
+            return False  # asked for another revision meanwhile
+        engine = self._engine()
+        result = engine.install(snapshot)
+        if not result.ok or engine.revision != snapshot.revision:
+            self.reject(result.error or "the engine did not load it")
+            return False
+        self.engine = engine
+        self._state, self._error = "ready", None
+        log.info("shadow candidate revision %s loaded", snapshot.revision,
+                 extra={"fields": {"event": "policy.shadow_candidate_loaded",
+                                   "revision": snapshot.revision}})
+        return True
+
+    def reject(self, error: str) -> None:
+        """The candidate revision is refused (unverifiable, unreadable, fails vetting): it is
+        reported, and inputs are skipped (counted) until another candidate loads."""
+        self.engine = self._engine()
+        self._state, self._error = "rejected", error
+        log.warning("shadow candidate revision %s rejected: %s", self._wanted, error,
+                    extra={"fields": {"event": "policy.shadow_candidate_rejected",
+                                      "revision": self._wanted}})
+
+    def waiting(self, error: str) -> None:
+        """The candidate revision cannot be read yet (store unreachable, not published): still
+        loading, with the reason; retried."""
+        if self._state == "loading":
+            self._error = error
 
     # ---- the request path: O(1), never raises --------------------------------------------
 
@@ -116,17 +185,18 @@ class Shadow:
         # a task with its own nice value) so that it yields the cores to the serving path.
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        try:
-            self._load()
-        except Exception as exc:
-            self._state, self._error = "rejected", exc.__class__.__name__
-            log.exception("shadow candidate failed to load")
+        if self.candidate_dir is not None:
+            try:
+                self._load()
+            except Exception as exc:
+                self._state, self._error = "rejected", exc.__class__.__name__
+                log.exception("shadow candidate failed to load")
         next_poll = time.monotonic() + self.poll_interval_s
         while not self._stop:
             with self._wake:
                 if not self._queue:
                     self._wake.wait(min(1.0, self.poll_interval_s))
-            if time.monotonic() >= next_poll:
+            if self.candidate_dir is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + self.poll_interval_s
                 try:
                     if self.engine.poll_changes():
@@ -148,10 +218,11 @@ class Shadow:
                 time.sleep(0)
 
     def _compare(self, input_doc: Mapping[str, Any], live: Decision) -> None:
-        if self.engine.revision is None:
+        engine = self.engine  # one candidate per comparison, whatever ``install`` swaps in
+        if engine.revision is None:
             self.counts["skipped"] += 1
             return
-        candidate = self.engine.decide(input_doc)
+        candidate = engine.decide(input_doc)
         self.counts["evaluated"] += 1
         if candidate.decision == live.decision:
             return
@@ -178,6 +249,8 @@ class Shadow:
         return {
             "state": self._state,
             "error": self._error,
+            "source": "dir" if self.candidate_dir is not None else "store",
+            "candidate_revision": self._wanted,
             "revision": self.engine.revision,
             "sample_rate": self.sample_rate,
             "evaluated": self.counts["evaluated"],
@@ -187,5 +260,6 @@ class Shadow:
             "dropped": self.counts["dropped"],
             "sampled_out": self.counts["sampled_out"],
             "errors": self.counts["errors"],
+            "skipped": self.counts["skipped"],
         }
 

@@ -242,7 +242,8 @@ class Metrics:
             shadow_divergence=Counter(
                 "controlplane_policy_shadow_divergence",
                 "Shadow evaluation: decisions where the candidate revision (policies."
-                "candidate_dir) decided differently from the live one, by both results.",
+                "candidate_dir or .candidate_revision) decided differently from the live one, "
+                "by both results.",
                 ["live", "candidate"],
                 registry=registry,
             ),
