@@ -19,8 +19,11 @@ cells say ``error`` and the report does not pass.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +39,9 @@ from service.rego import (
     compile_bundle,
 )
 
-__all__ = ["MAX_ITEMS", "MAX_SERVICES", "POLICY_DIR", "RESULTS", "ComposeTooLarge", "Rule",
-           "RuleSet", "check_budget", "evaluate"]
+__all__ = ["CHUNK_SERVICES", "EVALUATION_BUDGET_S", "MAX_ITEMS", "MAX_SERVICES", "POLICY_DIR",
+           "RESULTS", "ComposeTooLarge", "EvaluationBudgetExceeded", "Rule", "RuleSet",
+           "check_budget", "evaluate"]
 
 #: The repository's compose policies (``policies/compose``).
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policies" / "compose"
@@ -80,6 +84,8 @@ class RuleSet:
     bundle: Bundle | None
     #: Why modules could not be compiled (module name -> message); for status surfaces and tests.
     load_errors: dict[str, str] = field(default_factory=dict)
+    #: Reports of this revision by (fields hash, env, production, strict): see ``evaluate``.
+    reports: ReportCache = field(default_factory=lambda: ReportCache(REPORT_CACHE_ENTRIES))
 
     @classmethod
     def load(cls, directory: Path = POLICY_DIR) -> RuleSet:
@@ -215,22 +221,44 @@ def _rule_from_meta(bundle: Bundle | None, package: str) -> Rule:
                 rationale=meta["rationale"], remediation=meta["remediation"])
 
 
-# --- the size budget -------------------------------------------------------------------------
+# --- the size and time budgets ----------------------------------------------------------------
 #
-# No compose document may stall the evaluation (issue 17). Two things keep it bounded:
+# No compose document may stall the evaluation. Three things keep it bounded:
 # - cost is linear: every rule builds arrays (regopy's sets are quadratic), and a port range is
 #   one entry, not one per port (service.compose.normalize);
 # - size is bounded, checked before any evaluation: at most MAX_SERVICES services and MAX_ITEMS
-#   entries in all the services' lists and maps (ports, volumes, environment, cap_add, ...).
-# Together they bound the evaluation time: measured at the budget (1,000 services with 10
-# entries each, every rule finding something) the report takes ~7 s on one core (17,000 findings). The regopy
-# query cannot be interrupted from another thread, so there is no separate timer: the size
-# budget is the time budget. Constants, not configuration: the bound must hold at any setting.
+#   entries in all the services' lists and maps (ports, volumes, environment, cap_add, ...) and
+#   the top-level definitions (volumes, networks, secrets, configs);
+# - time is bounded: the services are evaluated CHUNK_SERVICES at a time (every rule speaks about
+#   one service, with the top-level definitions for context), the deadline is checked between
+#   chunks and a report over EVALUATION_BUDGET_S raises ``EvaluationBudgetExceeded``. A regopy
+#   query cannot be interrupted, so a chunk is the unit: small enough (~0.3 s for 50 services
+#   with findings from every rule) that a deadline is kept within a fraction of a second, and
+#   the bundle's lock is released between chunks so other reports of the worker interleave
+#   instead of waiting for the whole large one.
+# Measured at the size budget (1,000 services with 10 entries each, every rule finding
+# something) the report takes ~7 s on one idle core. Constants, not configuration: the bound
+# must hold at any setting.
 
 #: Most services one document may have (a real project has a few dozen).
 MAX_SERVICES = 1000
 #: Most entries in all services' lists and maps together (a port range counts once).
 MAX_ITEMS = 10_000
+#: Services per bundle query; the deadline is checked between queries.
+CHUNK_SERVICES = 50
+#: Wall-clock seconds one report may take before it is abandoned.
+EVALUATION_BUDGET_S = 10.0
+#: Reports kept per rule-set revision (least recently used first out).
+REPORT_CACHE_ENTRIES = 512
+
+
+class EvaluationBudgetExceeded(RuntimeError):
+    """The report was not finished within its time budget; nothing of it is returned."""
+
+    def __init__(self, budget_s: float, done: int, total: int) -> None:
+        self.message = (f"evaluation stopped after {budget_s:g} s ({done} of {total} services "
+                        "evaluated): split the file")
+        super().__init__(self.message)
 
 
 class ComposeTooLarge(ValueError):
@@ -251,15 +279,19 @@ def check_budget(fields: Mapping[str, Any]) -> None:
         raise ComposeTooLarge(f"{len(services)} services: at most {MAX_SERVICES} are evaluated",
                               "/fields/services")
     items = 0
-    for service in services.values():
+    for kind in ("volumes", "networks", "secrets", "configs"):
+        definitions = fields.get(kind)
+        if isinstance(definitions, Mapping):
+            items += len(definitions)
+    for service in [*services.values(), {}]:
+        if items > MAX_ITEMS:
+            raise ComposeTooLarge(f"over {MAX_ITEMS} list and map entries in the services and "
+                                  "top-level definitions: split the file", "/fields/services")
         if not isinstance(service, Mapping):
             continue
         for value in service.values():
             if isinstance(value, (list, Mapping)):
                 items += len(value)
-        if items > MAX_ITEMS:
-            raise ComposeTooLarge(f"over {MAX_ITEMS} list and map entries in the services: "
-                                  "split the file", "/fields/services")
 
 
 # --- evaluating ------------------------------------------------------------------------------
@@ -274,8 +306,10 @@ def evaluate(
     env: str | None = None,
     rules: RuleSet,
     environments: Environments | None = None,
+    budget_s: float | None = EVALUATION_BUDGET_S,
+    cache: bool = True,
 ) -> dict[str, Any]:
-    """Evaluate every rule for every service of ``fields`` (one bundle query) into the report.
+    """Evaluate every rule for every service of ``fields`` into the report.
 
     Whether ``env`` is production is the configuration's answer (``environments``, the
     service's; the configuration's defaults offline), given to the rules as
@@ -283,16 +317,81 @@ def evaluate(
 
     ``fields`` must already satisfy ``schemas/compose-import.schema.json``. Rule failures never
     raise: the rule's cells say ``error`` and ``passed`` is false. A document over the size
-    budget raises ``ComposeTooLarge`` before anything is evaluated.
+    budget raises ``ComposeTooLarge`` before anything is evaluated; one whose evaluation takes
+    longer than ``budget_s`` seconds raises ``EvaluationBudgetExceeded`` (``None``: no limit).
+
+    Reports are cached per rule-set revision by (fields, env, production, strict): a hit
+    returns a fresh copy of the stored report without evaluating anything (``cache=False``
+    evaluates and stores nothing).
     """
     check_budget(fields)
-    services = list((fields.get("services") or {}).keys())
-    input_doc: dict[str, Any] = {"fields": dict(fields), "strict": strict}
+    input_doc: dict[str, Any] = {"strict": strict}
     if env is not None:
         input_doc["env"] = env
         envs = environments if environments is not None else _DEFAULT_ENVIRONMENTS
         input_doc["production"] = envs.is_production(env)
-    outputs = _rule_outputs(rules, input_doc)
+    key = None
+    if cache:
+        key = _cache_key(fields, input_doc, rules.revision)
+        hit = rules.reports.get(key)
+        if hit is not None:
+            return hit
+    report = _evaluate(fields, input_doc, strict=strict, env=env, rules=rules, budget_s=budget_s)
+    if key is not None:
+        rules.reports.put(key, report)
+    return report
+
+
+def _cache_key(fields: Mapping[str, Any], input_doc: Mapping[str, Any], revision: str) -> str:
+    text = json.dumps([revision, input_doc, fields], sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class ReportCache:
+    """A bounded LRU of reports stored as JSON text (every hit is a fresh, unshared copy)."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._items: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            text = self._items.get(key)
+            if text is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+        report: dict[str, Any] = json.loads(text)
+        return report
+
+    def put(self, key: str, report: Mapping[str, Any]) -> None:
+        text = json.dumps(report, ensure_ascii=False, separators=(",", ":"))
+        with self._lock:
+            self._items[key] = text
+            self._items.move_to_end(key)
+            while len(self._items) > self.entries:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _evaluate(
+    fields: Mapping[str, Any],
+    input_doc: dict[str, Any],
+    *,
+    strict: bool,
+    env: str | None,
+    rules: RuleSet,
+    budget_s: float | None,
+) -> dict[str, Any]:
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    services = list((fields.get("services") or {}).keys())
+    outputs = _rule_outputs(rules, fields, input_doc, services, deadline, budget_s)
 
     matrix: list[dict[str, Any]] = []
     findings: list[dict[str, Any]] = []
@@ -330,10 +429,54 @@ def evaluate(
     }
 
 
-def _rule_outputs(rules: RuleSet, input_doc: dict[str, Any]) -> dict[str, Any]:
-    """``{package: {"findings", "not_applicable"} | error text}`` for every compiled rule."""
+def _rule_outputs(
+    rules: RuleSet,
+    fields: Mapping[str, Any],
+    input_doc: dict[str, Any],
+    services: list[str],
+    deadline: float | None,
+    budget_s: float | None,
+) -> dict[str, Any]:
+    """``{package: {"findings", "not_applicable"} | error text}`` for every compiled rule.
+
+    The services are evaluated ``CHUNK_SERVICES`` at a time, each chunk with the document's
+    top-level definitions; the deadline is checked between chunks."""
     if rules.bundle is None:
         return {}
+    all_services = fields.get("services") or {}
+    top = {k: v for k, v in fields.items() if k != "services"}
+    merged: dict[str, Any] = {}
+    chunks = [services[i:i + CHUNK_SERVICES] for i in range(0, len(services), CHUNK_SERVICES)]
+    for done, chunk in enumerate(chunks or [[]]):
+        if deadline is not None and done and time.monotonic() > deadline:
+            raise EvaluationBudgetExceeded(budget_s or 0.0, done * CHUNK_SERVICES, len(services))
+        part = {**top, "services": {name: all_services[name] for name in chunk}}
+        outputs = _chunk_outputs(rules, {**input_doc, "fields": part})
+        for package, value in outputs.items():
+            previous = merged.get(package)
+            if isinstance(previous, str):
+                continue  # the rule already failed on an earlier chunk
+            if not isinstance(value, dict) or previous is None:
+                merged[package] = value
+                continue
+            merged[package] = {key: _concat(previous.get(key), value.get(key))
+                               for key in ("findings", "not_applicable")}
+    if deadline is not None and time.monotonic() > deadline:
+        raise EvaluationBudgetExceeded(budget_s or 0.0, len(services), len(services))
+    return merged
+
+
+def _concat(first: Any, second: Any) -> Any:
+    """Two chunks' arrays joined; anything malformed is kept as is for ``_read_output``."""
+    first, second = ([] if v is None else v for v in (first, second))
+    if isinstance(first, list) and isinstance(second, list):
+        return first + second
+    return second if not isinstance(second, list) else first
+
+
+def _chunk_outputs(rules: RuleSet, input_doc: dict[str, Any]) -> dict[str, Any]:
+    """One bundle query for every rule; per-rule queries only when that one query fails."""
+    assert rules.bundle is not None
     try:
         report = rules.bundle.query(REPORT_ENTRYPOINT, input_doc)
         if isinstance(report, dict):

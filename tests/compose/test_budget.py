@@ -8,6 +8,7 @@ findings), never tight measurements.
 from __future__ import annotations
 
 import io
+import json
 import re
 import time
 from pathlib import Path
@@ -17,10 +18,12 @@ import pytest
 from service.cli import compose as compose_cli
 from service.compose.normalize import NormalizeError, normalize_text
 from service.compose.preflight import (
+    CHUNK_SERVICES,
     MAX_ITEMS,
     MAX_SERVICES,
     POLICY_DIR,
     ComposeTooLarge,
+    EvaluationBudgetExceeded,
     RuleSet,
     evaluate,
 )
@@ -106,3 +109,54 @@ def test_cli_prints_the_refusal_and_exits_2(tmp_path: Path) -> None:
     code = compose_cli.run(["check", str(path)], stdout=out, stderr=err, environ={})
     assert code == 2
     assert "compose_too_large" in err.getvalue() and out.getvalue() == ""
+
+
+def test_over_the_time_budget_stops_between_chunks(rules: RuleSet) -> None:
+    fields = {"services": {f"svc{i}": busy_service(i) for i in range(4 * CHUNK_SERVICES)}}
+    started = time.perf_counter()
+    with pytest.raises(EvaluationBudgetExceeded, match=r"of 200 services evaluated"):
+        evaluate(fields, env="prod", rules=rules, budget_s=0.01, cache=False)
+    assert time.perf_counter() - started < SAFETY_NET_S
+    # The same document within its budget: every chunk's findings are in the one report.
+    report = evaluate(fields, env="prod", rules=rules, budget_s=None, cache=False)
+    assert {f["service"] for f in report["findings"]} == set(fields["services"])
+    assert report["summary"]["cells"] == 200 * len(rules.rules)
+
+
+def test_reports_are_cached_by_fields_env_and_strict(rules: RuleSet) -> None:
+    fields = {"services": {"web": busy_service(1)}}
+    first = evaluate(fields, env="prod", rules=rules)
+    hits = rules.reports.hits
+    again = evaluate(fields, env="prod", rules=rules)
+    assert again == first and again is not first and rules.reports.hits == hits + 1
+    again["findings"].clear()  # a hit is a copy: the cache is not changed through it
+    assert evaluate(fields, env="prod", rules=rules) == first
+    other = evaluate(fields, env="dev", rules=rules)
+    strict = evaluate(fields, env="prod", strict=True, rules=rules)
+    assert other["env"] == "dev" and strict["strict"] is True
+    assert rules.reports.hits == hits + 2
+    started = time.perf_counter()
+    for _ in range(100):
+        evaluate(fields, env="prod", rules=rules)
+    assert (time.perf_counter() - started) / 100 < 0.005  # ~0.2 ms measured; a generous net
+
+
+def test_cli_port_range_and_time_budget(tmp_path: Path) -> None:
+    path = tmp_path / "range.yaml"
+    path.write_text("services:\n  web:\n    image: nginx:1\n    ports: ['1-65535:1-65535']\n")
+    out, err = io.StringIO(), io.StringIO()
+    assert compose_cli.run(["check", str(path), "--format", "json"], stdout=out, stderr=err,
+                           environ={}) == 1
+    report = json.loads(out.getvalue())
+    assert [f["message"] for f in report["findings"] if f["rule"] == "published-ports"] == [
+        "port 1-65535/tcp published on all interfaces as 1-65535"]
+
+    lines = ["services:"] + [f"  s{i}:\n    image: a:1\n    ports: ['1-65535:1-65535']"
+                             for i in range(300)]
+    big = tmp_path / "big.yaml"
+    big.write_text("\n".join(lines) + "\n")
+    out, err = io.StringIO(), io.StringIO()
+    code = compose_cli.run(["check", str(big), "--budget", "0.01"], stdout=out, stderr=err,
+                           environ={})
+    assert code == 2 and out.getvalue() == ""
+    assert "evaluation_budget_exceeded" in err.getvalue()
