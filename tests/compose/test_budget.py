@@ -29,7 +29,7 @@ from service.compose.preflight import (
 )
 from tests.compose.support import Check
 
-SAFETY_NET_S = 30.0
+SAFETY_NET_S = 60.0  # wall-clock on a shared 2-core box; the CPU budget is 10 s
 
 
 def busy_service(index: int) -> dict[str, object]:
@@ -49,17 +49,29 @@ def test_no_rule_builds_findings_as_a_set() -> None:
         assert not re.search(r"^(findings|not_applicable) := \{", text, re.M), path.name
 
 
-def test_500_services_are_answered_within_the_budget(rules: RuleSet) -> None:
-    fields = {"services": {f"svc{i}": busy_service(i) for i in range(500)}}
+def test_500_services_are_answered_within_the_budget_by_the_cli(tmp_path: Path) -> None:
+    """``cpctl compose check`` on a 500-service file (each with findings from most rules and a
+    65,535-port range) answers within the default budget."""
+    import yaml
+
+    services = {f"svc{i}": {"image": "nginx", "cap_add": ["NET_ADMIN"],
+                            "ports": ["1-65535:1-65535"],
+                            "environment": {"DB_PASSWORD": "hunter2hunter2"}}
+                for i in range(500)}
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump({"services": services}))
+    out, err = io.StringIO(), io.StringIO()
     started = time.perf_counter()
-    report = evaluate(fields, env="prod", rules=rules)
+    code = compose_cli.run(["check", str(path), "--env", "prod", "--format", "json"],
+                           stdout=out, stderr=err, environ={})
     elapsed = time.perf_counter() - started
+    assert code == 1, err.getvalue()
+    report = json.loads(out.getvalue())
     assert report["summary"]["services"] == 500
-    assert not report["passed"]
     per_service = [f for f in report["findings"] if f["service"] == "svc7"]
     assert {f["rule"] for f in per_service} >= {"published-ports", "capabilities", "secret-env",
                                                "image-pinning", "healthcheck"}
-    assert elapsed < SAFETY_NET_S, elapsed
+    assert elapsed < SAFETY_NET_S, elapsed  # the CPU budget is what refuses; this is a net
 
 
 def test_repeated_findings_are_reported_once(check: Check) -> None:
@@ -112,15 +124,15 @@ def test_cli_prints_the_refusal_and_exits_2(tmp_path: Path) -> None:
 
 
 def test_over_the_time_budget_stops_between_chunks(rules: RuleSet) -> None:
-    fields = {"services": {f"svc{i}": busy_service(i) for i in range(4 * CHUNK_SERVICES)}}
+    fields = {"services": {f"svc{i}": busy_service(i) for i in range(2 * CHUNK_SERVICES + 1)}}
     started = time.perf_counter()
-    with pytest.raises(EvaluationBudgetExceeded, match=r"of 200 services evaluated"):
+    with pytest.raises(EvaluationBudgetExceeded, match=r"of 41 services evaluated"):
         evaluate(fields, env="prod", rules=rules, budget_s=0.01, cache=False)
     assert time.perf_counter() - started < SAFETY_NET_S
     # The same document within its budget: every chunk's findings are in the one report.
     report = evaluate(fields, env="prod", rules=rules, budget_s=None, cache=False)
     assert {f["service"] for f in report["findings"]} == set(fields["services"])
-    assert report["summary"]["cells"] == 200 * len(rules.rules)
+    assert report["summary"]["cells"] == 41 * len(rules.rules)
 
 
 def test_reports_are_cached_by_fields_env_and_strict(rules: RuleSet) -> None:
