@@ -156,8 +156,18 @@ def _check(args: argparse.Namespace) -> int:
         except EvaluationBudgetExceeded as exc:
             print(f"cpctl compose: evaluation_budget_exceeded: {exc.message}", file=_err(args))
             return 2
-    _out(args).write(render(report, args.format, files=[str(f) for f in args.files]))
+    out = _out(args)
+    environ = getattr(args, "environ", None) or os.environ
+    color = args.format == "table" and _is_tty(out) and "NO_COLOR" not in environ
+    out.write(render(report, args.format, files=[str(f) for f in args.files], color=color))
     return 0 if report["passed"] else 1
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def _remote(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any] | None:
