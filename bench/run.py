@@ -5,6 +5,8 @@ Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--out FILE]
 1. bench/http_bench.py    HTTP load: service vs a bare aiohttp app, SQLite/PostgreSQL, 1/2 workers
 2. bench/ticket_bench.py  ticket create -> approve -> consume, store level and HTTP
 3. bench/decision_bench.py  per-decision policy latency (its own output, included verbatim)
+4. bench/compose_bench.py   compose preflight: report latency against its floor, cached, and
+   compose import over HTTP with 80% repeated / 20% new files (its own output, verbatim)
 
 Benchmarks are never tests: nothing here fails on a slow number. A benchmark that cannot run
 (PostgreSQL unreachable, wrk or py-spy missing) is skipped or falls back, and RESULTS.md says so.
@@ -56,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         (decision.stdout + (decision.stderr if decision.returncode else "")).strip(), "```", ""])
     print(decision_md, flush=True)
 
+    compose_args = ["--reps", "10", "--requests", "300"] if args.quick else []
+    compose = subprocess.run([sys.executable, str(BENCH / "compose_bench.py"), *compose_args],
+                             capture_output=True, text=True, timeout=1200, cwd=h.REPO)
+    compose_md = (compose.stdout if compose.returncode == 0 else "\n".join([
+        "## Compose preflight (`bench/compose_bench.py`)", "", "```",
+        (compose.stdout + compose.stderr).strip()[-4000:], "```", ""]))
+    print(compose_md, flush=True)
+
     m = http_doc["machine"]
     invocation = "make bench" + (f" ARGS={shlex.quote(' '.join(argv or []))}" if argv else "")
     header = [
@@ -81,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     Path(args.out).write_text("\n".join(header) + "\n" + http_md + "\n" + ticket_md + "\n"
-                              + decision_md)
+                              + decision_md + "\n" + compose_md)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

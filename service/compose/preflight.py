@@ -352,8 +352,8 @@ def evaluate(
     raises ``EvaluationBudgetExceeded`` (``None``: no limit).
 
     Reports are cached per rule-set revision by (fields, env, production, strict): a hit
-    returns a fresh copy of the stored report without evaluating anything (``cache=False``
-    evaluates and stores nothing).
+    returns the stored report without evaluating anything, so a report must not be changed by
+    its caller (``cache=False`` evaluates and stores nothing).
     """
     check_budget(fields)
     input_doc: dict[str, Any] = {"strict": strict}
@@ -380,29 +380,29 @@ def _cache_key(fields: Mapping[str, Any], input_doc: Mapping[str, Any], revision
 
 
 class ReportCache:
-    """A bounded LRU of reports stored as JSON text (every hit is a fresh, unshared copy)."""
+    """A bounded LRU of reports. A hit is the stored report itself (no copy: a copy of a
+    10-service report costs more than the rest of a hit), so callers must treat reports as
+    read-only; the endpoint serialises them and the CLI renders them."""
 
     def __init__(self, entries: int) -> None:
         self.entries = entries
-        self._items: OrderedDict[str, str] = OrderedDict()
+        self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._lock:
-            text = self._items.get(key)
-            if text is None:
+            report = self._items.get(key)
+            if report is None:
                 self.misses += 1
                 return None
             self._items.move_to_end(key)
             self.hits += 1
-        report: dict[str, Any] = json.loads(text)
-        return report
+            return report
 
-    def put(self, key: str, report: Mapping[str, Any]) -> None:
-        text = json.dumps(report, ensure_ascii=False, separators=(",", ":"))
+    def put(self, key: str, report: dict[str, Any]) -> None:
         with self._lock:
-            self._items[key] = text
+            self._items[key] = report
             self._items.move_to_end(key)
             while len(self._items) > self.entries:
                 self._items.popitem(last=False)
