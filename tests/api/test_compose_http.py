@@ -108,7 +108,7 @@ async def test_a_large_check_does_not_block_the_worker(client):
     report = await response.json()
     assert report["summary"]["services"] == 500 and not report["passed"]
     assert health_at < 5.0 or health_at < done_at, (health_at, done_at)
-    assert done_at < 60.0  # safety net only
+    assert done_at < 120.0  # safety net only (a stall is minutes; a busy shared box is slow)
 
 
 async def test_a_65535_port_range_is_one_finding_over_http(client):
