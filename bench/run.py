@@ -6,7 +6,9 @@ Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--out FILE]
 2. bench/ticket_bench.py  ticket create -> approve -> consume, store level and HTTP
 3. bench/decision_bench.py  per-decision policy latency (its own output, included verbatim)
 4. bench/shadow_bench.py  live-path latency with and without shadow evaluation, divergence metric
-4. bench/audit_bench.py   the audit chain's global section on PostgreSQL: hold time, ceiling
+5. bench/audit_bench.py   the audit chain's global section on PostgreSQL: hold time, ceiling
+6. bench/compose_bench.py   compose preflight: report latency against its floor, cached, and
+   compose import over HTTP with 80% repeated / 20% new files (its own output, verbatim)
 
 Benchmarks are never tests: nothing here fails on a slow number. A benchmark that cannot run
 (PostgreSQL unreachable, wrk or py-spy missing) is skipped or falls back, and RESULTS.md says so.
@@ -64,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     print(shadow_md, flush=True)
     audit_md = audit_bench.markdown(audit_bench.run(audit_bench.options(common)))
     print(audit_md, flush=True)
+    compose_args = ["--reps", "10", "--requests", "300"] if args.quick else []
+    compose = subprocess.run([sys.executable, str(BENCH / "compose_bench.py"), *compose_args],
+                             capture_output=True, text=True, timeout=1200, cwd=h.REPO)
+    compose_md = (compose.stdout if compose.returncode == 0 else "\n".join([
+        "## Compose preflight (`bench/compose_bench.py`)", "", "```",
+        (compose.stdout + compose.stderr).strip()[-4000:], "```", ""]))
+    print(compose_md, flush=True)
 
     m = http_doc["machine"]
     invocation = "make bench" + (f" ARGS={shlex.quote(' '.join(argv or []))}" if argv else "")
@@ -90,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     Path(args.out).write_text("\n".join(header) + "\n" + http_md + "\n" + ticket_md + "\n"
-                              + audit_md + "\n" + decision_md + "\n" + shadow_md)
+                              + audit_md + "\n" + decision_md + "\n" + shadow_md + "\n"
+                              + compose_md)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -21,7 +21,8 @@ Problem                              status  code
 │   ├── JSONTooLarge                 422     too_large       (service.limits: one value's size)
 │   ├── InvalidString                422     invalid_string  (U+0000, an unpaired surrogate)
 │   ├── InvalidNumber                422     invalid_number  (outside I-JSON)
-│   └── ComposeTooLarge              422     compose_too_large (over the compose size budget)
+│   ├── ComposeTooLarge              422     compose_too_large (over the compose size budget)
+│   └── EvaluationBudgetExceeded     422     evaluation_budget_exceeded (compose time budget)
 ├── TooManyRequests                  429     rate_limited (+ Retry-After)
 │   └── TooManyStreams               429     too_many_streams (+ Retry-After)
 ├── RequestHeaderFieldsTooLarge      431     header_fields_too_large (answered by the HTTP edge)
@@ -53,6 +54,7 @@ __all__ = [
     "BadRequest",
     "ComposeTooLarge",
     "Conflict",
+    "EvaluationBudgetExceeded",
     "Forbidden",
     "Gone",
     "InternalError",
@@ -209,6 +211,12 @@ class ComposeTooLarge(SchemaValidationFailed):
     """A compose document over the preflight's size budget (service.compose.preflight)."""
 
     code, title = "compose_too_large", "Compose Document Too Large"
+
+
+class EvaluationBudgetExceeded(SchemaValidationFailed):
+    """A compose report not finished within the preflight's time budget."""
+
+    code, title = "evaluation_budget_exceeded", "Compose Evaluation Over Its Time Budget"
 
 
 # The bounds of service.limits (raised by the body reader, the resource hash and the store's

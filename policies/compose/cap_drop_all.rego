@@ -14,7 +14,7 @@ meta := {
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["cap_drop"]), "message": "cap_drop does not include ALL"} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	not "ALL" in lib.caps(svc, "cap_drop")
 ]
 

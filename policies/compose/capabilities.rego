@@ -16,7 +16,7 @@ dangerous := {"ALL", "SYS_ADMIN", "NET_ADMIN", "SYS_MODULE", "SYS_PTRACE", "SYS_
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap])} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	raw_all := object.get(svc, "cap_add", [])
 	some i
 	raw := raw_all[i]
@@ -27,7 +27,7 @@ _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "mes
 # Other added capabilities are reported, not failed.
 _findings_2 := [{"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap, " (not in the dangerous set)"]), "severity": "info"} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	raw_all := object.get(svc, "cap_add", [])
 	some i
 	raw := raw_all[i]

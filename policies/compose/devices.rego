@@ -21,7 +21,7 @@ critical(source) if {
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["devices", i]), "message": concat("", ["device ", d.source, " mapped to ", d.target]), "severity": severity} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	d_all := object.get(svc, "devices", [])
 	some i
 	d := d_all[i]

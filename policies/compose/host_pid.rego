@@ -14,7 +14,7 @@ meta := {
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["pid"]), "message": "pid: host"} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	lower(object.get(svc, "pid", "")) == "host"
 ]
 

@@ -37,25 +37,33 @@ unpinned_severity := "fail" if {
 	lib.is_prod
 } else := "warn"
 
-# Services built locally (build: without image:) have nothing to pin.
+# Nothing to pin: the service is built locally (build:, its image: is only the tag of the
+# build's output), or it runs an image another service of the file builds (input.built_images,
+# the images of every service with build:, given by the preflight across evaluation chunks).
+local(svc) if object.get(svc, "image", "") == ""
+
+local(svc) if object.get(svc, "build", null) != null
+
+local(svc) if object.get(object.get(input, "built_images", {}), svc.image, false) == true
+
 _not_applicable_1 := [name |
 	some name
-	svc := lib.services[name]
-	object.get(svc, "image", "") == ""
+	svc := input.fields.services[name]
+	local(svc)
 ]
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat(" ", ["image", svc.image, reason]), "severity": severity} |
 	some name
-	svc := lib.services[name]
-	svc.image != ""
+	svc := input.fields.services[name]
+	not local(svc)
 	reason := problem(svc.image)
 	severity := unpinned_severity
 ]
 
 _findings_2 := [{"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat("", ["image ", svc.image, " is not pinned by digest (required in ", input.env, ")"])} |
 	some name
-	svc := lib.services[name]
-	svc.image != ""
+	svc := input.fields.services[name]
+	not local(svc)
 	lib.is_prod
 	not problem(svc.image)
 	not has_digest(svc.image)

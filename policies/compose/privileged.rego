@@ -14,7 +14,7 @@ meta := {
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["privileged"]), "message": "privileged: true"} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	svc.privileged == true
 ]
 

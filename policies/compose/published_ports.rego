@@ -16,7 +16,7 @@ all_interfaces := {"", "0.0.0.0", "::", "[::]"}
 
 _not_applicable_1 := [name |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	count(object.get(svc, "ports", [])) == 0
 ]
 
@@ -32,7 +32,7 @@ target_text(p) := concat("-", [format_int(p.target, 10), format_int(p.target_end
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["ports", i]), "message": concat("", ["port ", target_text(p), "/", object.get(p, "protocol", "tcp"), " published on all interfaces as ", published]), "severity": port_severity} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	p_all := object.get(svc, "ports", [])
 	some i
 	p := p_all[i]

@@ -14,7 +14,7 @@ meta := {
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["read_only"]), "message": "read_only is not true"} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	object.get(svc, "read_only", false) != true
 ]
 

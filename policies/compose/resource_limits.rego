@@ -14,13 +14,13 @@ meta := {
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["deploy", "resources", "limits", "memory"]), "message": "no memory limit"} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	not lib.limits(svc).memory
 ]
 
 _findings_2 := [{"service": name, "pointer": lib.ptr(name, ["deploy", "resources", "limits", "cpus"]), "message": "no CPU limit", "severity": "warn"} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	not lib.limits(svc).cpus
 ]
 

@@ -15,13 +15,13 @@ meta := {
 # The rule speaks only about services that restart always.
 _not_applicable_1 := [name |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	object.get(svc, "restart", "") != "always"
 ]
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["restart"]), "message": "restart: always with no memory or CPU limit"} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	svc.restart == "always"
 	limits := lib.limits(svc)
 	not limits.memory

@@ -38,7 +38,42 @@ secret_value_patterns := [
 ]
 
 # Values that are clearly not a secret even under a secret-looking name.
-harmless_values := {"", "true", "false", "yes", "no", "on", "off", "0", "1", "none", "null", "changeme_not_used"}
+harmless_values := {"", "true", "false", "yes", "no", "on", "off", "0", "1", "-1", "none", "null", "nil", "undefined", "unset", "disabled", "invalid", "empty", "changeme_not_used"}
+
+# Placeholders that documentation and example files put where a secret goes ("changeme",
+# "<PrivateKey>", "your_token_here", "ChooseYourOwnPasswordHere1234", "xxxx"): not a leaked
+# secret (a deploy that keeps one fails at login, or is caught by the service's own check).
+placeholder_patterns := [
+	`^<[^<>]*>$`, `^\{\{[^{}]*\}\}$`, `^\[[^\[\]]*\]$`,
+	`^(please[-_ ]?)?(change|replace|update|set)[-_ ]?(me|it|this)`,
+	`^(your|my|choose|enter|insert|put|some)[-_ ]?[a-z0-9_ -]*(here|password|passwd|passphrase|secret|token|key)[a-z0-9_ -]*$`,
+	`^x{3,}$`, `^\*{3,}$`, `^\.{3}$`, `^(example|placeholder|dummy|redacted|todo|tbd|fixme)$`,
+]
+
+placeholder_regex := concat("|", placeholder_patterns)
+
+# Password hashes (bcrypt, argon2, sha-crypt, PBKDF2, LDAP SSHA): not a password, but a hash
+# worth keeping out of the file too (offline cracking): reported at info.
+hash_regex := `^(\$2[abxy]?\$[0-9]{2}\$[./A-Za-z0-9]{53}|\$argon2(id|i|d)\$.+|\$[156]\$(rounds=[0-9]+\$)?[./A-Za-z0-9]{1,16}\$[./A-Za-z0-9]{22,}|\$pbkdf2(-sha[0-9]+)?\$.+|\{S?SHA[0-9]*\}.+)$`
+
+# The value as compared: outer quotes (left by the list syntax, KEY="0") removed, lower-case.
+plain(value) := lower(trim(trim_space(value), `"'`))
+
+not_secret(value) if plain(value) in harmless_values
+
+not_secret(value) if regex.match(placeholder_regex, plain(value))
+
+password_hash(value) if {
+	stripped := trim(trim_space(value), `"'`)
+	startswith(stripped, "$") # every format above but SSHA starts with "$" ...
+	regex.match(hash_regex, stripped)
+}
+
+password_hash(value) if {
+	stripped := trim(trim_space(value), `"'`)
+	startswith(stripped, "{") # ... and LDAP's with "{"
+	regex.match(hash_regex, stripped)
+}
 
 # One alternation per list: a regex.match per variable instead of one per pattern.
 secret_name_regex := concat("|", secret_name_patterns)
@@ -60,25 +95,37 @@ file_reference(value) if startswith(value, "/run/secrets/")
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["environment", key]), "message": concat("", ["environment ", key, " holds a literal secret value"])} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	value_all := object.get(svc, "environment", {})
 	some key
 	value := value_all[key]
 	is_string(value)
-	not lower(value) in harmless_values
-	not file_reference(value)
 	secret_name(key)
+	not not_secret(value)
+	not file_reference(value)
+	not password_hash(value)
+]
+
+_findings_3 := [{"service": name, "pointer": lib.ptr(name, ["environment", key]), "message": concat("", ["environment ", key, " holds a password hash (not the password; keep it in a secret all the same)"]), "severity": "info"} |
+	some name
+	svc := input.fields.services[name]
+	value_all := object.get(svc, "environment", {})
+	some key
+	value := value_all[key]
+	is_string(value)
+	password_hash(value)
 ]
 
 _findings_2 := [{"service": name, "pointer": lib.ptr(name, ["environment", key]), "message": concat("", ["environment ", key, " holds a value that looks like a credential"])} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	value_all := object.get(svc, "environment", {})
 	some key
 	value := value_all[key]
 	is_string(value)
 	not secret_name(key)
+	not password_hash(value)
 	secret_value(value)
 ]
 
-findings := array.concat(_findings_1, _findings_2)
+findings := array.concat(array.concat(_findings_1, _findings_2), _findings_3)

@@ -17,11 +17,13 @@ option(raw) := [lower(trim_space(parts[0])), lower(trim_space(concat(":", array.
 	parts := split(replace(raw, "=", ":"), ":")
 }
 
-disabling := {["seccomp", "unconfined"], ["apparmor", "unconfined"], ["label", "disable"], ["systempaths", "unconfined"], ["no-new-privileges", "false"]}
+disabling := {["seccomp", "unconfined"], ["apparmor", "unconfined"], ["label", "disable"], ["systempaths", "unconfined"]}
+
+# no-new-privileges (false or missing) is the no-new-privileges rule's.
 
 _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["security_opt", i]), "message": concat("", ["security_opt ", raw, " disables confinement"])} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	raw_all := object.get(svc, "security_opt", [])
 	some i
 	raw := raw_all[i]

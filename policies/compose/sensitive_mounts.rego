@@ -8,48 +8,94 @@ meta := {
 	"id": "sensitive-mounts",
 	"title": "Container runtime socket or sensitive host path mounted",
 	"severity": "fail",
-	"rationale": "The Docker (or containerd/Podman) socket is root on the host: whoever can talk to it can start a privileged container. Mounting /, /etc, /proc, /sys, /dev, /boot, /root or the runtime's state exposes host credentials and kernel interfaces, even read-only.",
-	"remediation": "Do not mount the runtime socket (use a narrowly scoped socket proxy if an API is unavoidable) and mount only application directories, read-only where possible.",
+	"rationale": "The Docker (or containerd/Podman) socket is root on the host: whoever can talk to it can start a privileged container, and a read-only mount does not make the API read-only. Mounting /, /etc, /home, /root, /proc, /sys, /dev, /boot, /var/lib or anything below them exposes host credentials (ssh keys, shadow, kubeconfigs), other services' data and kernel interfaces; read-only still discloses them.",
+	"remediation": "Do not mount the runtime socket (use a narrowly scoped socket proxy if an API is unavoidable, and give it the socket read-only) and mount only application directories, read-only where possible.",
 }
 
 # Host directories that must not be mounted, themselves or anything below them.
-sensitive_trees := {"/proc", "/sys", "/boot", "/root", "/var/lib/docker", "/var/lib/containerd", "/var/lib/kubelet", "/etc/kubernetes", "/etc/docker", "/etc/ssh", "/etc/sudoers.d"}
+sensitive_trees := ["/etc", "/home", "/root", "/proc", "/sys", "/boot", "/dev", "/var/lib", "/var/run", "/run", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/snap", "/var/spool/cron"]
 
-# Host directories that must not be mounted as a whole (files below them may be fine: /etc/localtime).
-sensitive_dirs := {"/", "/etc", "/dev", "/var", "/var/run", "/run", "/usr", "/lib", "/bin", "/sbin", "/home", "/etc/shadow", "/etc/passwd", "/etc/sudoers"}
+# Host directories that must not be mounted as a whole (their other subdirectories are common
+# application data: /var/log/app, /var/www, /srv, /opt/app).
+sensitive_dirs := {"/", "/var", "/opt", "/srv", "/mnt", "/media", "/var/log"}
+
+# Host files below a sensitive tree that are customary and harmless to share (the time zone).
+harmless_files := {"/etc/localtime", "/etc/timezone"}
 
 socket_names := {"docker.sock", "containerd.sock", "podman.sock", "crio.sock", "dockershim.sock", "cri-dockerd.sock"}
+
+# Relative to the invoking user's home: ~ itself, and every path below it.
+home_relative(path) if path == "~"
+
+home_relative(path) if startswith(path, "~/")
 
 sensitive(path) := "container runtime socket" if {
 	parts := split(path, "/")
 	parts[count(parts) - 1] in socket_names
 } else := "sensitive host path" if {
 	path in sensitive_dirs
+} else := "home directory" if {
+	home_relative(path)
 } else := "sensitive host path" if {
+	not path in harmless_files
 	some tree in sensitive_trees
 	startswith(concat("", [path, "/"]), concat("", [tree, "/"]))
 }
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["volumes", i, "source"]), "message": concat("", [kind, " ", v.source, " mounted at ", v.target])} |
+# Socket proxies (tecnativa/docker-socket-proxy, linuxserver/socket-proxy, wollomatic/socket-proxy)
+# are the remediation: with the socket read-only they are the least bad way to give an API.
+socket_proxy(svc) if regex.match(`(^|/)[a-z0-9._-]*(socket-proxy|dockerproxy)(:|@|$)`, lower(object.get(svc, "image", "")))
+
+# The severity of one mount: read-only lowers it, except for a runtime socket (its API is not
+# read-only), which is lowered only for a read-only socket proxy.
+grade(kind, svc, read_only) := "warn" if {
+	kind == "container runtime socket"
+	read_only
+	socket_proxy(svc)
+} else := "fail" if {
+	kind == "container runtime socket"
+} else := "warn" if {
+	read_only
+} else := "fail"
+
+# What the message adds about a read-only mount.
+note(kind, svc, read_only) := " (read-only, socket proxy: keep its API allow-list narrow)" if {
+	kind == "container runtime socket"
+	read_only
+	socket_proxy(svc)
+} else := " (read-only does not restrict the API)" if {
+	kind == "container runtime socket"
+	read_only
+} else := " (read-only)" if {
+	read_only
+} else := ""
+
+mounted_read_only(v) := true if {
+	v.read_only == true
+} else := false
+
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["volumes", i, "source"]), "message": concat("", [kind, " ", v.source, " mounted at ", v.target, note(kind, svc, ro)]), "severity": grade(kind, svc, ro)} |
 	some name
-	svc := lib.services[name]
-	v_all := object.get(svc, "volumes", [])
+	svc := input.fields.services[name]
+	vols := object.get(svc, "volumes", [])
 	some i
-	v := v_all[i]
+	v := vols[i]
 	v.type == "bind"
-	kind := sensitive(v.source)
+	kind := sensitive(object.get(v, "source", ""))
+	ro := mounted_read_only(v)
 ]
 
 # A named volume whose driver binds a host path (driver_opts: {type: none, o: bind, device: /etc}).
-_findings_2 := [{"service": name, "pointer": lib.top_ptr("volumes", src, ["driver_opts", "device"]), "message": concat("", ["volume ", src, " binds ", kind, " ", device, ", mounted at ", v.target])} |
+_findings_2 := [{"service": name, "pointer": lib.top_ptr("volumes", src, ["driver_opts", "device"]), "message": concat("", ["volume ", src, " binds ", kind, " ", device, ", mounted at ", v.target, note(kind, svc, ro)]), "severity": grade(kind, svc, ro)} |
 	some name
-	svc := lib.services[name]
+	svc := input.fields.services[name]
 	some v in object.get(svc, "volumes", [])
 	v.type == "volume"
 	src := object.get(v, "source", "")
 	definition := object.get(lib.top("volumes"), src, {})
 	device := object.get(object.get(definition, "driver_opts", {}), "device", "")
 	kind := sensitive(device)
+	ro := mounted_read_only(v)
 ]
 
 findings := array.concat(_findings_1, _findings_2)

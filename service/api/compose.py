@@ -9,8 +9,10 @@ from aiohttp import web
 
 from ..appkeys import COMPOSE_RULES, CONFIG
 from ..chain import Outcome, Run, Target, protected
-from ..compose.preflight import ComposeTooLarge, check_budget, evaluate
+from ..compose import preflight
+from ..compose.preflight import ComposeTooLarge, EvaluationBudgetExceeded, check_budget, evaluate
 from ..errors import ComposeTooLarge as ComposeTooLargeProblem
+from ..errors import EvaluationBudgetExceeded as EvaluationBudgetProblem
 
 routes = web.RouteTableDef()
 
@@ -32,15 +34,22 @@ async def compose_import(run: Run) -> Outcome:
         raise ComposeTooLargeProblem(
             exc.message, code="compose_too_large",
             errors=[{"pointer": exc.pointer, "message": exc.message}]) from None
-    # Within the size budget a file takes at most a few seconds to evaluate: off the event loop
-    # (the bundle serialises its own queries).
-    report = await asyncio.to_thread(
-        evaluate,
-        body["fields"],
-        strict=bool(body.get("strict", False)),
-        env=body.get("env"),
-        rules=run.request.app[COMPOSE_RULES],
-        environments=run.request.app[CONFIG].environments,
-    )
+    # Off the event loop, in chunks of services (the bundle's lock is released between them, so
+    # other reports interleave), with the preflight's time budget checked between chunks.
+    budget_s = preflight.EVALUATION_BUDGET_S
+    try:
+        report = await asyncio.to_thread(
+            evaluate,
+            body["fields"],
+            strict=bool(body.get("strict", False)),
+            env=body.get("env"),
+            rules=run.request.app[COMPOSE_RULES],
+            environments=run.request.app[CONFIG].environments,
+            budget_s=budget_s,
+        )
+    except EvaluationBudgetExceeded as exc:
+        raise EvaluationBudgetProblem(
+            exc.message, code="evaluation_budget_exceeded",
+            errors=[{"pointer": "/fields/services", "message": exc.message}]) from None
     return Outcome(200, report, audit={"compose_passed": report["passed"],
                                        "compose_revision": report.get("policy_revision")})

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from service.compose.normalize import NormalizeError, normalize_files
-from service.compose.preflight import POLICY_DIR, ComposeTooLarge, RuleSet, check_budget, evaluate
+from service.compose.preflight import (
+    EVALUATION_BUDGET_S,
+    POLICY_DIR,
+    ComposeTooLarge,
+    EvaluationBudgetExceeded,
+    RuleSet,
+    check_budget,
+    evaluate,
+)
 from service.compose.render import render
 from service.schemas import ValidationFailed, validate
 
@@ -43,12 +51,25 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     check.add_argument("--server", metavar="URL", help="evaluate on a control plane server")
     check.add_argument("--token", help="bearer token for --server (default: $CONTROLPLANE_TOKEN)")
     check.add_argument("--policies", type=Path, default=POLICY_DIR, help=argparse.SUPPRESS)
+    check.add_argument("--budget", type=_seconds, default=EVALUATION_BUDGET_S, metavar="SECONDS",
+                       help="stop an offline evaluation after this long (default: "
+                            f"{EVALUATION_BUDGET_S:g}, the server's budget)")
     check.set_defaults(func=_check)
 
     normalize = commands.add_parser("normalize", help="print the normalized fields as JSON")
     _add_file_args(normalize)
     normalize.set_defaults(func=_normalize)
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError("between 0 and 3600 seconds")
+    return value
 
 
 def _add_file_args(parser: argparse.ArgumentParser) -> None:
@@ -129,10 +150,24 @@ def _check(args: argparse.Namespace) -> int:
         if report is None:
             return 2
     else:
-        report = evaluate(fields, strict=body["strict"], env=body.get("env"),
-                          rules=RuleSet.load(args.policies))
-    _out(args).write(render(report, args.format, files=[str(f) for f in args.files]))
+        try:
+            report = evaluate(fields, strict=body["strict"], env=body.get("env"),
+                              rules=RuleSet.load(args.policies), budget_s=args.budget)
+        except EvaluationBudgetExceeded as exc:
+            print(f"cpctl compose: evaluation_budget_exceeded: {exc.message}", file=_err(args))
+            return 2
+    out = _out(args)
+    environ = getattr(args, "environ", None) or os.environ
+    color = args.format == "table" and _is_tty(out) and "NO_COLOR" not in environ
+    out.write(render(report, args.format, files=[str(f) for f in args.files], color=color))
     return 0 if report["passed"] else 1
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def _remote(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any] | None:

@@ -683,6 +683,8 @@ def _healthcheck(value: Any, at: str) -> Any:
 
 
 def _deploy(value: Any, at: str) -> Any:
+    if value is None:
+        return _UNSET  # "deploy: null" is allowed by the Compose schema: no deploy settings
     if not isinstance(value, dict):
         raise NormalizeError(f"{at}: deploy must be a mapping")
     deploy = dict(value)

@@ -19,8 +19,11 @@ cells say ``error`` and the report does not pass.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +39,21 @@ from service.rego import (
     compile_bundle,
 )
 
-__all__ = ["MAX_ITEMS", "MAX_SERVICES", "POLICY_DIR", "RESULTS", "ComposeTooLarge", "Rule",
-           "RuleSet", "check_budget", "evaluate"]
+__all__ = [
+    "CHUNK_SERVICES",
+    "EVALUATION_BUDGET_S",
+    "MAX_ITEMS",
+    "MAX_SERVICES",
+    "POLICY_DIR",
+    "RESULTS",
+    "WALL_FACTOR",
+    "ComposeTooLarge",
+    "EvaluationBudgetExceeded",
+    "Rule",
+    "RuleSet",
+    "check_budget",
+    "evaluate",
+]
 
 #: The repository's compose policies (``policies/compose``).
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policies" / "compose"
@@ -80,6 +96,8 @@ class RuleSet:
     bundle: Bundle | None
     #: Why modules could not be compiled (module name -> message); for status surfaces and tests.
     load_errors: dict[str, str] = field(default_factory=dict)
+    #: Reports of this revision by (fields hash, env, production, strict): see ``evaluate``.
+    reports: ReportCache = field(default_factory=lambda: ReportCache(REPORT_CACHE_ENTRIES))
 
     @classmethod
     def load(cls, directory: Path = POLICY_DIR) -> RuleSet:
@@ -143,6 +161,9 @@ def _compile(sources: Mapping[str, str], revision: str) -> RuleSet:
         if package != stem or not _STEM.match(stem):
             broken[stem] = f"package must be controlplane.compose.rules.{stem} (file {name})"
             continue
+        if not _DEFINES_FINDINGS.search(text):
+            broken[stem] = "the module defines no 'findings'"
+            continue
         rule_modules[package] = Module(name, text)
     errors.update({f"{k}.rego": v for k, v in broken.items()})
 
@@ -176,7 +197,7 @@ def _compile(sources: Mapping[str, str], revision: str) -> RuleSet:
 
 
 def _build(helpers: list[Module], rules: Mapping[str, Module]) -> Bundle:
-    generated = _generated_modules(sorted(rules))
+    generated = _generated_modules(rules)
     entrypoints = [REPORT_ENTRYPOINT]
     for package in sorted(rules):
         entrypoints += [f"controlplane/compose/cells/{package}",
@@ -184,13 +205,22 @@ def _build(helpers: list[Module], rules: Mapping[str, Module]) -> Bundle:
     return compile_bundle([*helpers, *rules.values(), *generated], {}, entrypoints)
 
 
-def _generated_modules(packages: list[str]) -> list[Module]:
-    """One entrypoint per rule (``cells/<pkg>``) and the report entrypoint gathering them all."""
+_DEFINES_NOT_APPLICABLE = re.compile(r"^not_applicable\s*(:=|=|contains\b|if\b|\{)", re.M)
+_DEFINES_FINDINGS = re.compile(r"^findings\s*(:=|=|contains\b|if\b|\{)", re.M)
+
+
+def _generated_modules(rules: Mapping[str, Module]) -> list[Module]:
+    """One entrypoint per rule (``cells/<pkg>``) and the report entrypoint gathering them all.
+
+    Each cell names the rule's ``findings`` (and ``not_applicable`` when the module defines it)
+    directly: going through the whole package (``object.get(data...<pkg>, ...)``) evaluates
+    every rule of the package, and cost ~20% more."""
     lines = ["package controlplane.compose.cells", "", "import rego.v1", ""]
-    for package in packages:
+    for package in sorted(rules):
         ref = f"data.controlplane.compose.rules.{package}"
-        lines.append(f'{package} := {{"findings": object.get({ref}, "findings", set()), '
-                     f'"not_applicable": object.get({ref}, "not_applicable", set())}}')
+        na = (f"{ref}.not_applicable" if _DEFINES_NOT_APPLICABLE.search(rules[package].source)
+              else "[]")
+        lines.append(f'{package} := {{"findings": {ref}.findings, "not_applicable": {na}}}')
     report = "package controlplane.compose\n\nreport := data.controlplane.compose.cells\n"
     return [Module("<generated>/cells.rego", "\n".join(lines) + "\n"),
             Module("<generated>/report.rego", report)]
@@ -215,22 +245,50 @@ def _rule_from_meta(bundle: Bundle | None, package: str) -> Rule:
                 rationale=meta["rationale"], remediation=meta["remediation"])
 
 
-# --- the size budget -------------------------------------------------------------------------
+# --- the size and time budgets ----------------------------------------------------------------
 #
-# No compose document may stall the evaluation (issue 17). Two things keep it bounded:
+# No compose document may stall the evaluation. Three things keep it bounded:
 # - cost is linear: every rule builds arrays (regopy's sets are quadratic), and a port range is
 #   one entry, not one per port (service.compose.normalize);
 # - size is bounded, checked before any evaluation: at most MAX_SERVICES services and MAX_ITEMS
-#   entries in all the services' lists and maps (ports, volumes, environment, cap_add, ...).
-# Together they bound the evaluation time: measured at the budget (1,000 services with 10
-# entries each, every rule finding something) the report takes ~7 s on one core (17,000 findings). The regopy
-# query cannot be interrupted from another thread, so there is no separate timer: the size
-# budget is the time budget. Constants, not configuration: the bound must hold at any setting.
+#   entries in all the services' lists and maps (ports, volumes, environment, cap_add, ...) and
+#   the top-level definitions (volumes, networks, secrets, configs);
+# - time is bounded: the services are evaluated CHUNK_SERVICES at a time (every rule speaks about
+#   one service, with the top-level definitions for context), the budget is checked between
+#   chunks and a report over it raises ``EvaluationBudgetExceeded``. A regopy query cannot be
+#   interrupted, so a chunk is the unit: small enough (~0.25 CPU-s for 20 services with
+#   findings from every rule) that the budget is kept within a fraction of a second, and the bundle's
+#   lock is released between chunks so other reports of the worker interleave instead of
+#   waiting for the whole large one.
+# The budget is CPU time of the evaluating thread (EVALUATION_BUDGET_S: the same document gets
+# the same answer on an idle and on a busy host), with a wall-clock backstop
+# (WALL_FACTOR times the CPU budget) so that no report holds a request for long on an overloaded host either.
+# Measured: ~11 ms of CPU per service with findings from every rule (26 rules), so 500 such
+# services take ~5.5 CPU-s and a document at the size budget may be refused. Constants, not
+# configuration: the bound must hold at any setting.
 
 #: Most services one document may have (a real project has a few dozen).
 MAX_SERVICES = 1000
 #: Most entries in all services' lists and maps together (a port range counts once).
 MAX_ITEMS = 10_000
+#: Services per bundle query; the deadline is checked between queries.
+CHUNK_SERVICES = 20
+#: CPU seconds (of the evaluating thread) one report may take before it is abandoned.
+EVALUATION_BUDGET_S = 10.0
+#: Wall-clock seconds one report may take, as a multiple of its CPU budget (60 s), however
+#: busy the host is.
+WALL_FACTOR = 6.0  # a 2-core host shared 5 ways runs a 10 CPU-s report in ~50 s
+#: Reports kept per rule-set revision (least recently used first out).
+REPORT_CACHE_ENTRIES = 512
+
+
+class EvaluationBudgetExceeded(RuntimeError):
+    """The report was not finished within its time budget; nothing of it is returned."""
+
+    def __init__(self, budget: str, done: int, total: int) -> None:
+        self.message = (f"evaluation stopped at its budget of {budget} ({done} of {total} "
+                        "services evaluated): split the file")
+        super().__init__(self.message)
 
 
 class ComposeTooLarge(ValueError):
@@ -251,15 +309,19 @@ def check_budget(fields: Mapping[str, Any]) -> None:
         raise ComposeTooLarge(f"{len(services)} services: at most {MAX_SERVICES} are evaluated",
                               "/fields/services")
     items = 0
-    for service in services.values():
+    for kind in ("volumes", "networks", "secrets", "configs"):
+        definitions = fields.get(kind)
+        if isinstance(definitions, Mapping):
+            items += len(definitions)
+    for service in [*services.values(), {}]:
+        if items > MAX_ITEMS:
+            raise ComposeTooLarge(f"over {MAX_ITEMS} list and map entries in the services and "
+                                  "top-level definitions: split the file", "/fields/services")
         if not isinstance(service, Mapping):
             continue
         for value in service.values():
             if isinstance(value, (list, Mapping)):
                 items += len(value)
-        if items > MAX_ITEMS:
-            raise ComposeTooLarge(f"over {MAX_ITEMS} list and map entries in the services: "
-                                  "split the file", "/fields/services")
 
 
 # --- evaluating ------------------------------------------------------------------------------
@@ -274,8 +336,10 @@ def evaluate(
     env: str | None = None,
     rules: RuleSet,
     environments: Environments | None = None,
+    budget_s: float | None = EVALUATION_BUDGET_S,
+    cache: bool = True,
 ) -> dict[str, Any]:
-    """Evaluate every rule for every service of ``fields`` (one bundle query) into the report.
+    """Evaluate every rule for every service of ``fields`` into the report.
 
     Whether ``env`` is production is the configuration's answer (``environments``, the
     service's; the configuration's defaults offline), given to the rules as
@@ -283,22 +347,89 @@ def evaluate(
 
     ``fields`` must already satisfy ``schemas/compose-import.schema.json``. Rule failures never
     raise: the rule's cells say ``error`` and ``passed`` is false. A document over the size
-    budget raises ``ComposeTooLarge`` before anything is evaluated.
+    budget raises ``ComposeTooLarge`` before anything is evaluated; one whose evaluation takes
+    more than ``budget_s`` CPU seconds (or ``WALL_FACTOR`` times that in wall-clock time)
+    raises ``EvaluationBudgetExceeded`` (``None``: no limit).
+
+    Reports are cached per rule-set revision by (fields, env, production, strict): a hit
+    returns the stored report without evaluating anything, so a report must not be changed by
+    its caller (``cache=False`` evaluates and stores nothing).
     """
     check_budget(fields)
-    services = list((fields.get("services") or {}).keys())
-    input_doc: dict[str, Any] = {"fields": dict(fields), "strict": strict}
+    input_doc: dict[str, Any] = {"strict": strict}
     if env is not None:
         input_doc["env"] = env
         envs = environments if environments is not None else _DEFAULT_ENVIRONMENTS
         input_doc["production"] = envs.is_production(env)
-    outputs = _rule_outputs(rules, input_doc)
+    key = None
+    if cache:
+        key = _cache_key(fields, input_doc, rules.revision)
+        hit = rules.reports.get(key)
+        if hit is not None:
+            return hit
+    report = _evaluate(fields, input_doc, strict=strict, env=env, rules=rules, budget_s=budget_s)
+    if key is not None:
+        rules.reports.put(key, report)
+    return report
+
+
+def _cache_key(fields: Mapping[str, Any], input_doc: Mapping[str, Any], revision: str) -> str:
+    text = json.dumps([revision, input_doc, fields], sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class ReportCache:
+    """A bounded LRU of reports. A hit is the stored report itself (no copy: a copy of a
+    10-service report costs more than the rest of a hit), so callers must treat reports as
+    read-only; the endpoint serialises them and the CLI renders them."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            report = self._items.get(key)
+            if report is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return report
+
+    def put(self, key: str, report: dict[str, Any]) -> None:
+        with self._lock:
+            self._items[key] = report
+            self._items.move_to_end(key)
+            while len(self._items) > self.entries:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _evaluate(
+    fields: Mapping[str, Any],
+    input_doc: dict[str, Any],
+    *,
+    strict: bool,
+    env: str | None,
+    rules: RuleSet,
+    budget_s: float | None,
+) -> dict[str, Any]:
+    services = list((fields.get("services") or {}).keys())
+    outputs = _rule_outputs(rules, fields, input_doc, services, _Budget.start(budget_s))
 
     matrix: list[dict[str, Any]] = []
     findings: list[dict[str, Any]] = []
     counts = dict.fromkeys(RESULTS, 0)
     for rule in rules.rules:
         output = outputs.get(rule.package)
+        if output is None and rule.error is None and rules.bundle is not None:
+            output = "rule output is undefined"  # fail closed: never a silent pass
         error = rule.error or (output if isinstance(output, str) else None)
         per_service: dict[str, list[dict[str, Any]]] = {}
         not_applicable: set[str] = set()
@@ -330,10 +461,80 @@ def evaluate(
     }
 
 
-def _rule_outputs(rules: RuleSet, input_doc: dict[str, Any]) -> dict[str, Any]:
-    """``{package: {"findings", "not_applicable"} | error text}`` for every compiled rule."""
+def _rule_outputs(
+    rules: RuleSet,
+    fields: Mapping[str, Any],
+    input_doc: dict[str, Any],
+    services: list[str],
+    budget: _Budget | None,
+) -> dict[str, Any]:
+    """``{package: {"findings", "not_applicable"} | error text}`` for every compiled rule.
+
+    The services are evaluated ``CHUNK_SERVICES`` at a time, each chunk with the document's
+    top-level definitions; the deadline is checked between chunks."""
     if rules.bundle is None:
         return {}
+    all_services = fields.get("services") or {}
+    top = {k: v for k, v in fields.items() if k != "services"}
+    # What a rule may need to know about other services than its chunk's: the images that
+    # services of this file build (image-pinning has nothing to pin for them).
+    input_doc = {**input_doc, "built_images": {
+        svc["image"]: True for svc in all_services.values()
+        if isinstance(svc, Mapping) and svc.get("build") is not None
+        and isinstance(svc.get("image"), str) and svc["image"]}}
+    merged: dict[str, Any] = {}
+    chunks = [services[i:i + CHUNK_SERVICES] for i in range(0, len(services), CHUNK_SERVICES)]
+    for done, chunk in enumerate(chunks or [[]]):
+        if budget is not None and done:
+            budget.check(done * CHUNK_SERVICES, len(services))
+        part = {**top, "services": {name: all_services[name] for name in chunk}}
+        outputs = _chunk_outputs(rules, {**input_doc, "fields": part})
+        for package, value in outputs.items():
+            previous = merged.get(package)
+            if isinstance(previous, str):
+                continue  # the rule already failed on an earlier chunk
+            if not isinstance(value, dict) or previous is None:
+                merged[package] = value
+                continue
+            merged[package] = {key: _concat(previous.get(key), value.get(key))
+                               for key in ("findings", "not_applicable")}
+    if budget is not None:
+        budget.check(len(services), len(services))
+    return merged
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """CPU seconds of this thread and a wall-clock backstop, from the start of a report."""
+
+    cpu_s: float
+    cpu_at: float
+    wall_at: float
+
+    @classmethod
+    def start(cls, cpu_s: float | None) -> _Budget | None:
+        if cpu_s is None:
+            return None
+        return cls(cpu_s, time.thread_time() + cpu_s, time.monotonic() + WALL_FACTOR * cpu_s)
+
+    def check(self, done: int, total: int) -> None:
+        if time.thread_time() > self.cpu_at:
+            raise EvaluationBudgetExceeded(f"{self.cpu_s:g} CPU-s", done, total)
+        if time.monotonic() > self.wall_at:
+            raise EvaluationBudgetExceeded(f"{WALL_FACTOR * self.cpu_s:g} s", done, total)
+
+
+def _concat(first: Any, second: Any) -> Any:
+    """Two chunks' arrays joined; anything malformed is kept as is for ``_read_output``."""
+    first, second = ([] if v is None else v for v in (first, second))
+    if isinstance(first, list) and isinstance(second, list):
+        return first + second
+    return second if not isinstance(second, list) else first
+
+
+def _chunk_outputs(rules: RuleSet, input_doc: dict[str, Any]) -> dict[str, Any]:
+    """One bundle query for every rule; per-rule queries only when that one query fails."""
+    assert rules.bundle is not None
     try:
         report = rules.bundle.query(REPORT_ENTRYPOINT, input_doc)
         if isinstance(report, dict):

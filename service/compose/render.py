@@ -11,22 +11,32 @@ from collections.abc import Sequence
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from .locate import Location, Locator
+
 __all__ = ["render", "to_json", "to_junit", "to_sarif", "to_table"]
 
 _SYMBOL = {"pass": "ok", "fail": "FAIL", "warn": "warn", "info": "info", "n/a": "-",
            "error": "ERR"}
 _SARIF_LEVEL = {"fail": "error", "error": "error", "warn": "warning", "info": "note"}
+#: ANSI SGR colours of the table's results (only with ``color=True``: a TTY without NO_COLOR).
+_COLOUR = {"fail": "1;31", "error": "1;35", "warn": "33", "info": "36", "pass": "32",
+           "n/a": "2", "PASSED": "1;32", "NOT PASSED": "1;31"}
+#: Widest service column of the table; longer names are cut with "~".
+_SERVICE_WIDTH = 16
 
 
-def render(report: dict[str, Any], fmt: str, *, files: Sequence[str] = ()) -> str:
-    """Render ``report`` as ``table``, ``json``, ``junit`` or ``sarif``."""
+def render(
+    report: dict[str, Any], fmt: str, *, files: Sequence[str] = (), color: bool = False
+) -> str:
+    """Render ``report`` as ``table``, ``json``, ``junit`` or ``sarif``; ``files`` are the
+    compose files the report is about (for locations), ``color`` colours the table."""
     if fmt == "json":
         return to_json(report)
     if fmt == "junit":
         return to_junit(report, files=files)
     if fmt == "sarif":
         return to_sarif(report, files=files)
-    return to_table(report)
+    return to_table(report, files=files, color=color)
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -34,32 +44,55 @@ def to_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
 
 
-def to_table(report: dict[str, Any]) -> str:
-    """Services down, rules across (numbered, with a legend), then the findings and a verdict."""
+def _paint(text: str, key: str, color: bool) -> str:
+    code = _COLOUR.get(key)
+    return f"\x1b[{code}m{text}\x1b[0m" if color and code else text
+
+
+def _short(name: str, width: int) -> str:
+    return name if len(name) <= width else name[: width - 1] + "~"
+
+
+def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool = False) -> str:
+    """Rules down (by id), services across (by name), then the findings, each at its file and
+    line when ``files`` are given, and the verdict."""
     rules = [rule["id"] for rule in report.get("rules", [])]
     cells = {(c["service"], c["rule"]): c["result"] for c in report["matrix"]}
     services = list(dict.fromkeys(c["service"] for c in report["matrix"]))
-    width = max([len("service"), *(len(s) for s in services)])
-    lines = ["rules: " + "  ".join(f"{i + 1}={rule}" for i, rule in enumerate(rules)), ""]
-    header = "service".ljust(width) + " " + " ".join(f"{i + 1:>4}" for i in range(len(rules)))
-    lines += [header, "-" * len(header)]
-    for service in services:
-        row = " ".join(f"{_SYMBOL[cells.get((service, rule), 'n/a')]:>4}" for rule in rules)
-        lines.append(service.ljust(width) + " " + row)
+    rule_width = max([len("rule"), *(len(r) for r in rules)])
+    widths = [max(4, len(_short(s, _SERVICE_WIDTH))) for s in services]
+    header = "rule".ljust(rule_width) + "".join(
+        "  " + _short(s, _SERVICE_WIDTH).ljust(w) for s, w in zip(services, widths, strict=True))
+    lines = [header.rstrip(), "-" * len(header.rstrip())]
+    for rule in rules:
+        row = rule.ljust(rule_width)
+        for service, width in zip(services, widths, strict=True):
+            result = cells.get((service, rule), "n/a")
+            row += "  " + _paint(_SYMBOL[result].ljust(width), result, color)
+        lines.append(row.rstrip())
     if report["findings"]:
+        locator = Locator(files) if files else None
         lines += ["", "findings:"]
         for finding in report["findings"]:
-            lines.append(f"  {finding['severity'].upper():5} {finding['service']} "
-                         f"[{finding['rule']}] {finding['message']}  ({finding['pointer']})")
+            where = _where(locator, finding["pointer"])
+            severity = _paint(f"{finding['severity'].upper():5}", finding["severity"], color)
+            lines.append(f"  {severity} {finding['service']} [{finding['rule']}] "
+                         f"{finding['message']}  ({where or finding['pointer']})")
     summary = report["summary"]
     verdict = "PASSED" if report["passed"] else "NOT PASSED"
-    lines += ["", f"{verdict}: {summary['services']} services x {summary['rules']} rules: "
+    lines += ["", f"{_paint(verdict, verdict, color)}: {summary['services']} services x "
+              f"{summary['rules']} rules: "
               f"{summary['fail']} fail, {summary['warn']} warn, {summary['info']} info, "
               f"{summary['pass']} pass, {summary.get('n/a', 0)} n/a, "
               f"{summary.get('error', 0)} error"
               f"{' (strict: warnings fail)' if report['strict'] else ''}; "
               f"policy {report['policy_revision'][:19]}"]
     return "\n".join(lines) + "\n"
+
+
+def _where(locator: Locator | None, pointer: str) -> str:
+    location = locator.find(pointer) if locator is not None else None
+    return f"{location.file}:{location.line}:{location.column}" if location else ""
 
 
 def to_junit(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
@@ -104,21 +137,25 @@ def to_junit(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
 
 
 def to_sarif(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
-    """SARIF 2.1.0: rules as reportingDescriptors, every finding as a result located in the
-    (last given) compose file, with the JSON pointer into the normalized fields as logical
-    location."""
+    """SARIF 2.1.0: rules as reportingDescriptors, every finding as a result located at the
+    line and column of the key it is about, in the file that sets it (``service.compose.locate``;
+    the last given file, line 1, when the source has no trace of it), with the JSON pointer into
+    the normalized fields as logical location."""
     rules = report.get("rules", [])
     index = {rule["id"]: i for i, rule in enumerate(rules)}
-    uri = files[-1] if files else "compose.yaml"
+    fallback = Location(files[-1] if files else "compose.yaml", 1, 1)
+    locator = Locator(files) if files else None
     results = []
     for finding in report["findings"]:
+        location = (locator.find(finding["pointer"]) if locator else None) or fallback
         result: dict[str, Any] = {
             "ruleId": finding["rule"],
             "level": _SARIF_LEVEL.get(finding["severity"], "note"),
             "message": {"text": f"{finding['service']}: {finding['message']}"},
             "locations": [{
-                "physicalLocation": {"artifactLocation": {"uri": uri},
-                                     "region": {"startLine": int(finding.get("line", 1))}},
+                "physicalLocation": {"artifactLocation": {"uri": location.file},
+                                     "region": {"startLine": location.line,
+                                                "startColumn": location.column}},
                 "logicalLocations": [{"fullyQualifiedName": finding["pointer"],
                                       "kind": "object"}],
             }],

@@ -11,6 +11,7 @@ import pytest
 from service.compose.normalize import normalize_files
 from service.compose.preflight import RuleSet, evaluate
 from service.schemas import validate
+from tests.compose import corpus_table
 from tests.compose.support import CORPUS, EXAMPLES
 
 SCHEMA = "compose-import.schema.json"
@@ -66,3 +67,15 @@ def test_corpus_file(path: Path, rules: RuleSet) -> None:
         assert report["summary"]["error"] == 0
         assert report["summary"]["services"] == len(fields["services"]) > 0
         json.dumps(report, allow_nan=False)
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason=f"compose corpus not present at {CORPUS}")
+def test_corpus_findings_table(rules: RuleSet) -> None:
+    """The committed per-rule finding counts (fail/warn/info, env prod) of every corpus file:
+    precision changes show up as a reviewed diff of tests/compose/corpus_findings.json
+    (regenerate with ``python -m tests.compose.corpus_table``)."""
+    want = json.loads(corpus_table.TABLE.read_text(encoding="utf-8"))
+    got = corpus_table.build(rules)
+    changed = {name: {"stored": want.get(name), "now": got.get(name)}
+               for name in sorted({*want, *got}) if want.get(name) != got.get(name)}
+    assert not changed, json.dumps(changed, indent=1)

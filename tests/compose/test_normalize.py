@@ -309,3 +309,12 @@ def test_unusable_documents_are_clear_errors(text: str) -> None:
 def test_version_dropped_and_empty_file() -> None:
     assert normalize_text("version: '3.8'\nservices: {}\n") == {"services": {}}
     assert normalize_text("") == {"services": {}}
+
+
+def test_deploy_null_is_accepted_as_no_deploy_settings() -> None:
+    from service.compose.normalize import normalize_text
+
+    fields = normalize_text("services:\n  web:\n    image: a:1\n    deploy: null\n")
+    assert fields["services"]["web"] == {"image": "a:1"}
+    fields = normalize_text("services:\n  web:\n    image: a:1\n    deploy:\n    pids_limit: 50\n")
+    assert fields["services"]["web"]["deploy"] == {"resources": {"limits": {"pids": 50}}}

@@ -12,8 +12,10 @@ from service.compose.preflight import POLICY_DIR, RuleSet, evaluate
 from tests.compose.support import Check, cell
 
 WARN_ONLY = {"image": "a:1", "user": "1000", "cap_drop": ["ALL"],
+             "security_opt": ["no-new-privileges:true"], "networks": {"back": None},
              "healthcheck": {"test": ["CMD", "true"]},
-             "deploy": {"resources": {"limits": {"memory": 1024, "cpus": 1}}}}  # read_only unset
+             "deploy": {"resources": {"limits": {"memory": 1024, "cpus": 1, "pids": 100}}}}
+# (read_only unset: one warning)
 
 
 def resolve(fields: dict[str, Any], pointer: str) -> Any:

@@ -14,7 +14,9 @@ HARDENED: dict[str, Any] = {
     "read_only": True,
     "cap_drop": ["ALL"],
     "healthcheck": {"test": ["CMD", "/healthz"]},
-    "deploy": {"resources": {"limits": {"cpus": 0.5, "memory": 268435456}}},
+    "security_opt": ["no-new-privileges:true"],
+    "networks": {"backend": None},
+    "deploy": {"resources": {"limits": {"cpus": 0.5, "memory": 268435456, "pids": 200}}},
 }
 
 
@@ -45,7 +47,26 @@ CASES = [
                         ("/", "fail"), ("/etc", "fail"), ("/proc", "fail"), ("/sys", "fail"),
                         ("/sys/fs/cgroup", "fail"), ("/var/lib/docker/volumes", "fail"),
                         ("/etc/localtime", "pass"), ("/srv/app/data", "pass"), ("./data", "pass"),
-                        ("/etcetera", "pass")]],
+                        ("/etcetera", "pass"), ("/etc/nginx", "fail"), ("/etc/ssh", "fail"),
+                        ("/home/alice/projects", "fail"), ("~/.ssh", "fail"), ("~", "fail"),
+                        ("/root/.aws", "fail"), ("/var/lib/postgresql", "fail"),
+                        ("/boot/efi", "fail"), ("/dev/bus/usb", "fail"), ("/var", "fail"),
+                        ("/var/log/app", "pass"), ("/opt/app/config", "pass")]],
+    *[pytest.param("sensitive-mounts",
+                   svc(image=image, volumes=[{"type": "bind", "source": src, "target": "/mnt",
+                                              "read_only": True}]), None, want,
+                   id=f"mount-ro-{src}-{image.split(':')[0]}")
+      for src, image, want in [
+          ("/etc/ssh", HARDENED["image"], "warn"), ("/proc", HARDENED["image"], "warn"),
+          ("/var/run/docker.sock", HARDENED["image"], "fail"),
+          ("/var/run/docker.sock", "tecnativa/docker-socket-proxy:0.3@sha256:" + "b" * 64, "warn"),
+          ("/var/run/docker.sock", "lscr.io/linuxserver/socket-proxy:1.26.2@sha256:" + "c" * 64,
+           "warn")]],
+    pytest.param("sensitive-mounts",
+                 svc(image="tecnativa/docker-socket-proxy:0.3@sha256:" + "b" * 64,
+                     volumes=[{"type": "bind", "source": "/var/run/docker.sock",
+                               "target": "/var/run/docker.sock"}]), None, "fail",
+                 id="socket-proxy-read-write"),
     pytest.param("sensitive-mounts", svc(volumes=[{"type": "volume", "source": "docker.sock",
                                                    "target": "/x"}]), None, "pass",
                  id="named-volume-called-like-a-socket-without-driver-opts"),
@@ -70,6 +91,8 @@ CASES = [
     pytest.param("image-pinning", svc(image="nginx:1.27"), "production", "fail",
                  id="image-tag-production"),
     pytest.param("image-pinning", svc(), "prod", "pass", id="image-digest-prod"),
+    pytest.param("image-pinning", svc(image="app", build={"context": "."}), "prod", "n/a",
+                 id="image-is-the-build-output-tag"),
     pytest.param("image-pinning", svc(image=None, build={"context": "."}), None, "n/a",
                  id="image-build-only"),
     # published ports
@@ -106,7 +129,7 @@ CASES = [
     *[pytest.param("secret-env", svc(environment={name: value}), None, want, id=f"env-{name}")
       for name, value, want in [
           ("DB_PASSWORD", "hunter2", "fail"), ("api_token", "abc", "fail"),
-          ("SECRET_KEY_BASE", "x" * 40, "fail"), ("PRIVATE_KEY", "k", "fail"),
+          ("SECRET_KEY_BASE", "kq3J9vX0aPz7" * 3, "fail"), ("PRIVATE_KEY", "k", "fail"),
           ("DATABASE_URL", "postgres://app:hunter2@db/app", "fail"),
           ("SOME_ID", "AKIAIOSFODNN7EXAMPLE", "fail"),
           ("GH", "ghp_" + "a" * 36, "fail"),
@@ -139,8 +162,70 @@ CASES = [
       for opt, want in [("seccomp:unconfined", "fail"), ("seccomp=unconfined", "fail"),
                         ("apparmor:unconfined", "fail"), ("label:disable", "fail"),
                         ("label=disable", "fail"), ("systempaths=unconfined", "fail"),
-                        ("no-new-privileges:false", "fail"), ("no-new-privileges:true", "pass"),
+                        ("no-new-privileges:false", "pass"), ("no-new-privileges:true", "pass"),
                         ("seccomp=/etc/profile.json", "pass"), ("label=type:svirt_t", "pass")]],
+    # no-new-privileges: explicit false fails everywhere, missing warns (fails in prod)
+    *[pytest.param("no-new-privileges", svc(security_opt=opts), env, want,
+                   id=f"nnp-{'+'.join(opts) or 'none'}-{env}")
+      for opts, env, want in [
+          (["no-new-privileges:false"], None, "fail"), (["no-new-privileges=false"], None, "fail"),
+          ([], None, "warn"), ([], "prod", "fail"), (["seccomp=/p.json"], None, "warn"),
+          (["no-new-privileges"], "prod", "pass"), (["no-new-privileges=true"], "prod", "pass"),
+          (["NO-NEW-PRIVILEGES:TRUE"], "prod", "pass")]],
+    pytest.param("security-opt-missing", svc(security_opt=None), None, "info", id="secopt-absent"),
+    pytest.param("security-opt-missing", svc(), None, "pass", id="secopt-present"),
+    # host user namespace
+    pytest.param("host-userns", svc(userns_mode="host"), None, "fail", id="userns-host"),
+    pytest.param("host-userns", svc(), None, "pass", id="userns-default"),
+    # bind propagation
+    *[pytest.param("bind-propagation",
+                   svc(volumes=[{"type": "bind", "source": "./d", "target": "/d",
+                                 "bind": {"propagation": mode}}]), None, want, id=f"prop-{mode}")
+      for mode, want in [("shared", "fail"), ("rshared", "fail"), ("slave", "warn"),
+                         ("rslave", "warn"), ("rprivate", "pass"), ("private", "pass")]],
+    pytest.param("bind-propagation", svc(), None, "n/a", id="prop-no-binds"),
+    # pids limit
+    pytest.param("pids-limit", svc(deploy={"resources": {"limits": {"memory": 1, "cpus": 1}}}),
+                 None, "warn", id="pids-missing"),
+    pytest.param("pids-limit", svc(deploy={"resources": {"limits": {"memory": 1, "cpus": 1,
+                                                                    "pids": -1}}}),
+                 None, "warn", id="pids-unlimited"),
+    pytest.param("pids-limit", svc(), None, "pass", id="pids-set"),
+    # cgroup
+    pytest.param("cgroup", svc(cgroup="host"), None, "fail", id="cgroup-host"),
+    pytest.param("cgroup", svc(cgroup_parent="/custom"), None, "warn", id="cgroup-parent"),
+    pytest.param("cgroup", svc(cgroup="private"), None, "pass", id="cgroup-private"),
+    # privileged ports
+    pytest.param("privileged-ports", svc(ports=[{"target": 80, "published": "80",
+                                                 "host_ip": "127.0.0.1"}]), None, "warn",
+                 id="low-port-cap-drop-all"),
+    pytest.param("privileged-ports", svc(cap_drop=None, ports=[{"target": 443}]), None, "info",
+                 id="low-port-default-caps"),
+    pytest.param("privileged-ports", svc(cap_add=["NET_BIND_SERVICE"], ports=[{"target": 80}]),
+                 None, "pass", id="low-port-net-bind-service"),
+    pytest.param("privileged-ports", svc(ports=[{"target": 80}],
+                                         sysctls={"net.ipv4.ip_unprivileged_port_start": "0"}),
+                 None, "pass", id="low-port-sysctl"),
+    pytest.param("privileged-ports", svc(ports=[{"target": 8080, "published": "80"}]), None,
+                 "pass", id="high-port-published-low"),
+    pytest.param("privileged-ports", svc(), None, "n/a", id="no-ports"),
+    # restart on-failure without a maximum
+    pytest.param("restart-max-attempts", svc(restart="on-failure"), None, "info",
+                 id="on-failure-forever"),
+    pytest.param("restart-max-attempts", svc(restart="on-failure:5"), None, "pass",
+                 id="on-failure-5"),
+    pytest.param("restart-max-attempts",
+                 svc(deploy={"restart_policy": {"condition": "on-failure"}}), None, "info",
+                 id="deploy-on-failure-forever"),
+    pytest.param("restart-max-attempts",
+                 svc(deploy={"restart_policy": {"condition": "on-failure", "max_attempts": 3}}),
+                 None, "pass", id="deploy-on-failure-3"),
+    pytest.param("restart-max-attempts", svc(restart="always"), None, "n/a", id="restart-always"),
+    # default network only
+    pytest.param("default-network", svc(networks=None), None, "info", id="default-net"),
+    pytest.param("default-network", svc(), None, "pass", id="named-net"),
+    pytest.param("default-network", svc(networks=None, network_mode="none"), None, "n/a",
+                 id="network-mode-none"),
 ]
 
 
@@ -162,6 +247,35 @@ def test_hardened_service_passes_every_rule_in_prod(check: Check) -> None:
     report = check({"svc": svc()}, env="prod", strict=True)
     assert report["passed"] is True
     assert {c["result"] for c in report["matrix"]} <= {"pass", "n/a"}
+
+
+def test_an_image_another_service_builds_has_nothing_to_pin(check: Check) -> None:
+    # Evaluated in several chunks: the builder is in the first, its users in the last.
+    from service.compose.preflight import CHUNK_SERVICES
+
+    services = {"builder": svc(image="app-local", build={"context": "."})}
+    services.update({f"filler{i}": svc() for i in range(CHUNK_SERVICES)})
+    services["worker"] = svc(image="app-local")
+    services["other"] = svc(image="app-other")
+    report = check(services, env="prod")
+    assert cell(report, "builder", "image-pinning")["result"] == "n/a"
+    assert cell(report, "worker", "image-pinning")["result"] == "n/a"
+    assert cell(report, "other", "image-pinning")["result"] == "fail"
+
+
+def test_secret_env_precision(check: Check) -> None:
+    """Placeholders and harmless values pass, hashes are info, real-looking secrets fail."""
+    env = {"A_PASSWORD": "changeme", "B_PASSWORD": '"0"', "WIREGUARD_PRIVATE_KEY": "<PrivateKey>",
+           "C_PASSWORD": "ChooseYourOwnPasswordHere1234", "API_KEY": "invalid",
+           "D_TOKEN": "your_token_here", "E_SECRET": "xxxxxxxx", "F_PASSWORD": "false",
+           "ADMIN_PASSWORD_HASH": "$2a$14$1l.IozJx7xQRVmlkEQ32OeEEfP5mRxTpbDTCTcXRqn19gXD8YK1pW",
+           "ARGON_HASH_PASSWORD": "$argon2id$v=19$m=65536,t=3,p=4$c2FsdA$aGFzaA",
+           "G_PASSWORD": "nextcloud", "H_TOKEN": "f3b1c9a0e6d24a7b9c1d2e3f4a5b6c7d"}
+    report = check({"svc": svc(environment=env)})
+    got = {f["pointer"].rsplit("/", 1)[1]: f["severity"] for f in report["findings"]
+           if f["rule"] == "secret-env"}
+    assert got == {"ADMIN_PASSWORD_HASH": "info", "ARGON_HASH_PASSWORD": "info",
+                   "G_PASSWORD": "fail", "H_TOKEN": "fail"}
 
 
 def test_named_volume_binding_a_sensitive_host_path(check: Check) -> None:

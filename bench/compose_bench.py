@@ -1,0 +1,152 @@
+"""Compose preflight benchmark: evaluation latency in-process and compose import over HTTP.
+
+Run: python bench/compose_bench.py [--reps N] [--requests N] [--no-http]
+
+In-process, on the bench's 10-service file (``http_bench.compose_fields(10)``, env prod):
+- ``uncached``: ``evaluate(..., cache=False)``, the whole report (every rule, one query per
+  chunk of 20 services);
+- ``constant``: one query of a constant entrypoint of the same bundle with the same input
+  document, i.e. what converting the input and calling the engine costs at all (the floor);
+- ``cached``: ``evaluate`` when the report is in the cache.
+Wall-clock p50 of ``--reps`` runs each, and their CPU time (this process), on a shared box:
+read the ratios.
+
+Over HTTP (``cpctl serve --workers 2``, SQLite): POST /api/v1/compose/import with a mix of 80%
+one repeated file and 20% files never seen before (the same services under a new project
+name, so each costs a full evaluation), 16 connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import _harness as h
+import http_bench
+
+from service.compose.preflight import RuleSet, evaluate
+
+API = "/api/v1"
+TARGETS = {"uncached_p50_ms": 15.0, "uncached_over_constant": 2.0, "cached_p50_ms": 1.0,
+           "http_rps": 200.0}
+
+
+def _timed(fn: Any, reps: int) -> dict[str, float]:
+    walls, cpus = [], []
+    for _ in range(reps):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        cpus.append((time.process_time() - c) * 1000)
+        walls.append((time.perf_counter() - w) * 1000)
+    return {"p50_ms": statistics.median(walls), "cpu_p50_ms": statistics.median(cpus),
+            "p99_ms": sorted(walls)[min(len(walls) - 1, int(len(walls) * 0.99))]}
+
+
+def in_process(reps: int) -> dict[str, Any]:
+    rules = RuleSet.load()
+    fields = http_bench.compose_fields(10)
+    input_doc = {"fields": fields, "strict": False, "env": "prod", "production": True,
+                 "built_images": {}}
+    meta = f"controlplane/compose/rules/{rules.rules[0].package}/meta"
+    assert rules.bundle is not None
+    evaluate(fields, env="prod", rules=rules)  # warm: compiled, cached once
+    return {
+        "rules": len(rules.rules),
+        "uncached": _timed(lambda: evaluate(fields, env="prod", rules=rules, cache=False), reps),
+        "constant": _timed(lambda: rules.bundle.query(meta, input_doc), reps),  # type: ignore[union-attr]
+        "cached": _timed(lambda: evaluate(fields, env="prod", rules=rules), reps * 10),
+    }
+
+
+def over_http(requests: int, connections: int = 16) -> dict[str, Any]:
+    import asyncio
+
+    import aiohttp
+
+    fields = http_bench.compose_fields(10)
+    with h.temp_dir("compose-bench-") as tmp:
+        state = Path(tmp) / "state"
+        state.mkdir(mode=0o700)
+        with h.service(state, workers=2) as server:
+            ids = h.Identities(server.base)
+
+            async def login() -> str:
+                async with aiohttp.ClientSession() as session:
+                    return await ids.login(session, "alice")
+
+            token = asyncio.run(login())
+            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+            repeated = h.dumps({"env": "prod", "fields": fields})
+            batch = []
+            for i in range(requests):
+                body = repeated if i % 5 else h.dumps(
+                    {"env": "prod", "fields": {**fields, "name": f"bench-new-{i}"}})
+                batch.append(h.Request("POST", API + "/compose/import", headers, body))
+            warm = h.Request("POST", API + "/compose/import", headers, repeated)
+            h.drive(server.base, warm, connections=4, duration=1.0, max_requests=20,
+                    tmp=Path(tmp), use_wrk=False)
+            cpu0 = h.cpu_seconds(server.worker_pids())
+            result = h.drive(server.base, batch, connections=connections, duration=120.0,
+                             max_requests=len(batch), tmp=Path(tmp), use_wrk=False)
+            cpu = h.cpu_seconds(server.worker_pids()) - cpu0
+    return {"requests": result.requests, "rps": result.rps, "p50_ms": result.p50_ms,
+            "p99_ms": result.p99_ms, "errors": result.errors, "server_cpu_s": cpu,
+            "seconds": result.seconds, "connections": connections}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    ip = doc["in_process"]
+    ratio = ip["uncached"]["p50_ms"] / ip["constant"]["p50_ms"]
+    cpu_ratio = ip["uncached"]["cpu_p50_ms"] / max(ip["constant"]["cpu_p50_ms"], 1e-6)
+    lines = [
+        "## Compose preflight (`bench/compose_bench.py`)", "",
+        f"The bench's 10-service file (`http_bench.compose_fields(10)`), env prod, "
+        f"{ip['rules']} rules; in-process, {doc['reps']} runs each (cached: {doc['reps'] * 10}).",
+        "", "| measure | p50 ms | p99 ms | CPU p50 ms | floor | met |", "|---|---:|---:|---:|---|---|",
+        f"| uncached report | {ip['uncached']['p50_ms']:.1f} | {ip['uncached']['p99_ms']:.1f} | "
+        f"{ip['uncached']['cpu_p50_ms']:.1f} | <= {TARGETS['uncached_p50_ms']:g} ms | "
+        f"{'yes' if ip['uncached']['p50_ms'] <= TARGETS['uncached_p50_ms'] else 'no'} |",
+        f"| constant-policy query, same input | {ip['constant']['p50_ms']:.1f} | "
+        f"{ip['constant']['p99_ms']:.1f} | {ip['constant']['cpu_p50_ms']:.1f} | - | - |",
+        f"| uncached / constant | {ratio:.1f}x | | {cpu_ratio:.1f}x | <= "
+        f"{TARGETS['uncached_over_constant']:g}x | "
+        f"{'yes' if ratio <= TARGETS['uncached_over_constant'] else 'no'} |",
+        f"| cached report | {ip['cached']['p50_ms']:.3f} | {ip['cached']['p99_ms']:.3f} | "
+        f"{ip['cached']['cpu_p50_ms']:.3f} | <= {TARGETS['cached_p50_ms']:g} ms | "
+        f"{'yes' if ip['cached']['p50_ms'] <= TARGETS['cached_p50_ms'] else 'no'} |", ""]
+    http = doc.get("http")
+    if http:
+        lines += [
+            f"HTTP, `cpctl serve --workers 2` (SQLite), {http['connections']} connections, "
+            f"{http['requests']} requests: 80% one repeated file, 20% new files (Python "
+            "generator on the same box):", "",
+            "| req/s | p50 ms | p99 ms | errors | server CPU s | floor | met |",
+            "|---:|---:|---:|---:|---:|---|---|",
+            f"| {http['rps']:,.0f} | {http['p50_ms']:.1f} | {http['p99_ms']:.1f} | "
+            f"{http['errors']} | {http['server_cpu_s']:.1f} | >= {TARGETS['http_rps']:g} req/s | "
+            f"{'yes' if http['rps'] >= TARGETS['http_rps'] else 'no'} |", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=60)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--no-http", action="store_true")
+    args = parser.parse_args(argv)
+    doc: dict[str, Any] = {"reps": args.reps, "in_process": in_process(args.reps)}
+    if not args.no_http:
+        doc["http"] = over_http(args.requests)
+    print(markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+package controlplane.compose.rules.no_new_privileges
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "no-new-privileges",
+	"title": "no-new-privileges not set",
+	"severity": "warn",
+	"rationale": "Without no-new-privileges a process in the container can gain privileges through setuid/setgid binaries or file capabilities (sudo, su, ping, a planted binary): the usual second step of an exploit. Common scanners rate it high.",
+	"remediation": "Add security_opt: [\"no-new-privileges:true\"] (it breaks only images that rely on setuid binaries at run time).",
+}
+
+# The value of the no-new-privileges option of one security_opt entry ("true" for the bare flag);
+# undefined for other options. Both "key:value" and "key=value" are accepted.
+nnp(raw) := "true" if {
+	lower(trim_space(raw)) == "no-new-privileges"
+} else := value if {
+	parts := split(replace(lower(trim_space(raw)), "=", ":"), ":")
+	count(parts) == 2
+	trim_space(parts[0]) == "no-new-privileges"
+	value := trim_space(parts[1])
+}
+
+# Missing: warn, fail in production (an explicit false fails everywhere).
+missing_severity := "fail" if {
+	lib.is_prod
+} else := "warn"
+
+# The findings about one service (a function, so the Rego unit tests can call it).
+# True when one of the entries enables it.
+enabled(svc) if {
+	some raw in object.get(svc, "security_opt", [])
+	nnp(raw) in {"true", "1", "yes"}
+}
+
+# True when one of the entries disables it explicitly.
+disabled(svc) if {
+	some raw in object.get(svc, "security_opt", [])
+	nnp(raw) in {"false", "0", "no"}
+}
+
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["security_opt", i]), "message": concat("", ["security_opt ", raw, " lets processes gain privileges"]), "severity": "fail"} |
+	some name
+	svc := input.fields.services[name]
+	opts := object.get(svc, "security_opt", [])
+	some i
+	raw := opts[i]
+	nnp(raw) in {"false", "0", "no"}
+]
+
+_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["security_opt"]), "message": "no-new-privileges is not set to true", "severity": missing_severity} |
+	some name
+	svc := input.fields.services[name]
+	not enabled(svc)
+	not disabled(svc)
+]
+
+findings := array.concat(_findings_1, _findings_2)

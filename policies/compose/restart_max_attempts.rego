@@ -1,0 +1,49 @@
+package controlplane.compose.rules.restart_max_attempts
+
+import rego.v1
+
+import data.controlplane.compose.lib
+
+meta := {
+	"id": "restart-max-attempts",
+	"title": "restart on-failure without a maximum",
+	"severity": "info",
+	"rationale": "on-failure without a count restarts a crashing service forever: a crash loop keeps consuming CPU, logs and connections to its dependencies instead of stopping where an operator notices.",
+	"remediation": "Give the count: restart: on-failure:5, or deploy.restart_policy.max_attempts.",
+}
+
+restart_policy(svc) := object.get(object.get(svc, "deploy", {}), "restart_policy", {})
+
+uses_on_failure(svc) if startswith(object.get(svc, "restart", ""), "on-failure")
+
+uses_on_failure(svc) if object.get(restart_policy(svc), "condition", "") == "on-failure"
+
+unbounded_restart(svc) if object.get(svc, "restart", "") == "on-failure"
+
+unbounded_policy(svc) if {
+	policy := restart_policy(svc)
+	object.get(policy, "condition", "") == "on-failure"
+	object.get(policy, "max_attempts", 0) == 0
+}
+
+_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["restart"]), "message": "restart: on-failure without a maximum retry count"} |
+	some name
+	svc := input.fields.services[name]
+	unbounded_restart(svc)
+]
+
+_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["deploy", "restart_policy"]), "message": "deploy.restart_policy on-failure without max_attempts"} |
+	some name
+	svc := input.fields.services[name]
+	unbounded_policy(svc)
+]
+
+_not_applicable_1 := [name |
+	some name
+	svc := input.fields.services[name]
+	not uses_on_failure(svc)
+]
+
+findings := array.concat(_findings_1, _findings_2)
+
+not_applicable := _not_applicable_1

@@ -1,0 +1,35 @@
+package controlplane.compose.tests.secret_env
+
+import rego.v1
+
+import data.controlplane.compose.rules.secret_env as rule
+
+test_obvious_non_secrets if {
+	every value in ["", "0", "\"0\"", "false", "invalid", "\"none\"", "changeme", "CHANGE_ME", "changeit", "<PrivateKey>", "'<PRIVKEY>'", "{{ vault_token }}", "your_token_here", "ChooseYourOwnPasswordHere1234", "MyCloudflareApiToken", "MySecureLoginPasswordForWebApp", "xxxxxx", "********", "..."] {
+		rule.not_secret(value)
+	}
+}
+
+test_real_looking_values_are_secrets if {
+	every value in ["hunter2hunter2", "nextcloud", "7jFjT4pUyf0YOlQ84LrO6JdLVWpzKEGiEMtdVwBE", "admin", "s3cr3t-value-123"] {
+		not rule.not_secret(value)
+	}
+}
+
+test_password_hashes if {
+	rule.password_hash("$2a$14$1l.IozJx7xQRVmlkEQ32OeEEfP5mRxTpbDTCTcXRqn19gXD8YK1pW")
+	rule.password_hash("$argon2id$v=19$m=65536,t=3,p=4$c2FsdA$aGFzaA")
+	rule.password_hash("$6$rounds=5000$saltsalt$0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP")
+	rule.password_hash("{SSHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=")
+	not rule.password_hash("hunter2")
+	not rule.password_hash("$notahash")
+}
+
+test_secret_names if {
+	rule.secret_name("POSTGRES_PASSWORD")
+	rule.secret_name("api_key")
+	rule.secret_name("SENTRY_DSN")
+	not rule.secret_name("POSTGRES_PASSWORD_FILE")
+	not rule.secret_name("TOKEN_TTL")
+	not rule.secret_name("LOG_LEVEL")
+}
