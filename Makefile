@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test fuzz bench lint clean
+.PHONY: run test e2e fuzz bench lint clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -16,9 +16,14 @@ run: $(STAMP)
 	$(VENV)/bin/cpctl serve $(ARGS)
 
 # The suite runs on every core (pytest-xdist); TEST_WORKERS=0 runs it in one process.
+# `make test` leaves out the slowest whole-system tests (marker e2e: several real server
+# processes, replicas, a browser; listed in tests/conftest.py), which `make e2e` runs.
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not e2e" $(PYTEST_ARGS)
+
+e2e: $(STAMP)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m e2e $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/run.py

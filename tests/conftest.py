@@ -51,10 +51,31 @@ def vet_in_process(
     return report
 
 
+#: The slowest whole-system tests: several real ``cpctl serve`` processes, replicas, a browser.
+#: ``make e2e`` runs them (marker ``e2e``), ``make test`` the rest; ``.ci/run`` runs both. A module
+#: path names every test in it, ``path::name`` one test.
+E2E_TESTS = frozenset({
+    "tests/test_processes.py",
+    "tests/test_operations.py",
+    "tests/test_login_throttle_processes.py",
+    "tests/test_policy_fleet.py",
+    "tests/console/test_console_browser.py",
+    "tests/cli/test_serve.py",
+    "tests/cli/test_revisions_cli.py",
+    "tests/authz/test_cli_policy.py::test_the_cpctl_entry_point_runs_every_policy_subcommand",
+    "tests/cli/test_audit_cli.py::test_the_cpctl_entry_point_runs_the_audit_verbs",
+    "tests/authn/test_reload.py::test_cpctl_add_user_lets_them_log_in_to_a_running_server_within_5s",
+})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if AUTHZ_TESTS in item.path.parents:
             item.add_marker(pytest.mark.child_process_vetting)
+        module = item.path.relative_to(REPO).as_posix()
+        name = getattr(item, "originalname", item.name)
+        if module in E2E_TESTS or f"{module}::{name}" in E2E_TESTS:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(autouse=True)

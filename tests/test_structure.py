@@ -109,3 +109,13 @@ def test_only_the_edges_read_the_environment() -> None:
     }
     assert "config.py" in readers, "the scan found nothing"
     assert readers <= ENVIRON_READERS, sorted(readers - ENVIRON_READERS)
+
+
+def test_every_e2e_entry_names_an_existing_test() -> None:
+    # A renamed or moved test named in E2E_TESTS would silently fall back into ``make test``.
+    from tests.conftest import E2E_TESTS, REPO
+
+    for entry in sorted(E2E_TESTS):
+        path, _, name = entry.partition("::")
+        source = (REPO / path).read_text()
+        assert not name or f"def {name}(" in source, f"{entry}: no such test"
