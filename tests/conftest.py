@@ -65,6 +65,9 @@ E2E_TESTS = frozenset({
     "tests/authz/test_cli_policy.py::test_the_cpctl_entry_point_runs_every_policy_subcommand",
     "tests/cli/test_audit_cli.py::test_the_cpctl_entry_point_runs_the_audit_verbs",
     "tests/authn/test_reload.py::test_cpctl_add_user_lets_them_log_in_to_a_running_server_within_5s",
+    "tests/store/test_faults.py::test_stall_answers_every_request_within_the_deadline",
+    "tests/authz/test_rego_input.py::test_the_policy_sees_the_document",
+    "tests/compose/test_budget.py::test_500_services_are_answered_within_the_budget_by_the_cli",
 })
 
 
