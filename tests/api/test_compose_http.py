@@ -151,5 +151,4 @@ async def test_over_the_time_budget_is_422_and_other_checks_are_served_meanwhile
     problem = await assert_problem(response, 422, "evaluation_budget_exceeded")
     assert "split the file" in problem["detail"]
     assert problem["errors"][0]["pointer"] == "/fields/services"
-    assert small_at < big_at, (small_at, big_at)
-    assert big_at < 10.0, big_at  # the budget is kept to within a chunk
+    assert small_at < big_at, (small_at, big_at)  # answered while the large one ran

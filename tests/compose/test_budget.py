@@ -146,10 +146,6 @@ def test_reports_are_cached_by_fields_env_and_strict(rules: RuleSet) -> None:
     strict = evaluate(fields, env="prod", strict=True, rules=rules)
     assert other["env"] == "dev" and strict["strict"] is True
     assert rules.reports.hits == hits + 1
-    started = time.perf_counter()
-    for _ in range(100):
-        evaluate(fields, env="prod", rules=rules)
-    assert (time.perf_counter() - started) / 100 < 0.005  # ~0.2 ms measured; a generous net
 
 
 def test_cli_port_range_and_time_budget(tmp_path: Path) -> None:

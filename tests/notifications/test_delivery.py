@@ -220,10 +220,8 @@ async def test_an_endless_answer_is_cut_at_the_cap(make_client, receiver):
         "resource": RESOURCE})
     assert created.status == 201
     store = client.server.app[STORE].require()
-    started = time.monotonic()
     await settled(store, timeout_s=10)
     (event,) = await store.list_outbox(limit=5)
-    # Delivered (a 2xx), without waiting for an answer that never ends: reading stopped at the
-    # cap, long before the 3 s timeout would have failed the attempt.
+    # Delivered (a 2xx) at the first attempt: reading stopped at the cap; had it waited for the
+    # answer that never ends, the 3 s timeout would have failed the attempt.
     assert event.state == "delivered" and event.attempts == 1
-    assert time.monotonic() - started < 3
