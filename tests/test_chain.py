@@ -13,7 +13,8 @@ import yaml
 
 from service import clock
 from service.appkeys import AUDIT, AUTHENTICATOR, CONFIG, ENGINE, STORE
-from service.approvals.binding import command_hash, resource_hash
+from service.approvals.binding import resource_hash
+from service.approvals.command import command_hash
 from service.approvals.expiry import expire_once
 from service.store.base import ThrottleRule
 from tests.auth import bearer, login, step_up

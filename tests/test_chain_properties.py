@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.appkeys import ENGINE, STORE
-from service.approvals.binding import command_hash, resource_hash
+from service.approvals.binding import resource_hash
+from service.approvals.command import command_hash
 from service.authz.decision import Decision
 from tests.auth import bearer, login, step_up
 

@@ -23,15 +23,12 @@ from typing import Any, Protocol
 import rfc8785
 
 from .. import limits
-from .command import Command
-from .command import command_hash as _command_hash
 
 __all__ = [
     "BINDING_FIELDS",
     "HASH_PATTERN",
     "Binding",
     "BoundTicket",
-    "command_hash",
     "hash_nonce",
     "mismatched",
     "new_nonce",
@@ -52,11 +49,6 @@ def resource_hash(resource: Any) -> str:
     canonical = rfc8785.dumps(resource)
     limits.check_size(len(canonical), "/resource")
     return "sha256:" + hashlib.sha256(canonical).hexdigest()
-
-
-def command_hash(command: Command) -> str:
-    """``sha256:<hex>`` of the command exactly as it will be run (``command.command_hash``)."""
-    return _command_hash(command)
 
 
 def new_nonce() -> str:
