@@ -47,6 +47,7 @@ from .authz.engine import LOG_FIELDS, PolicyEngine
 from .authz.reload import CandidateRevision, StoreFollower, following, reloading, shadowing
 from .authz.revisions import SignatureError, TrustedKeys
 from .authz.shadow import Shadow
+from .background import background
 from .compose.preflight import RuleSet
 from .config import Config, load_from_process
 from .console.views import setup_console
@@ -352,9 +353,5 @@ async def _every(interval_s: float, job: Callable[[float], Awaitable[Any]]) -> A
                 log.exception("housekeeping failed")
             await asyncio.sleep(interval_s)
 
-    task = asyncio.create_task(loop())
-    try:
+    async with background(loop()):
         yield
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)

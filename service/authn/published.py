@@ -25,6 +25,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .. import clock
+from ..background import background
 from ..store.base import PublishedKey, Store, StoreError
 from .keyring import ALG, KeyRing, load_public_key, public_jwk, thumbprint
 
@@ -137,12 +138,10 @@ class PublishedKeyRing(KeyRing):
                 await asyncio.sleep(interval_s)
                 await self._sync_logged()
 
-        task = asyncio.create_task(loop())
         try:
-            yield
+            async with background(loop()):
+                yield
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
             try:
                 await self.retire(clock.now())
             except StoreError:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import sighup
+from ..background import background
 from ..config import PolicyStoreConfig
 from ..store.base import PolicyActivation, Store, StoreError
 from .engine import PolicyEngine
@@ -299,13 +300,11 @@ async def following(follower: StoreFollower, store: Callable[[], Store | None],
             follower.wake.clear()
             await follower.sync()
 
-    task = asyncio.create_task(loop())
     try:
-        with sighup.on_sighup(follower.wake.set):
-            yield
+        async with background(loop()):
+            with sighup.on_sighup(follower.wake.set):
+                yield
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         if listener is not None:
             await listener.close()
 
@@ -418,15 +417,9 @@ async def shadowing(candidate: CandidateRevision, interval_s: float) -> AsyncIte
     """While open: load the candidate revision at once, in the background (serving never waits
     for a candidate: its inputs are skipped until it loads), retry every ``interval_s`` while it
     cannot be read, and re-read the configuration at SIGHUP."""
-    first = asyncio.create_task(candidate.sync())
-
     async def poll() -> None:
         if not candidate.done:
             await candidate.sync()
 
-    try:
-        async with sighup.watching(poll, candidate.reload, interval_s):
-            yield
-    finally:
-        first.cancel()
-        await asyncio.gather(first, return_exceptions=True)
+    async with background(candidate.sync()), sighup.watching(poll, candidate.reload, interval_s):
+        yield

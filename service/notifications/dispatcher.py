@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 
 from .. import clock
+from ..background import background
 from ..config import NotificationsConfig
 from ..store.base import DeliveryRecord, OutboxEvent, OutboxState, Store, StoreError
 from .envelope import event_data
@@ -160,14 +161,14 @@ async def dispatching(dispatcher: Dispatcher, config: NotificationsConfig) -> As
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), config.poll_interval_s)
 
-    task = asyncio.create_task(loop())
     try:
-        yield
+        async with background(loop()) as task:
+            try:
+                yield
+            finally:
+                stop.set()
+                grace = max((s.timeout_s for s in config.sinks), default=0.0) + 1.0
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(task), grace)
     finally:
-        stop.set()
-        grace = max((s.timeout_s for s in config.sinks), default=0.0) + 1.0
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(task), grace)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         await session.close()
