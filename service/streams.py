@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -25,7 +26,16 @@ from .middleware.authn import bearer_token
 from .middleware.headers import apply_security_headers
 from .store.base import StoreError
 
-__all__ = ["Slot", "StreamSlots", "event_stream_response", "session_alive", "setup_streams"]
+__all__ = [
+    "SESSION_ENDED",
+    "Slot",
+    "StreamSlots",
+    "StreamWrite",
+    "event_stream_response",
+    "pump",
+    "session_alive",
+    "setup_streams",
+]
 
 log = logging.getLogger("controlplane.streams")
 
@@ -123,3 +133,71 @@ async def session_alive(request: web.Request) -> bool:
         log.warning("event stream ended: its session cannot be checked (store unavailable)")
         return False
     return True
+
+
+#: Writes one event (or comment) to an open stream.
+StreamWrite = Callable[[bytes], Awaitable[None]]
+#: The ``event: end`` data of a stream whose session was logged out or expired.
+SESSION_ENDED = b'{"reason":"session_ended"}'
+
+
+async def pump(
+    request: web.Request,
+    response: web.StreamResponse,
+    poll: Callable[[StreamWrite], Awaitable[bytes | None]],
+    *,
+    label: str,
+    poll_s: float,
+    max_s: float,
+    alive: Callable[[], Awaitable[bool]] | None = None,
+) -> web.StreamResponse:
+    """Prepare ``response`` and keep it fed until the stream should end: the one loop of every
+    live stream (tickets, tasks, the console's pages).
+
+    Every ``poll_s``, ``poll(write)`` re-reads the store, writes what changed, and returns None
+    to go on or the data of the closing ``event: end``. Reading the store each time is what lets
+    a change made through any worker or replica show. The stream also ends when ``alive()``
+    (default: the bearer token's session, ``session_alive``) says the session ended
+    (``event: end`` with ``SESSION_ENDED``), and just closes after ``max_s``, when the client is
+    gone, the store fails (logged) or the server shuts down: an ``EventSource`` reconnects by
+    itself. A comment line keeps a quiet stream open every ``heartbeat_s``. A client that goes
+    away is normal: nothing is logged above debug."""
+    slots = request.app[STREAMS]
+    heartbeat_s, check_s = slots.config.heartbeat_s, slots.config.session_check_s
+    loop = asyncio.get_running_loop()
+    last_beat = loop.time()
+
+    async def write(data: bytes) -> None:
+        nonlocal last_beat
+        await response.write(data)
+        last_beat = loop.time()
+
+    try:
+        await response.prepare(request)
+        started = last_check = loop.time()
+        end: bytes | None = None
+        while end is None and not slots.stopping:
+            now = loop.time()
+            if now - started >= max_s or request.transport is None or (
+                    request.transport.is_closing()):
+                break
+            if now - last_check >= check_s:
+                last_check = now
+                if not await (alive() if alive is not None else session_alive(request)):
+                    end = SESSION_ENDED
+                    break
+            try:
+                end = await poll(write)
+            except StoreError:
+                log.warning("%s ended: store unavailable", label)
+                break
+            if end is None:
+                if loop.time() - last_beat >= heartbeat_s:
+                    await write(b": heartbeat\n\n")
+                await asyncio.sleep(poll_s)
+        if end is not None:
+            await response.write(b"event: end\ndata: " + end + b"\n\n")
+        await response.write_eof()
+    except ConnectionError:  # aiohttp's ClientConnectionResetError included
+        log.debug("%s: the client went away", label)
+    return response

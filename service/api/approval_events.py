@@ -7,9 +7,7 @@ state, so a review made on any worker or replica shows within one poll.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from typing import Any
 
 from aiohttp import web
@@ -17,12 +15,11 @@ from aiohttp import web
 from ..appkeys import STREAMS
 from ..approvals.tickets import ticket_view
 from ..chain import Outcome, Run, protected
-from ..store.base import Store, StoreError, TicketRecord
-from ..streams import event_stream_response, session_alive
+from ..store.base import Store, TicketRecord
+from ..streams import StreamWrite, event_stream_response, pump
 from .approvals import _ticket_target
 
 routes = web.RouteTableDef()
-log = logging.getLogger("controlplane.approvals")
 
 #: How often a live stream reads its ticket again, and how long one may stay open (a client
 #: reconnects after that and gets the current ticket first). Heartbeats, the session re-check
@@ -54,57 +51,28 @@ async def approval_events(run: Run) -> Outcome:
 
 async def _stream(request: web.Request, store: Store, ticket: TicketRecord) -> web.StreamResponse:
     """The ticket's changes until it is settled or the session ends (both ``event: end``), or
-    ``SSE_MAX_S`` passes, the store fails or the server shuts down (the stream just closes: the
-    client reconnects). A client that goes away is normal: no error is logged."""
-    response = event_stream_response(request)
-    try:
-        await response.prepare(request)
-        end = await _pump(request, response, store, ticket)
-        if end is not None:
-            await response.write(b"event: end\ndata: " + _json(end) + b"\n\n")
-        await response.write_eof()
-    except ConnectionError:  # aiohttp's ClientConnectionResetError included
-        log.debug("event stream of ticket %s: the client went away", ticket.id)
-    return response
-
-
-async def _pump(request: web.Request, response: web.StreamResponse, store: Store,
-                ticket: TicketRecord) -> dict[str, Any] | None:
-    """Write the ticket whenever it changes; the ``event: end`` data once the stream should
-    end with one, None when it should just close."""
-    slots = request.app[STREAMS]
-    heartbeat_s, check_s = slots.config.heartbeat_s, slots.config.session_check_s
-    loop = asyncio.get_running_loop()
-    started = last_beat = last_check = loop.time()
+    the stream's limits end it (``streams.pump``)."""
     sent: dict[str, Any] | None = None
-    current: TicketRecord | None = ticket
-    while not slots.stopping:
+    polls = 0
+
+    async def poll(write: StreamWrite) -> bytes | None:
+        nonlocal sent, polls
+        # The first poll sends the ticket the chain has just read; later ones read it again.
+        current = ticket if polls == 0 else await store.get_ticket(ticket.id)
+        polls += 1
         if current is None:  # removed from the store while watched
-            return {"reason": "ticket_not_found"}
+            return b'{"reason":"ticket_not_found"}'
         view = ticket_view(current)
         if view != sent:
-            await response.write(b"event: ticket\ndata: " + _json(view) + b"\n\n")
-            sent, last_beat = view, loop.time()
+            await write(b"event: ticket\ndata: " + _json(view) + b"\n\n")
+            sent = view
         if current.state in SETTLED_STATES:
-            return {"reason": "settled", "state": current.state}
-        now = loop.time()
-        if now - started >= SSE_MAX_S or request.transport is None or (
-                request.transport.is_closing()):
-            return None
-        if now - last_check >= check_s:
-            last_check = now
-            if not await session_alive(request):
-                return {"reason": "session_ended"}
-        if now - last_beat >= heartbeat_s:
-            await response.write(b": heartbeat\n\n")
-            last_beat = now
-        await asyncio.sleep(SSE_POLL_S)
-        try:
-            current = await store.get_ticket(ticket.id)
-        except StoreError:
-            log.warning("event stream of ticket %s ended: store unavailable", ticket.id)
-            return None
-    return None
+            return _json({"reason": "settled", "state": current.state})
+        return None
+
+    return await pump(request, event_stream_response(request), poll,
+                      label=f"event stream of ticket {ticket.id}", poll_s=SSE_POLL_S,
+                      max_s=SSE_MAX_S)
 
 
 def _json(doc: Any) -> bytes:

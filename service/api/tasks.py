@@ -3,9 +3,7 @@ and executors' progress reports. A task is not an approval: nothing here touches
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from typing import Any
 
 from aiohttp import web
@@ -13,13 +11,12 @@ from aiohttp import web
 from ..appkeys import CONFIG, STORE, STREAMS
 from ..chain import Outcome, Run, Target, Write, protected
 from ..errors import NotFound
-from ..store.base import Store, StoreError, TaskRecord, Tx
-from ..streams import event_stream_response, session_alive
+from ..store.base import Store, TaskRecord, Tx
+from ..streams import StreamWrite, event_stream_response, pump
 from ..tasks.tasks import EventView, next_state, task_view
 from .queries import query_int, query_page_limit
 
 routes = web.RouteTableDef()
-log = logging.getLogger("controlplane.tasks")
 
 #: How often a live stream looks for new events, and how long it may stay open. Heartbeats,
 #: the session re-check and the caps are configured (``server.streams``).
@@ -80,54 +77,21 @@ async def task_events(run: Run) -> Outcome:
 
 async def _stream(request: web.Request, store: Store, task_id: str, after: int) -> web.StreamResponse:
     """Events as they are appended, until the task ends (``event: end``), the session ends
-    (``event: end`` with ``reason``), ``SSE_MAX_S`` passes or the server shuts down (then the
-    stream just closes: a client reconnects with ``Last-Event-ID``). A client that goes away
-    is normal: no error is logged."""
-    response = event_stream_response(request)
-    try:
-        await response.prepare(request)
-        reason = await _pump(request, response, store, task_id, after)
-        if reason is not None:
-            await response.write(b"event: end\ndata: " + reason + b"\n\n")
-        await response.write_eof()
-    except ConnectionError:  # aiohttp's ClientConnectionResetError included
-        log.debug("event stream of task %s: the client went away", task_id)
-    return response
+    (``event: end`` with ``reason``), or the stream's limits end it (``streams.pump``; a client
+    reconnects with ``Last-Event-ID``)."""
 
-
-async def _pump(request: web.Request, response: web.StreamResponse, store: Store, task_id: str,
-                after: int) -> bytes | None:
-    """Write events until the stream should end; the ``event: end`` data to send, if any."""
-    slots = request.app[STREAMS]
-    heartbeat_s, check_s = slots.config.heartbeat_s, slots.config.session_check_s
-    loop = asyncio.get_running_loop()
-    started = last_beat = last_check = loop.time()
-    while not slots.stopping:
-        now = loop.time()
-        if now - started >= SSE_MAX_S or request.transport is None or (
-                request.transport.is_closing()):
-            return None
-        if now - last_check >= check_s:
-            last_check = now
-            if not await session_alive(request):
-                return b'{"reason":"session_ended"}'
-        try:
-            events = await store.list_events(task_id, after_seq=after, limit=100)
-            task = await store.get_task(task_id) if not events else None
-        except StoreError:
-            log.warning("event stream of task %s ended: store unavailable", task_id)
-            return None
+    async def poll(write: StreamWrite) -> bytes | None:
+        nonlocal after
+        events = await store.list_events(task_id, after_seq=after, limit=100)
+        task = await store.get_task(task_id) if not events else None
         for event in events:
             payload = json.dumps(EventView(event).as_dict(), separators=(",", ":"))
-            await response.write(f"id: {event.seq}\nevent: {event.kind}\ndata: {payload}\n\n".encode())
+            await write(f"id: {event.seq}\nevent: {event.kind}\ndata: {payload}\n\n".encode())
             after = event.seq
-        if task is not None and task.state in ("succeeded", "failed"):
-            return b"{}"
-        if now - last_beat >= heartbeat_s:
-            await response.write(b": heartbeat\n\n")
-            last_beat = now
-        await asyncio.sleep(SSE_POLL_S)
-    return None
+        return b"{}" if task is not None and task.state in ("succeeded", "failed") else None
+
+    return await pump(request, event_stream_response(request), poll,
+                      label=f"event stream of task {task_id}", poll_s=SSE_POLL_S, max_s=SSE_MAX_S)
 
 
 @routes.post("/api/v1/tasks/{id}/events")

@@ -41,7 +41,8 @@ from ..authz import actions
 from ..errors import Forbidden, Problem, Unauthorized, to_problem
 from ..run import Outcome, Protection, Run, Target, Write
 from ..schemas import ValidationFailed, validate
-from ..store.base import StoreError, TicketRecord
+from ..store.base import TicketRecord
+from ..streams import StreamWrite, pump
 from . import federated, pages, queries
 from . import session as cookies
 from .html import Markup
@@ -375,51 +376,29 @@ async def _inbox_stream(request: web.Request, store: Any, found: cookies.Console
 async def _poll_stream(request: web.Request,
                        state: Callable[[], Awaitable[tuple[bytes | None, bool]]],
                        name: str) -> web.StreamResponse:
-    """An SSE response that re-reads the store every ``INBOX_POLL_S`` (so any worker's or
-    replica's change shows) and sends ``state()``'s event when it differs from the last one
-    sent; ends after a final state, a session that ended (``event: end``), ``INBOX_MAX_S``, a
-    store outage or shutdown (an ``EventSource`` then reconnects by itself)."""
+    """An SSE response (``streams.pump``) that re-reads the store every ``INBOX_POLL_S`` and
+    sends ``state()``'s event when it differs from the last one sent; ends after a final state
+    (``event: end``), a console session that ended, ``INBOX_MAX_S``, a store outage or shutdown
+    (an ``EventSource`` then reconnects by itself)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "X-Accel-Buffering": "no",
                                            "X-Correlation-ID": request[CORRELATION_ID]})
     _secure(response)
-    slots = request.app[STREAMS]
-    heartbeat_s, check_s = slots.config.heartbeat_s, slots.config.session_check_s
-    loop = asyncio.get_running_loop()
-    try:
-        await response.prepare(request)
-        started = last_beat = last_check = loop.time()
-        sent: bytes | None = None
-        while not slots.stopping:
-            now = loop.time()
-            if now - started >= INBOX_MAX_S or request.transport is None or (
-                    request.transport.is_closing()):
-                break
-            if now - last_check >= check_s:
-                last_check = now
-                if await _session(request) is None:
-                    await response.write(b'event: end\ndata: {"reason":"session_ended"}\n\n')
-                    break
-            try:
-                event, final = await state()
-            except StoreError:
-                log.warning("%s ended: store unavailable", name)
-                break
-            if event is not None and event != sent:
-                sent = event
-                await response.write(event)
-                last_beat = now
-            elif now - last_beat >= heartbeat_s:
-                await response.write(b": heartbeat\n\n")
-                last_beat = now
-            if final:
-                await response.write(b'event: end\ndata: {"reason":"final"}\n\n')
-                break
-            await asyncio.sleep(INBOX_POLL_S)
-        await response.write_eof()
-    except ConnectionError:
-        log.debug("%s: the client went away", name)
-    return response
+    sent: bytes | None = None
+
+    async def poll(write: StreamWrite) -> bytes | None:
+        nonlocal sent
+        event, final = await state()
+        if event is not None and event != sent:
+            sent = event
+            await write(event)
+        return b'{"reason":"final"}' if final else None
+
+    async def alive() -> bool:
+        return await _session(request) is not None
+
+    return await pump(request, response, poll, label=name, poll_s=INBOX_POLL_S,
+                      max_s=INBOX_MAX_S, alive=alive)
 
 
 @routes.get("/console/tickets/{id}")
