@@ -21,9 +21,9 @@ from service.approvals.command import command_hash
 from service.cli import approval, installer
 from service.cli.client import Client, ClientError, CredentialStore, token_entry
 from tests.auth import PASSWORDS, assertion, otp
+from tests.cpctl import PROCESS_TIMEOUT_S, finish, report_steps
 from tests.servers import REPO, serve
 
-PROCESS_TIMEOUT_S = 30
 _REVIEWERS: dict[Any, Client] = {}
 
 
@@ -108,16 +108,6 @@ class People:
             assert proc is None or proc.poll() is None, proc.communicate()
             time.sleep(0.1)
         raise AssertionError(f"no pending ticket for {resource}")
-
-
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return proc.returncode, out, err
 
 
 def stream_requests(proc: Any) -> int:
@@ -213,20 +203,10 @@ def test_installer_run_end_to_end_with_an_approval_in_prod(people: People) -> No
 
     people.review(ticket['id'], {"decision": "approve", "reason": "CHG-7"})
     # The executor reports once the run is accepted; cpctl prints the events as they come.
-    executor = people.api("ci-bot")
-    deadline = time.monotonic() + PROCESS_TIMEOUT_S
-    while True:
-        try:
-            executor.get(f"/api/v1/tasks/{task_id}")
-            break
-        except ClientError as exc:
-            assert exc.code == "task_not_found" and time.monotonic() < deadline, exc
-            assert running.poll() is None, running.communicate()
-            time.sleep(0.1)
-    for event in ({"kind": "started", "message": "pulling chart"},
-                  {"kind": "progress", "progress": 50},
-                  {"kind": "succeeded", "result": {"revision": 7}}):
-        executor.post(f"/api/v1/tasks/{task_id}/events", event)
+    report_steps(people.api("ci-bot"), task_id, running, (
+        {"kind": "started", "message": "pulling chart"},
+        {"kind": "progress", "progress": 50},
+        {"kind": "succeeded", "result": {"revision": 7}}))
     code, out, err = finish(running)
     assert code == 0, err
     assert f"ticket {ticket['id']} consumed" in out

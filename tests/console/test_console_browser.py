@@ -25,17 +25,17 @@ from pathlib import Path
 import pytest
 
 from service.authn import totp
-from service.cli.client import Client, ClientError, CredentialStore, token_entry
+from service.cli.client import Client, CredentialStore, token_entry
 from service.notifications.envelope import console_url
 from service.tasks.tasks import INTENT_KIND
 from tests.auth import PASSWORDS, TOTP_SECRETS, assertion
+from tests.cpctl import PROCESS_TIMEOUT_S, finish, report_steps
 from tests.servers import REPO, serve, wait_ready
 
 CHROMIUM = Path(os.environ.get("CONTROLPLANE_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run",
                  "--disable-dev-shm-usage"]
-PROCESS_TIMEOUT_S = 30
 
 
 def _unavailable() -> str | None:
@@ -81,33 +81,13 @@ def start_cpctl(base: str, home: Path, subject: str, *argv: str) -> subprocess.P
                             stderr=subprocess.PIPE, text=True)
 
 
-def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return proc.returncode, out, err
-
-
 def execute(base: str, task_id: str, running: subprocess.Popen[str]) -> None:
     """The executor (ci-bot) picks the accepted run up and reports its steps."""
     executor = Client(base)
     executor.token = executor.post("/api/v1/authn/sessions", {"assertion": assertion("ci-bot")},
                                    auth=False)["access_token"]
-    deadline = time.monotonic() + PROCESS_TIMEOUT_S
-    while True:
-        try:
-            executor.get(f"/api/v1/tasks/{task_id}")
-            break
-        except ClientError as exc:
-            assert exc.code == "task_not_found" and time.monotonic() < deadline, exc
-            assert running.poll() is None, running.communicate()
-            time.sleep(0.1)
-    for event in ({"kind": "started", "message": "helm upgrade"},
-                  {"kind": "succeeded", "result": {"revision": 7}}):
-        executor.post(f"/api/v1/tasks/{task_id}/events", event)
+    report_steps(executor, task_id, running, ({"kind": "started", "message": "helm upgrade"},
+                                              {"kind": "succeeded", "result": {"revision": 7}}))
 
 
 async def test_request_review_in_the_browser_and_run(tmp_path, browser_required, artifacts):
