@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from service.cli.main import main
 from service.store import open_store
 from service.store.base import DeliveryRecord
+from tests.servers import REPO
 from tests.store.helpers import T0, ticket
 
 
@@ -47,8 +50,12 @@ def config_file(tmp_path: Path) -> Path:
 
 def test_list_failed_and_retry(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dead_id = _seed(config_file.parent / "state" / "controlplane.db")
-    assert main(["notifications", "list", "--config", str(config_file), "--json"]) == 0
-    every = json.loads(capsys.readouterr().out)["items"]
+    # As an operator runs it: the real cpctl entry point, in its own process.
+    proc = subprocess.run([sys.executable, "-m", "service", "notifications", "list", "--config",
+                           str(config_file), "--json"], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    every = json.loads(proc.stdout)["items"]
     assert [(e["ticket_id"], e["state"]) for e in every] == [("t-dead", "dead"),
                                                             ("t-ok", "delivered")]
 
