@@ -60,6 +60,7 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
             principal.to_input(now, config.authn.step_up_window_s), action, target,
             {"correlation_id": cid, "method": request.method, "path": request.path,
              "command_hash": redeem.command_hash(request.headers), "time": clock.iso(now)},
+            observed=True,
         )
         request.app[METRICS].decided(decision.decision, decision.cached,
                                      time.perf_counter() - started)

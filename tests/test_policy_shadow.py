@@ -87,3 +87,24 @@ async def test_a_broken_candidate_never_affects_serving(make_client, tmp_path):
     assert status["status"] == "ready" and status["shadow"]["state"] == "rejected"
     assert "authz.rego" in status["shadow"]["error"]
     assert status["shadow"]["evaluated"] == 0
+
+
+async def test_only_requests_decisions_are_logged_not_the_workflows_what_ifs(make_client, tmp_path):
+    """A ticket request asks the policy what the ticketed action would need (a decision on
+    installer.run.execute that no request made): the decision log records the request's own
+    decision, approvals.create, and nothing else."""
+    log_path = tmp_path / "decisions.jsonl"
+    client = await make_client({"decision_log": {"path": str(log_path)}})
+    alice = await login(client, "alice")
+    created = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": {"app": "web"}})
+    assert created.status == 201
+    sink = client.server.app[DECISION_LOG]
+    for _ in range(200):  # every decision of the request was queued before it answered
+        if sink.written >= 1 and sink.status()["queued"] == 0:
+            break
+        await asyncio.sleep(0.02)
+    records = [r for _, r in read_records(log_path)]
+    assert [r["input"]["action"] for r in records] == ["approvals.create"]
+    assert records[0]["correlation_id"] == created.headers["X-Correlation-ID"]

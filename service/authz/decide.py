@@ -44,11 +44,16 @@ def decide(
     action: Action,
     target: Target,
     context: Mapping[str, Any],
+    *,
+    observed: bool = False,
 ) -> Decision:
     """The policy's decision on ``principal`` (its input form) doing ``action`` to ``target``.
 
     The engine already applies the production rule; it is applied again here through the same
     function, so a production mutation is never a plain ``allow`` whatever answered.
+    ``observed``: a request's own decision (the chain's AuthZ stage), which the observers see;
+    the workflow's what-if questions (a ticket's requirements, suggested reviewers) are not
+    requests, and neither the decision log nor shadow evaluation counts them.
     """
     input_doc = build_input(
         principal, action.name, target.policy_resource(action), target.env, context
@@ -58,7 +63,7 @@ def decide(
         ticketed=action.needs_ticket_in_production,
         production=environments.is_production(target.env),
     )
-    for observer in _observers.get(engine, ()):
+    for observer in _observers.get(engine, ()) if observed else ():
         try:
             observer(input_doc, decision)
         except Exception:  # an observer never changes or fails a decision
