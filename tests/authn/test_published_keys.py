@@ -41,7 +41,8 @@ async def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
 
 
 @pytest.fixture
-async def replicas(aiohttp_client, make_config, shared_store, tmp_path) -> list[TestClient]:
+async def replicas(shared_store, aiohttp_client, make_config, tmp_path) -> list[TestClient]:
+    # shared_store first: set up before the clients, torn down after they closed.
     clients = []
     for name in ("a", "b"):
         config = make_config({"state_dir": str(tmp_path / f"replica-{name}"),
@@ -109,7 +110,7 @@ async def test_a_published_row_whose_kid_is_not_its_key_is_ignored(replicas):
 
 
 async def test_a_stopped_replica_retires_its_key_but_its_tokens_keep_verifying(
-        aiohttp_client, make_config, shared_store, tmp_path):
+        shared_store, aiohttp_client, make_config, tmp_path):  # the store outlives the clients
     config = make_config({"state_dir": str(tmp_path / "gone"), "store": shared_store})
     gone = await aiohttp_client(EdgeTestServer(create_app(config)))
     token = await login(gone, "alice")

@@ -8,6 +8,7 @@ database must fail the run instead of silently testing one backend.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -69,9 +70,19 @@ def unique_schema(prefix: str = "cp_test") -> str:
 
 
 async def drop_schema(target: str, schema: str) -> None:
+    """Drop ``schema``. A service still running on it (its background loops read and write
+    until its test client closes) can make PostgreSQL pick the DROP as a deadlock victim; the
+    DROP is then simply tried again."""
     conn = await asyncpg.connect(target, timeout=5)
     try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        for attempt in range(5):
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                return
+            except asyncpg.exceptions.DeadlockDetectedError:
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1))
     finally:
         await conn.close()
 
