@@ -113,6 +113,20 @@ class OutboxSql(Unit):
             delivered = await _delivered_sinks(q, [r["id"] for r in rows])
             return [_event(q, r, delivered.get(r["id"], ())) for r in rows]
 
+    async def settle_outbox(self, now: float, limit: int) -> int:
+        if limit < 1:
+            raise ValueError("limit must be positive")
+        async with self._unit(write=True) as q:
+            lock = " FOR UPDATE SKIP LOCKED" if q.dialect.name == "postgresql" else ""
+            rows = await q.all(
+                "UPDATE outbox_events SET state = 'delivered', attempts = attempts + 1, "
+                "finished_at = ?, lease_owner = NULL, lease_until = NULL WHERE seq IN ("
+                f"SELECT e.seq FROM outbox_events e WHERE {_DUE} ORDER BY e.seq LIMIT ?{lock}) "
+                "RETURNING seq",
+                now, now, now, min(limit, MAX_LIST_LIMIT),
+            )  # fmt: skip
+            return len(rows)
+
     async def finish_outbox(
         self,
         event_id: str,
