@@ -130,6 +130,15 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release: nothing beyond what asyncpg always does (roll back an open
+    transaction, drop listeners). Its default also runs ``RESET ALL; UNLISTEN *; CLOSE ALL;
+    SELECT pg_advisory_unlock_all()``, one more round trip per transaction, for session state
+    the store never leaves on a pooled connection: its settings are the connection's own
+    startup parameters, its locks and ``SET LOCAL`` end with their transaction, and LISTEN runs
+    on dedicated connections (``listen``)."""
+
+
 class _Conn:
     """``sql.Conn`` over one asyncpg connection inside an open transaction."""
 
@@ -212,6 +221,7 @@ class PostgresStore(SqlStore):
                 timeout=timeout_s,  # connecting
                 command_timeout=timeout_s,
                 init=_init_connection,
+                reset=_keep_session,
                 server_settings=settings,
             ), timeout_s)
         except _WRAPPED as exc:
@@ -284,8 +294,9 @@ class PostgresStore(SqlStore):
     async def _release(self, conn: Any, deadline: float, healthy: bool) -> None:
         """Give the connection back to the pool; never raises: the transaction has ended.
 
-        asyncpg resets a connection on release (a round trip). A connection that is unhealthy,
-        out of time, or whose reset fails or stalls is dropped instead; the pool opens another.
+        asyncpg rolls back what a connection left open on release (``_keep_session``). A
+        connection that is unhealthy, out of time, or whose reset fails or stalls is dropped
+        instead; the pool opens another.
         """
         remaining = deadline - asyncio.get_running_loop().time()
         try:
