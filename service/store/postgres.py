@@ -130,15 +130,6 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """The pool's reset on release: nothing beyond what asyncpg always does (roll back an open
-    transaction, drop listeners). Its default also runs ``RESET ALL; UNLISTEN *; CLOSE ALL;
-    SELECT pg_advisory_unlock_all()``, one more round trip per transaction, for session state
-    the store never leaves on a pooled connection: its settings are the connection's own
-    startup parameters, its locks and ``SET LOCAL`` end with their transaction, and LISTEN runs
-    on dedicated connections (``listen``)."""
-
-
 class _Conn:
     """``sql.Conn`` over one asyncpg connection inside an open transaction."""
 
@@ -221,7 +212,6 @@ class PostgresStore(SqlStore):
                 timeout=timeout_s,  # connecting
                 command_timeout=timeout_s,
                 init=_init_connection,
-                reset=_keep_session,
                 server_settings=settings,
             ), timeout_s)
         except _WRAPPED as exc:
@@ -246,7 +236,7 @@ class PostgresStore(SqlStore):
         return listener
 
     @asynccontextmanager
-    async def _transaction(self, *, write: bool) -> AsyncIterator[_Conn]:
+    async def _transaction(self, *, write: bool, single: bool = False) -> AsyncIterator[_Conn]:
         if self._closed:
             raise StoreUnavailable("postgresql store is closed")
         deadline = asyncio.get_running_loop().time() + self.timeout_s
@@ -259,6 +249,19 @@ class PostgresStore(SqlStore):
             raise _wrap(exc) from exc
         # Whether the connection may go back to the pool as it is (else it is dropped).
         healthy = False
+        if single:
+            # One read statement: it sees one snapshot by itself, no BEGIN/COMMIT round trips.
+            try:
+                async with asyncio.timeout_at(deadline) as bound:
+                    yield _Conn(conn)
+                healthy = True
+            except BaseException:
+                if bound.expired():
+                    raise _late() from None
+                raise
+            finally:
+                await self._release(conn, deadline, healthy)
+            return
         try:
             # Reads get one snapshot (a ticket and its reviews agree); writes rely on row locks.
             tr = conn.transaction(
@@ -294,9 +297,11 @@ class PostgresStore(SqlStore):
     async def _release(self, conn: Any, deadline: float, healthy: bool) -> None:
         """Give the connection back to the pool; never raises: the transaction has ended.
 
-        asyncpg rolls back what a connection left open on release (``_keep_session``). A
-        connection that is unhealthy, out of time, or whose reset fails or stalls is dropped
-        instead; the pool opens another.
+        asyncpg resets a connection on release (a round trip, kept on purpose: a connection that
+        died right after its COMMIT fails that reset here, and is dropped, instead of failing
+        the next request that takes it; tests/store/test_faults.py). A connection that is
+        unhealthy, out of time, or whose reset fails or stalls is dropped instead; the pool
+        opens another.
         """
         remaining = deadline - asyncio.get_running_loop().time()
         try:

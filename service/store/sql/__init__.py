@@ -75,7 +75,7 @@ class SqlTx(_Operations):
     def __init__(self, q: Query) -> None:
         self._q = q
 
-    def _unit(self, *, write: bool) -> AbstractAsyncContextManager[Query]:
+    def _unit(self, *, write: bool, single: bool = False) -> AbstractAsyncContextManager[Query]:
         # The transaction was opened for writing, so reads and writes share it alike; the query
         # itself refuses statements once the transaction has ended.
         return self._q
@@ -90,15 +90,17 @@ class SqlStore(_Operations):
     #: Told of every transaction opened (``write``): the worker's metrics count store calls.
     on_transaction: Callable[[bool], None] | None = None
 
-    def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]:
-        """Open a transaction (backend-specific); commit on clean exit, roll back on error."""
+    def _transaction(self, *, write: bool, single: bool = False
+                     ) -> AbstractAsyncContextManager[Conn]:
+        """Open a transaction (backend-specific); commit on clean exit, roll back on error.
+        ``single``: a read of one statement, which may run without a transaction."""
         raise NotImplementedError
 
     @asynccontextmanager
-    async def _unit(self, *, write: bool) -> AsyncIterator[Query]:
+    async def _unit(self, *, write: bool, single: bool = False) -> AsyncIterator[Query]:
         if self.on_transaction is not None:
             self.on_transaction(write)
-        async with self._transaction(write=write) as conn:
+        async with self._transaction(write=write, single=single and not write) as conn:
             q = Query(conn, self.dialect)
             try:
                 yield q
@@ -116,5 +118,5 @@ class SqlStore(_Operations):
             yield SqlTx(q)
 
     async def ping(self) -> None:
-        async with self._unit(write=False) as q:
+        async with self._unit(write=False, single=True) as q:
             await q.one("SELECT 1 AS ok")

@@ -90,7 +90,7 @@ class OutboxSql(Unit):
     __slots__ = ()
 
     async def outbox_due(self, now: float) -> bool:
-        async with self._unit(write=False) as q:
+        async with self._unit(write=False, single=True) as q:
             row = await q.one(f"SELECT 1 AS due FROM outbox_events e WHERE {_DUE} LIMIT 1",
                               now, now)
             return row is not None
