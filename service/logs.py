@@ -76,9 +76,15 @@ _MAY_HOLD_SECRET = re.compile("|".join(sorted(
     key=len, reverse=True)))
 
 
+# Cheaper still, and first: every pattern also needs a separator (a named value or header its
+# ":" or "=", a URL its "://", a scheme's credentials whitespace, a JWS its "."). Ids, names,
+# routes and results have none.
+_SEPARATOR = re.compile(r"[\s:=.]")
+
+
 def scrub(text: str) -> str:
     """``text`` with every credential-looking substring replaced by ``***``."""
-    if _MAY_HOLD_SECRET.search(text.casefold()) is None:
+    if _SEPARATOR.search(text) is None or _MAY_HOLD_SECRET.search(text.casefold()) is None:
         return text
     return _scrub_patterns(text)
 

@@ -112,7 +112,7 @@ _FRAGMENTS = ["Authorization", "cookie", "Set-Cookie", "bearer ", "Basic ", "dig
               "://", "user:pw@", "@", ":", "=", " ", "'", '"', "\\r", "\x00", "_", "-", ".",
               "api", "Api", "key", "KEY", "private", "password", "Passwd", "token", "otp", "OTP",
               "nonce", "dsn", "secret", "credential", "assertion", "theme", "alice", "42",
-              "http", "compose_passed", "bypass", "abc.def-ghi",
+              "http", "compose_passed", "bypass", "abc.def-ghi", "eyJhbGciOi", "J9", "\t", "\u2003",
               "\u017f", "\u212a", "BA\u017fIC ", "\u0130", "\u00df"]  # long s, Kelvin sign, I-dot, sharp s
 
 
