@@ -105,10 +105,17 @@ def mask(value: Any, extra_names: Iterable[str] = ()) -> Any:
 
 def _mask(value: Any, names: set[str]) -> Any:
     if isinstance(value, dict):
-        return {
-            k: (MASK if (is_secret_field(k) or str(k).lower() in names) else _mask(v, names))
-            for k, v in value.items()
-        }
+        masked: dict[Any, Any] = {}
+        for k, v in value.items():
+            if is_secret_field(k) or (names and str(k).lower() in names):
+                masked[k] = MASK
+            elif type(v) is str:  # the common leaves, without a call each
+                masked[k] = scrub(v)
+            elif v is None or type(v) is int or type(v) is bool:
+                masked[k] = v
+            else:
+                masked[k] = _mask(v, names)
+        return masked
     if isinstance(value, (list, tuple)):
         return [_mask(v, names) for v in value]
     if isinstance(value, str):
