@@ -234,9 +234,15 @@ class Bench:
         cpu0, t0 = h.cpu_seconds(pids), time.monotonic()
         result = h.drive(base, req, connections=conns, duration=duration,
                          max_requests=max_requests, tmp=self.tmp, use_wrk=self.use_wrk)
-        # Server CPU use over the run, in cores (2.0 = both cores of a 2-core box busy).
-        cores = (h.cpu_seconds(pids) - cpu0) / (time.monotonic() - t0) if pids else None
-        row = {"server_cores": cores, **label, "conns": conns, "rps": result.rps, "p50_ms": result.p50_ms,
+        # Server CPU over the run: in cores (2.0 = both cores of a 2-core box busy), over the
+        # time the requests took (a count-bound wrk run idles after its list until -d ends),
+        # and per request.
+        cpu = h.cpu_seconds(pids) - cpu0 if pids else None
+        active = min(time.monotonic() - t0, result.seconds or float("inf"))
+        cores = cpu / active if cpu is not None and active > 0 else None
+        row = {"server_cores": cores,
+               "cpu_ms_per_req": 1000 * cpu / result.requests if cpu and result.requests else None,
+               **label, "conns": conns, "rps": result.rps, "p50_ms": result.p50_ms,
                "p99_ms": result.p99_ms, "requests": result.requests, "errors": result.errors,
                "seconds": result.seconds, "generator": result.generator}
         if counters0 is not None:
@@ -412,13 +418,14 @@ def markdown(doc: dict[str, Any]) -> str:
                f"warm-up (cap {o['max_requests']:,} requests); chain runs: {o['tickets']:,} "
                f"fresh approved tickets each, one request per ticket. Ratio: req/s over the "
                f"bare aiohttp app's at the same workers and connections. Server CPU: cores the server "
-               f"processes used during the run (this box has {doc['machine']['nproc']}; wrk "
-               f"uses the rest). Wall time "
+               f"processes used while the requests ran (this box has {doc['machine']['nproc']}; the "
+               f"generator uses the rest) and their CPU time per request. Wall time "
                f"{doc['elapsed_s']:.0f} s.")
     out.append("")
     out.append("| target | store | workers | scenario | conns | req/s | p50 ms | p99 ms | "
-               "requests | errors | x baseline | server CPU | store tx/req | decision cache hits |")
-    out.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+               "requests | errors | x baseline | server CPU | CPU ms/req | store tx/req | "
+               "decision cache hits |")
+    out.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     order = {s: i for i, s in enumerate(("info", *SCENARIOS))}
     rows_sorted = sorted(rows, key=lambda r: (r["target"] != "baseline", r["backend"],
                                               order.get(r["scenario"], 9), r["workers"],
@@ -430,6 +437,7 @@ def markdown(doc: dict[str, Any]) -> str:
         out.append(f"| {r['target']} | {r['backend']} | {r['workers']} | {r['scenario']} | "
                    f"{r['conns']} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
                    f"{r['requests']:,} | {r['errors']} | {ratio} | {cores} | "
+                   + (f"{r['cpu_ms_per_req']:.2f}" if r.get("cpu_ms_per_req") else "-") + " | "
                    + (f"{r['store_tx_per_req']:.3f} ({r['store_tx']:,.0f})"
                       if r.get("store_tx") is not None else "-") + " | "
                    + (f"{r['decision_hit_rate']:.1%} of {int(r['decisions']):,}"
