@@ -172,6 +172,8 @@ class PostgresStore(SqlStore):
     """
 
     dialect = DIALECT
+    # Replicas share the audit head: runs stage their records, sealers chain them in batches.
+    stages_audit = True
 
     def __init__(self, pool: asyncpg.Pool, timeout_s: float, *, dsn: str | None = None,
                  settings: dict[str, str] | None = None) -> None:
