@@ -174,6 +174,7 @@ class PostgresStore(SqlStore):
     dialect = DIALECT
     # Replicas share the audit head: runs stage their records, sealers chain them in batches.
     stages_audit = True
+    autocommits = True
 
     def __init__(self, pool: asyncpg.Pool, timeout_s: float, *, dsn: str | None = None,
                  settings: dict[str, str] | None = None) -> None:
@@ -238,7 +239,7 @@ class PostgresStore(SqlStore):
         return listener
 
     @asynccontextmanager
-    async def _transaction(self, *, write: bool) -> AsyncIterator[_Conn]:
+    async def _transaction(self, *, write: bool, autocommit: bool = False) -> AsyncIterator[_Conn]:
         if self._closed:
             raise StoreUnavailable("postgresql store is closed")
         deadline = asyncio.get_running_loop().time() + self.timeout_s
@@ -251,6 +252,19 @@ class PostgresStore(SqlStore):
             raise _wrap(exc) from exc
         # Whether the connection may go back to the pool as it is (else it is dropped).
         healthy = False
+        if autocommit:  # no transaction: each statement commits on its own
+            try:
+                async with asyncio.timeout_at(deadline) as bound:
+                    yield _Conn(conn)
+                healthy = True
+            except BaseException as exc:
+                if bound.expired():
+                    raise _late() from None
+                healthy = not isinstance(exc, StoreUnavailable)
+                raise
+            finally:
+                await self._release(conn, deadline, healthy)
+            return
         try:
             # Reads get one snapshot (a ticket and its reviews agree); writes rely on row locks.
             tr = conn.transaction(

@@ -632,6 +632,12 @@ async def test_staged_audit_records_join_the_chain_when_sealed(store: Store) -> 
     assert await store.seal_audit(seal) == []
     after = await store.append_audit({"n": 3}, seal)
     assert (after.seq, after.prev_hash) == (4, chain[-1].hash)
+    # Inside a transaction, sealing commits with it (under the head's lock until COMMIT).
+    c = await store.stage_audit({"n": 4}, T0)
+    async with store.transaction() as tx:
+        assert [(i, r.seq, r.prev_hash) for i, r in await tx.seal_audit(seal, [c])] == [
+            (c, 5, after.hash)]
+    assert [r.seq for r in await store.audit_range()] == [1, 2, 3, 4, 5]
 
 
 async def test_sealing_staged_before_a_time_takes_only_older_rows(store: Store) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 
 from ..base import Tx
 from .audit import AuditSql
@@ -75,6 +76,10 @@ class SqlTx(_Operations):
     def __init__(self, q: Query) -> None:
         self._q = q
 
+    @asynccontextmanager
+    async def _statements(self) -> AsyncIterator[Query | None]:
+        yield None  # inside a transaction, statements commit with it
+
     def _unit(self, *, write: bool) -> AbstractAsyncContextManager[Query]:
         # The transaction was opened for writing, so reads and writes share it alike; the query
         # itself refuses statements once the transaction has ended.
@@ -95,6 +100,25 @@ class SqlStore(_Operations):
     def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]:
         """Open a transaction (backend-specific); commit on clean exit, roll back on error."""
         raise NotImplementedError
+
+    #: Whether ``_transaction(write=True, autocommit=True)`` gives a connection outside any
+    #: transaction, each statement committing on its own (PostgreSQL).
+    autocommits = False
+
+    @asynccontextmanager
+    async def _statements(self) -> AsyncIterator[Query | None]:
+        if not self.autocommits:
+            yield None
+            return
+        if self.on_transaction is not None:
+            self.on_transaction(True)
+        transaction: Any = self._transaction
+        async with transaction(write=True, autocommit=True) as conn:
+            q = Query(conn, self.dialect)
+            try:
+                yield q
+            finally:
+                q.close()
 
     @asynccontextmanager
     async def _unit(self, *, write: bool) -> AsyncIterator[Query]:

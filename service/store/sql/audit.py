@@ -42,6 +42,27 @@ _LOCK_AND_TAKE = (
     "SELECT taken.id, taken.entry, head.seq, head.hash FROM taken, head"
 )
 _TAKE = "DELETE FROM audit_staged WHERE {where} RETURNING id, entry"
+# Optimistic sealing (dialects with writes in WITH, outside a transaction): read the head and
+# the staged rows without any lock, seal in Python, then one statement that moves the head only
+# if nobody moved it since (compare and swap on seq) and, only then, takes the staged rows and
+# inserts the records. Committing on its own, it holds the head's lock for that statement and
+# its commit only: no client round trip and no Python runs under the lock. Any other write of
+# the chain moves the head, so a batch that lost the race writes nothing (and is sealed again
+# under the lock).
+_READ_STAGED = (
+    "SELECT h.seq, h.hash, s.id, s.entry FROM audit_head h "
+    "LEFT JOIN audit_staged s ON s.{where} WHERE h.id = 1"
+)
+_SWAP = (
+    "WITH head AS (UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1 AND seq = ? "
+    "RETURNING seq), "
+    "taken AS (DELETE FROM audit_staged WHERE id = ANY(?::bigint[]) "
+    "AND EXISTS (SELECT 1 FROM head) RETURNING id), "
+    "appended AS (INSERT INTO audit_log (seq, prev_hash, hash, entry) "
+    "SELECT * FROM unnest(?::bigint[], ?::text[], ?::text[], ?::text[]) "
+    "WHERE EXISTS (SELECT 1 FROM head)) "
+    "SELECT (SELECT COUNT(*) FROM head) AS moved, (SELECT COUNT(*) FROM taken) AS taken"
+)
 
 
 class AuditSql(Unit):
@@ -84,6 +105,11 @@ class AuditSql(Unit):
             return []
         args: list[Any] = [*ids] if ids else [staged_before, limit]
         where = _BY_ID.format(ids=", ".join("?" * len(ids))) if ids else _STAGED_BEFORE
+        async with self._statements() as single:
+            if single is not None:
+                swapped = await _swap(single, where, args, seal)
+                if swapped is not None:
+                    return swapped
         async with self._unit(write=True) as q:
             if q.dialect.writes_in_cte:
                 rows = await q.all(_LOCK_AND_TAKE.format(where=where), *args)
@@ -168,11 +194,8 @@ class AuditSql(Unit):
         return None if row is None else _checkpoint(row)
 
 
-async def _link(
-    q: Query, last: int, prev_hash: str, texts: Sequence[str], seal: Seal
-) -> list[AuditRecord]:
-    """Chain ``texts`` (entries as stored) after record ``last`` with hash ``prev_hash``: seal
-    each, insert them, move the head. The caller holds the head's lock."""
+def _chain(last: int, prev_hash: str, texts: Sequence[str], seal: Seal) -> list[AuditRecord]:
+    """The records of ``texts`` (entries as stored) sealed after record ``last``."""
     records: list[AuditRecord] = []
     for seq, text in enumerate(texts, start=last + 1):
         # Seal what will be read back, so verification recomputes from identical data.
@@ -180,11 +203,46 @@ async def _link(
         digest = seal(seq, prev_hash, stored)
         records.append(AuditRecord(seq=seq, prev_hash=prev_hash, hash=digest, entry=stored))
         prev_hash = digest
-    end = records[-1].seq
+    return records
+
+
+def _columns(records: Sequence[AuditRecord], texts: Sequence[str]) -> list[list[Any]]:
+    return [[r.seq for r in records], [r.prev_hash for r in records],
+            [r.hash for r in records], list(texts)]
+
+
+async def _swap(
+    q: Query, where: str, args: Sequence[Any], seal: Seal
+) -> list[tuple[int, AuditRecord]] | None:
+    """Seal the staged rows ``where`` selects optimistically (see ``_SWAP``); None when another
+    writer moved the head first (nothing was written)."""
+    rows = await q.all(_READ_STAGED.format(where=where), *args)
+    if not rows:
+        raise StoreError("audit head row missing")
+    taken = sorted((int(r["id"]), str(r["entry"])) for r in rows if r["id"] is not None)
+    if not taken:
+        return []
+    last = int(rows[0]["seq"])
+    texts = [text for _, text in taken]
+    records = _chain(last, str(rows[0]["hash"]), texts, seal)
+    row = await q.one(_SWAP, records[-1].seq, records[-1].hash, last,
+                      [staged_id for staged_id, _ in taken], *_columns(records, texts))
+    if row is None or not row["moved"]:
+        return None
+    if int(row["taken"]) != len(taken):  # cannot happen: whoever took them moved the head
+        raise StoreError("audit staged rows were sealed twice")
+    return [(staged_id, record) for (staged_id, _), record in zip(taken, records, strict=True)]
+
+
+async def _link(
+    q: Query, last: int, prev_hash: str, texts: Sequence[str], seal: Seal
+) -> list[AuditRecord]:
+    """Chain ``texts`` (entries as stored) after record ``last`` with hash ``prev_hash``: seal
+    each, insert them, move the head. The caller holds the head's lock."""
+    records = _chain(last, prev_hash, texts, seal)
+    end, prev_hash = records[-1].seq, records[-1].hash
     if q.dialect.writes_in_cte:
-        await q.exec(_INSERT_ALL_AND_HEAD, [r.seq for r in records],
-                     [r.prev_hash for r in records], [r.hash for r in records], list(texts),
-                     end, prev_hash)
+        await q.exec(_INSERT_ALL_AND_HEAD, *_columns(records, texts), end, prev_hash)
         return records
     rows = [(r.seq, r.prev_hash, r.hash, text) for r, text in zip(records, texts, strict=True)]
     if len(rows) == 1:

@@ -167,6 +167,11 @@ class Unit:
     def _unit(self, *, write: bool) -> AbstractAsyncContextManager[Query]:
         raise NotImplementedError
 
+    def _statements(self) -> AbstractAsyncContextManager[Query | None]:
+        """A query outside any transaction, each statement committing on its own; it is None
+        where there is no such thing (SQLite's writers, an open transaction)."""
+        raise NotImplementedError
+
 
 # ----------------------------------------------------------------------------------- migrations
 
