@@ -14,7 +14,8 @@ acknowledged). After COMMIT the run waits (``settle``) while this worker's seale
 staged records of all its waiting runs in one short transaction under the chain head's lock:
 the cluster-wide serialised section is paid once per batch instead of being held by every run
 until its COMMIT. A record whose worker stopped before sealing it is sealed by any worker's
-``sweep`` once it is ``STAGED_GRACE_S`` old; ``verify_signed`` reports older unsealed ones.
+``sweep`` once it is ``STAGED_GRACE_S`` old; ``verify_signed`` reports unsealed ones older
+than ``UNSEALED_PROBLEM_S``.
 
 Committed records are also handed to the worker's checkpointer (``audit.checkpointer``), which
 signs checkpoints of them; ``verify_signed`` checks the chain against those signed checkpoints
@@ -52,9 +53,11 @@ log = logging.getLogger("controlplane.audit")
 
 #: The most records one group commit (or one sealing batch) writes; more wait for the next one.
 MAX_BATCH = 256
-#: A staged record this old (seconds) is sealed by whichever worker sweeps first, and
-#: ``verify_signed`` reports staged records older than this as a problem.
+#: A staged record this old (seconds) is sealed by whichever worker sweeps first (housekeeping
+#: sweeps every 30 s).
 STAGED_GRACE_S = 10.0
+#: ``verify_signed`` reports staged records older than this as a problem: no worker sweeps.
+UNSEALED_PROBLEM_S = 120.0
 _PAGE = 500
 _T = TypeVar("_T")
 
@@ -295,12 +298,13 @@ class AuditLog:
                         f"a signed {kind} names record {seq} but the chain ends at {last}: "
                         f"records {last + 1}..{seq} were removed"))
         result.end_seq = max(head[0], last)
-        unsealed, oldest = await self.store.audit_staged(clock.now() - STAGED_GRACE_S)
+        unsealed, oldest = await self.store.audit_staged(clock.now() - UNSEALED_PROBLEM_S)
         if unsealed:
             result.problems.append(Break(
                 result.end_seq + 1, "unsealed",
                 f"{unsealed} acknowledged records staged since {clock.iso(oldest)} are "
-                f"not sealed into the chain after {STAGED_GRACE_S:g} s (no worker sweeps them)"))
+                f"not sealed into the chain after {UNSEALED_PROBLEM_S:g} s (no worker sweeps "
+                "them)"))
         return result
 
     async def _head_break(self, head: tuple[int, str], checked: int) -> Break | None:

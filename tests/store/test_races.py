@@ -17,7 +17,7 @@ from unittest.mock import ANY
 
 import asyncpg
 
-from service.audit.log import STAGED_GRACE_S, AuditLog
+from service.audit.log import STAGED_GRACE_S, UNSEALED_PROBLEM_S, AuditLog
 from service.store import Store, open_store, sqlite_path
 from service.store.sql import migrations
 
@@ -133,11 +133,11 @@ async def test_records_left_staged_by_a_stopped_store_are_sealed_by_another(
     store: Store, target: Target
 ) -> None:
     """A store instance that committed staged records and stopped before sealing them: another
-    instance's sweep seals them once they are past the grace period; until then ``verify``
-    reports them."""
+    instance's sweep seals them once they are past the grace period; ``verify`` reports them
+    once they are older than its bound."""
     first = await open_store(target.url, schema=target.schema)
     try:
-        staged_at = time.time() - STAGED_GRACE_S - 5
+        staged_at = time.time() - UNSEALED_PROBLEM_S - 5
         async with first.transaction() as tx:
             for i in range(3):
                 await tx.stage_audit({"left": i}, staged_at)

@@ -47,8 +47,10 @@ _TAKE = "DELETE FROM audit_staged WHERE {where} RETURNING id, entry"
 # if nobody moved it since (compare and swap on seq) and, only then, takes the staged rows and
 # inserts the records. Committing on its own, it holds the head's lock for that statement and
 # its commit only: no client round trip and no Python runs under the lock. Any other write of
-# the chain moves the head, so a batch that lost the race writes nothing (and is sealed again
-# under the lock).
+# the chain moves the head, so a batch that lost the race writes nothing (and is tried again,
+# then sealed under the lock).
+# Optimistic attempts before sealing under the lock (each lost one held no lock).
+_SWAP_ATTEMPTS = 3
 _READ_STAGED = (
     "SELECT h.seq, h.hash, s.id, s.entry FROM audit_head h "
     "LEFT JOIN audit_staged s ON s.{where} WHERE h.id = 1"
@@ -106,8 +108,8 @@ class AuditSql(Unit):
         args: list[Any] = [*ids] if ids else [staged_before, limit]
         where = _BY_ID.format(ids=", ".join("?" * len(ids))) if ids else _STAGED_BEFORE
         async with self._statements() as single:
-            if single is not None:
-                swapped = await _swap(single, where, args, seal)
+            for _ in range(_SWAP_ATTEMPTS if single is not None else 0):
+                swapped = await _swap(single, where, args, seal) if single is not None else None
                 if swapped is not None:
                     return swapped
         async with self._unit(write=True) as q:
