@@ -9,6 +9,7 @@ substrings, keeps ``compose_passed`` or ``bypass`` readable while ``access_token
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
@@ -25,7 +26,16 @@ _WORD = re.compile(r"[a-z0-9]+")
 
 def is_secret_field(name: object) -> bool:
     """True when a field called ``name`` may hold a credential and must be masked or dropped."""
-    words = _WORD.findall(str(name).lower())
+    if isinstance(name, str):
+        return _is_secret_name(name)
+    return _is_secret_name(str(name))
+
+
+# Field names repeat (every log line and audit record has the same few dozen): the answer is
+# cached. A caller's own names (a JSON body's keys) can only churn the bounded cache.
+@functools.lru_cache(maxsize=4096)
+def _is_secret_name(name: str) -> bool:
+    words = _WORD.findall(name.lower())
     return any(w in SECRET_WORDS for w in words) or any(
         pair in _SECRET_PAIRS for pair in itertools.pairwise(words)
     )

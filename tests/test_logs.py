@@ -7,6 +7,8 @@ import json
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.logs import JSONFormatter, correlation_id_var, mask
 
@@ -103,6 +105,36 @@ def test_scrub_masks_credentials_in_any_text(text):
     out = scrub(text)
     assert SECRET not in out and FAKE_JWS[30:] not in out and "c2VjcmV0" not in out, out
     assert "***" in out
+
+
+# Fragments of every pattern's triggers, in any case, with separators and ordinary words around.
+_FRAGMENTS = ["Authorization", "cookie", "Set-Cookie", "bearer ", "Basic ", "digest ", "eyJ", "EYJ",
+              "://", "user:pw@", "@", ":", "=", " ", "'", '"', "\\r", "\x00", "_", "-", ".",
+              "api", "Api", "key", "KEY", "private", "password", "Passwd", "token", "otp", "OTP",
+              "nonce", "dsn", "secret", "credential", "assertion", "theme", "alice", "42",
+              "http", "compose_passed", "bypass", "abc.def-ghi", "eyJhbGciOi", "J9", "\t", "\u2003",
+              "\u017f", "\u212a", "BA\u017fIC ", "\u0130", "\u00df"]  # long s, Kelvin sign, I-dot, sharp s
+
+
+_WORDS = ["api", "Api", "key", "KEY", "private", "access", "token", "client", "secret", "x", "pass",
+          "word", "otp", "nonce", "dsn", "cookies", "credentials", "theme", "id"]
+# name<sep>value pairs, whose name is made of words (a secret one or not) joined as people do
+_PAIR = st.tuples(
+    st.lists(st.sampled_from(_WORDS), min_size=1, max_size=3),
+    st.sampled_from(["_", "-", ".", ""]),
+    st.sampled_from([": ", "=", '": "', "':'", " = "]),
+    st.sampled_from(["s3cr3t", "***", "alice", "42"]),
+).map(lambda p: p[1].join(p[0]) + p[2] + p[3])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_FRAGMENTS), _PAIR), max_size=10).map("".join))
+def test_scrub_prefilter_never_skips_a_match(text):
+    """``scrub`` returns text untouched when no pattern's trigger is in it: that shortcut must
+    give exactly what the five patterns give."""
+    from service.logs import _scrub_patterns, scrub
+
+    assert scrub(text) == _scrub_patterns(text)
 
 
 def test_scrub_keeps_ordinary_text():

@@ -20,9 +20,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import rfc8785
-
-from .. import limits
+from .. import canonical, limits
 
 __all__ = [
     "BINDING_FIELDS",
@@ -46,9 +44,9 @@ def resource_hash(resource: Any) -> str:
     recurses, and what the store cannot keep must not be bound to a ticket either.
     """
     limits.check_json(resource, "/resource")
-    canonical = rfc8785.dumps(resource)
-    limits.check_size(len(canonical), "/resource")
-    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+    text = canonical.dumps(resource)
+    limits.check_size(len(text), "/resource")
+    return "sha256:" + hashlib.sha256(text).hexdigest()
 
 
 def new_nonce() -> str:

@@ -17,8 +17,7 @@ from __future__ import annotations
 import hashlib
 from typing import TypeAlias
 
-import rfc8785
-
+from .. import canonical
 from ..logs import MASK, mask
 from ..redaction import is_secret_field
 
@@ -40,7 +39,7 @@ def canonical_command(command: Command) -> bytes:
     if isinstance(command, str):
         return command.encode("utf-8")
     if isinstance(command, list) and all(isinstance(arg, str) for arg in command):
-        return rfc8785.dumps(command)
+        return canonical.dumps(command)
     raise TypeError("a command is a string or a list of strings")
 
 

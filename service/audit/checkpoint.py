@@ -27,11 +27,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import rfc8785
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from .. import clock
+from .. import canonical, clock
 from ..store.base import AuditCheckpoint
 from .keys import AuditKey, AuditKeyError
 from .record import Break
@@ -53,7 +52,7 @@ _SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
 
 def signed_bytes(seq: int, head_hash: str, at: str, kid: str) -> bytes:
     """Exactly what is signed: JCS of the checkpoint's members and its purpose."""
-    return rfc8785.dumps({"seq": seq, "head_hash": head_hash, "at": at, "kid": kid,
+    return canonical.dumps({"seq": seq, "head_hash": head_hash, "at": at, "kid": kid,
                           "purpose": PURPOSE})
 
 

@@ -12,8 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import rfc8785
-
+from .. import canonical
 from ..redaction import is_secret_field
 from ..store.base import AUDIT_GENESIS_HASH, AuditRecord
 
@@ -24,7 +23,7 @@ __all__ = ["Break", "seal", "verify"]
 def seal(seq: int, prev_hash: str, entry: dict[str, Any]) -> str:
     """The hash of record ``seq`` holding ``entry`` after ``prev_hash`` (the store's ``Seal``)."""
     doc: dict[str, Any] = {"seq": seq, "prev_hash": prev_hash, "entry": entry}
-    return "sha256:" + hashlib.sha256(rfc8785.dumps(doc)).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical.dumps(doc)).hexdigest()
 
 
 def scrub(entry: dict[str, Any]) -> dict[str, Any]:

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import rfc8785
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .. import canonical
 from .source import DATA_SUFFIXES, Snapshot, SourceError, read_snapshot
 
 __all__ = [
@@ -146,7 +146,7 @@ class Bundle:
 
     def canonical(self) -> bytes:
         """The RFC 8785 bytes the digest (and so the signature) covers."""
-        return rfc8785.dumps(self.to_doc())
+        return canonical.dumps(self.to_doc())
 
     @property
     def digest(self) -> str:
@@ -189,7 +189,7 @@ def key_id(public: Ed25519PublicKey) -> str:
     """RFC 7638 JWK thumbprint (SHA-256, base64url) of an Ed25519 public key."""
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     jwk = {"crv": "Ed25519", "kty": "OKP", "x": _b64u(raw)}
-    return _b64u(hashlib.sha256(rfc8785.dumps(jwk)).digest())
+    return _b64u(hashlib.sha256(canonical.dumps(jwk)).digest())
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:
@@ -269,7 +269,7 @@ def sign(bundle: Bundle, key: Ed25519PrivateKey, *, author: str, message: str,
     payload = {"purpose": PURPOSE, "revision": revision or bundle.revision_id(),
                "digest": bundle.digest, "author": author, "message": message,
                "created_at": created_at}
-    protected, body = _b64u(rfc8785.dumps(header)), _b64u(rfc8785.dumps(payload))
+    protected, body = _b64u(canonical.dumps(header)), _b64u(canonical.dumps(payload))
     signature = key.sign(f"{protected}.{body}".encode("ascii"))
     return {"protected": protected, "payload": body, "signature": _b64u(signature)}
 

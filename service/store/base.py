@@ -595,6 +595,10 @@ class OutboxOps(Protocol):
     async def claim_outbox(
         self, owner: str, now: float, lease_s: float, limit: int
     ) -> list[OutboxEvent]: ...
+    # Up to ``limit`` due events finished as delivered at once, without a lease or delivery
+    # records: what a dispatcher with no sinks does (every sink that wants them, none, has
+    # them); returns how many.
+    async def settle_outbox(self, now: float, limit: int) -> int: ...
     # Record the attempts and the event's new state; False (the deliveries are still recorded)
     # when ``owner`` no longer holds the lease.
     async def finish_outbox(

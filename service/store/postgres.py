@@ -239,7 +239,7 @@ class PostgresStore(SqlStore):
         return listener
 
     @asynccontextmanager
-    async def _transaction(self, *, write: bool, autocommit: bool = False) -> AsyncIterator[_Conn]:
+    async def _transaction(self, *, write: bool, single: bool = False) -> AsyncIterator[_Conn]:
         if self._closed:
             raise StoreUnavailable("postgresql store is closed")
         deadline = asyncio.get_running_loop().time() + self.timeout_s
@@ -252,15 +252,16 @@ class PostgresStore(SqlStore):
             raise _wrap(exc) from exc
         # Whether the connection may go back to the pool as it is (else it is dropped).
         healthy = False
-        if autocommit:  # no transaction: each statement commits on its own
+        if single:
+            # No transaction, no BEGIN/COMMIT round trips: one read statement sees one snapshot
+            # by itself; writes each commit on their own (``SqlStore._statements``).
             try:
                 async with asyncio.timeout_at(deadline) as bound:
                     yield _Conn(conn)
                 healthy = True
-            except BaseException as exc:
+            except BaseException:
                 if bound.expired():
                     raise _late() from None
-                healthy = not isinstance(exc, StoreUnavailable)
                 raise
             finally:
                 await self._release(conn, deadline, healthy)
@@ -300,8 +301,11 @@ class PostgresStore(SqlStore):
     async def _release(self, conn: Any, deadline: float, healthy: bool) -> None:
         """Give the connection back to the pool; never raises: the transaction has ended.
 
-        asyncpg resets a connection on release (a round trip). A connection that is unhealthy,
-        out of time, or whose reset fails or stalls is dropped instead; the pool opens another.
+        asyncpg resets a connection on release (a round trip, kept on purpose: a connection that
+        died right after its COMMIT fails that reset here, and is dropped, instead of failing
+        the next request that takes it; tests/store/test_faults.py). A connection that is
+        unhealthy, out of time, or whose reset fails or stalls is dropped instead; the pool
+        opens another.
         """
         remaining = deadline - asyncio.get_running_loop().time()
         try:

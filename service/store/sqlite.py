@@ -386,9 +386,15 @@ class SqliteStore(SqlStore):
         return cls(str(file), writer, reader, busy_timeout_s)
 
     @asynccontextmanager
-    async def _transaction(self, *, write: bool) -> AsyncIterator[_Connection]:
+    async def _transaction(self, *, write: bool, single: bool = False
+                           ) -> AsyncIterator[_Connection]:
         if self._closed:
             raise StoreUnavailable("sqlite store is closed")
+        if single:
+            # One statement on the reader, in SQLite's own implicit transaction.
+            async with self._reader_lock:
+                yield self._reader
+            return
         if not write:
             async with self._reader_lock:
                 reader = self._reader

@@ -225,3 +225,18 @@ async def test_an_endless_answer_is_cut_at_the_cap(make_client, receiver):
     # Delivered (a 2xx) at the first attempt: reading stopped at the cap; had it waited for the
     # answer that never ends, the 3 s timeout would have failed the attempt.
     assert event.state == "delivered" and event.attempts == 1
+
+
+async def test_without_sinks_events_are_settled_with_no_deliveries(make_client):
+    """No sink configured: the dispatcher finishes the events in bulk (``settle_outbox``), with
+    the outcome a delivery round would record: delivered, one attempt, no delivery records."""
+    client = await make_client({"notifications": {"poll_interval_s": 0.05, "sinks": []}})
+    ticket = await request_approve_consume(client)
+    store = client.server.app[STORE].require()
+    await settled(store)
+    events = [e for e in await store.list_outbox(limit=10) if e.ticket_id == ticket["id"]]
+    assert sorted(e.type for e in events) == [
+        "approval.approved", "approval.consumed", "approval.requested"]
+    for event in events:
+        assert event.state == "delivered" and event.attempts == 1 and event.finished_at
+        assert await store.outbox_deliveries(event.id) == []

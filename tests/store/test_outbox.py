@@ -97,6 +97,29 @@ async def test_claims_are_leases_and_follow_ticket_order(store: Store) -> None:
     assert [(e.ticket_id, e.type) for e in nxt] == [("t-1", "approval.approved")]
 
 
+async def test_settling_finishes_due_events_in_order_and_leaves_leased_ones(store: Store) -> None:
+    await approved_ticket(store, "t-1")  # requested, approved
+    await store.create_ticket(ticket("t-2"))  # requested
+    await store.create_ticket(ticket("t-3"))  # requested
+    (leased,) = await store.claim_outbox("a", T0 + 20, LEASE, 1)  # t-1's request, leased
+    assert leased.ticket_id == "t-1"
+    # Due now: t-2's and t-3's requests (t-1's approval waits for its leased request); at most 1.
+    assert await store.settle_outbox(T0 + 21, 1) == 1
+    assert await store.settle_outbox(T0 + 21, 10) == 1
+    assert await store.settle_outbox(T0 + 21, 10) == 0
+    states = {(e.ticket_id, e.type): e for e in await store.list_outbox(limit=50)}
+    for key in (("t-2", "approval.requested"), ("t-3", "approval.requested")):
+        assert states[key].state == "delivered" and states[key].finished_at == T0 + 21
+        assert states[key].attempts == 1 and states[key].delivered_sinks == ()
+    assert states[("t-1", "approval.requested")].state == "pending"  # leased: not touched
+    assert states[("t-1", "approval.approved")].state == "pending"
+    # Once the lease runs out, the ticket's events are settled one after the other.
+    assert await store.settle_outbox(T0 + 20 + LEASE, 10) == 1
+    assert await store.settle_outbox(T0 + 20 + LEASE, 10) == 1
+    assert not await store.outbox_due(T0 + 20 + LEASE)
+    assert all(e.state == "delivered" for e in await store.list_outbox(limit=50))
+
+
 async def test_retry_dead_letter_and_purge(store: Store) -> None:
     await store.create_ticket(ticket("t-1"))
     (event,) = await store.claim_outbox("a", T0 + 1, LEASE, 10)

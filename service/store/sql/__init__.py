@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
 
 from ..base import Tx
 from .audit import AuditSql
@@ -80,7 +79,7 @@ class SqlTx(_Operations):
     async def _statements(self) -> AsyncIterator[Query | None]:
         yield None  # inside a transaction, statements commit with it
 
-    def _unit(self, *, write: bool) -> AbstractAsyncContextManager[Query]:
+    def _unit(self, *, write: bool, single: bool = False) -> AbstractAsyncContextManager[Query]:
         # The transaction was opened for writing, so reads and writes share it alike; the query
         # itself refuses statements once the transaction has ended.
         return self._q
@@ -97,11 +96,14 @@ class SqlStore(_Operations):
     #: See ``base.Store.stages_audit``; SQLite's writers already share one lock per file.
     stages_audit: bool = False
 
-    def _transaction(self, *, write: bool) -> AbstractAsyncContextManager[Conn]:
-        """Open a transaction (backend-specific); commit on clean exit, roll back on error."""
+    def _transaction(self, *, write: bool, single: bool = False
+                     ) -> AbstractAsyncContextManager[Conn]:
+        """Open a transaction (backend-specific); commit on clean exit, roll back on error.
+        ``single``: a read of one statement, which may run without a transaction; with
+        ``autocommits``, also writes that each commit on their own (``_statements``)."""
         raise NotImplementedError
 
-    #: Whether ``_transaction(write=True, autocommit=True)`` gives a connection outside any
+    #: Whether ``_transaction(write=True, single=True)`` gives a connection outside any
     #: transaction, each statement committing on its own (PostgreSQL).
     autocommits = False
 
@@ -112,8 +114,7 @@ class SqlStore(_Operations):
             return
         if self.on_transaction is not None:
             self.on_transaction(True)
-        transaction: Any = self._transaction
-        async with transaction(write=True, autocommit=True) as conn:
+        async with self._transaction(write=True, single=True) as conn:
             q = Query(conn, self.dialect)
             try:
                 yield q
@@ -121,10 +122,10 @@ class SqlStore(_Operations):
                 q.close()
 
     @asynccontextmanager
-    async def _unit(self, *, write: bool) -> AsyncIterator[Query]:
+    async def _unit(self, *, write: bool, single: bool = False) -> AsyncIterator[Query]:
         if self.on_transaction is not None:
             self.on_transaction(write)
-        async with self._transaction(write=write) as conn:
+        async with self._transaction(write=write, single=single and not write) as conn:
             q = Query(conn, self.dialect)
             try:
                 yield q
@@ -142,5 +143,5 @@ class SqlStore(_Operations):
             yield SqlTx(q)
 
     async def ping(self) -> None:
-        async with self._unit(write=False) as q:
+        async with self._unit(write=False, single=True) as q:
             await q.one("SELECT 1 AS ok")

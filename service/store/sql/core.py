@@ -159,12 +159,14 @@ class Unit:
     second transaction, and on SQLite a second writer waiting for the first); shared steps are
     functions taking ``q``.
     ``write=False`` promises the operation only reads: SQLite then runs it on its reader, outside
-    the writers' lock.
+    the writers' lock. ``single=True`` (with ``write=False``) promises it runs exactly one
+    statement: a statement sees one snapshot by itself, so a store may run it without opening a
+    transaction (on PostgreSQL that saves the BEGIN and COMMIT round trips).
     """
 
     __slots__ = ()
 
-    def _unit(self, *, write: bool) -> AbstractAsyncContextManager[Query]:
+    def _unit(self, *, write: bool, single: bool = False) -> AbstractAsyncContextManager[Query]:
         raise NotImplementedError
 
     def _statements(self) -> AbstractAsyncContextManager[Query | None]:

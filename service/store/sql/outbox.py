@@ -90,7 +90,7 @@ class OutboxSql(Unit):
     __slots__ = ()
 
     async def outbox_due(self, now: float) -> bool:
-        async with self._unit(write=False) as q:
+        async with self._unit(write=False, single=True) as q:
             row = await q.one(f"SELECT 1 AS due FROM outbox_events e WHERE {_DUE} LIMIT 1",
                               now, now)
             return row is not None
@@ -112,6 +112,20 @@ class OutboxSql(Unit):
             rows = sorted(rows, key=lambda r: int(r["seq"]))
             delivered = await _delivered_sinks(q, [r["id"] for r in rows])
             return [_event(q, r, delivered.get(r["id"], ())) for r in rows]
+
+    async def settle_outbox(self, now: float, limit: int) -> int:
+        if limit < 1:
+            raise ValueError("limit must be positive")
+        async with self._unit(write=True) as q:
+            lock = " FOR UPDATE SKIP LOCKED" if q.dialect.name == "postgresql" else ""
+            rows = await q.all(
+                "UPDATE outbox_events SET state = 'delivered', attempts = attempts + 1, "
+                "finished_at = ?, lease_owner = NULL, lease_until = NULL WHERE seq IN ("
+                f"SELECT e.seq FROM outbox_events e WHERE {_DUE} ORDER BY e.seq LIMIT ?{lock}) "
+                "RETURNING seq",
+                now, now, now, min(limit, MAX_LIST_LIMIT),
+            )  # fmt: skip
+            return len(rows)
 
     async def finish_outbox(
         self,

@@ -101,7 +101,7 @@ class SessionSql(Unit):
                 raise Conflict("duplicate_id")
 
     async def get_session(self, id: str) -> SessionRecord | None:
-        async with self._unit(write=False) as q:
+        async with self._unit(write=False, single=True) as q:
             return await _get(q, id)
 
     async def revoke_session(self, id: str, at: float) -> bool:

@@ -1,0 +1,66 @@
+"""Canonical JSON (RFC 8785, JCS): the bytes every hash and signature of the service is taken
+over (audit records, resource and command bindings, policy revisions, checkpoints).
+
+``rfc8785.dumps`` is the definition. It is pure Python and costs ~60 us for an audit record,
+paid on every request; for the values the service hashes on its hot paths (strings, integers,
+booleans, null, objects with string keys, arrays) the standard library's encoder, with sorted
+keys and no whitespace, writes the very same bytes at C speed, provided that:
+
+- no number is a float (JCS writes floats as ECMAScript does, Python does not) and every integer
+  is one JCS accepts (|n| < 2**53: outside it, ``rfc8785`` refuses);
+- no string holds a code point at or above U+D800: a lone surrogate is refused by ``rfc8785``,
+  and beyond it JCS orders keys by UTF-16 code units where Python orders by code points.
+
+Anything else goes to ``rfc8785.dumps``, which also raises its ``CanonicalizationError`` for what
+JCS cannot express. A property test holds the two equal (tests/test_canonical.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import rfc8785
+
+__all__ = ["dumps"]
+
+_MAX_INT = 2**53 - 1
+_HIGH = re.compile("[\ud800-\U0010ffff]")
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                           allow_nan=False).encode
+
+
+def dumps(value: Any) -> bytes:
+    """The RFC 8785 canonical form of ``value`` as UTF-8 bytes."""
+    if _plain(value):
+        text = _ENCODE(value)
+        if _HIGH.search(text) is None:
+            return text.encode("utf-8")
+    return rfc8785.dumps(value)
+
+
+def _plain(value: Any) -> bool:
+    """Only types whose standard encoding is JCS's (see the module's docstring); iterative, so
+    depth costs no recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is int:
+            if -_MAX_INT <= item <= _MAX_INT:
+                continue
+            return False
+        if kind is dict:
+            for key in item:
+                if type(key) is not str:
+                    return False
+            stack.extend(item.values())
+            continue
+        if kind is list:
+            stack.extend(item)
+            continue
+        return False
+    return True
