@@ -7,6 +7,8 @@ so a mutation, its ticket consumption and its record commit together. Any except
 the block becomes a problem, and the record of the run that did not execute is written outside
 any transaction (the transaction rolled back). A record that cannot be written answers 503; for
 a mutation that means it did not happen. The JSON-lines mirror is written after commit.
+Where the store stages records (PostgreSQL, ``AuditLog.stage``), the run's transaction stages
+its record instead, and after COMMIT the answer waits until it is sealed into the chain.
 """
 
 from __future__ import annotations
