@@ -11,11 +11,11 @@ Where the store is shared by several writing processes (``Store.stages_audit``: 
 run's transaction does not append its record to the chain: it only stages it (``stage``: an
 insert without any global lock, committed with the mutation, so it is durable when the run is
 acknowledged). After COMMIT the run waits (``settle``) while this worker's sealer chains the
-staged records of all its waiting runs in one short transaction under the chain head's lock:
-the cluster-wide serialised section is paid once per batch instead of being held by every run
-until its COMMIT. A record whose worker stopped before sealing it is sealed by any worker's
-``sweep`` once it is ``STAGED_GRACE_S`` old; ``verify_signed`` reports unsealed ones older
-than ``UNSEALED_PROBLEM_S``.
+staged records of all its waiting runs in one batch (``Store.seal_audit``: on PostgreSQL one
+statement that holds the chain head's lock only while it runs and commits): the cluster-wide
+serialised section is paid once per batch instead of being held by every run until its COMMIT.
+A record whose worker stopped before sealing it is sealed by any worker's ``sweep`` once it is
+``STAGED_GRACE_S`` old; ``verify_signed`` reports unsealed ones older than ``UNSEALED_PROBLEM_S``.
 
 Committed records are also handed to the worker's checkpointer (``audit.checkpointer``), which
 signs checkpoints of them; ``verify_signed`` checks the chain against those signed checkpoints
