@@ -321,8 +321,9 @@ async def _federation(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
-    """Every ``HOUSEKEEPING_INTERVAL_S``: expire tickets, then purge dead claims, failures and
-    sessions. Idle while there is no store; a failed round is logged and retried."""
+    """Every ``HOUSEKEEPING_INTERVAL_S``: expire tickets, purge dead claims, failures and
+    sessions, and seal audit records left staged. Idle while there is no store; a failed round
+    is logged and retried."""
     link, audit, authenticator, metrics = app[STORE], app[AUDIT], app[AUTHENTICATOR], app[METRICS]
 
     async def round_(now: float) -> None:
@@ -336,6 +337,10 @@ async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
                      "sessions", claims, failures, sessions)
         # Pending OIDC sign-ins and CLI handoffs past their expiry; IdP facts of purged sessions.
         await link.store.purge_federation(now)
+        # Audit records a worker staged and never sealed (it stopped): chained by whoever is up.
+        swept = await audit.sweep(now)
+        if swept:
+            log.warning("sealed %d audit records another worker had left staged", swept)
 
     async with _every(HOUSEKEEPING_INTERVAL_S, round_):
         yield

@@ -7,6 +7,16 @@ the next commit writes them all, so a durable commit is shared by many requests 
 paid by each. Every caller still waits until its own record is committed. The optional
 JSON-lines sink is written after commit; it is a copy for log shippers, the store is the record.
 
+Where the store is shared by several writing processes (``Store.stages_audit``: PostgreSQL), a
+run's transaction does not append its record to the chain: it only stages it (``stage``: an
+insert without any global lock, committed with the mutation, so it is durable when the run is
+acknowledged). After COMMIT the run waits (``settle``) while this worker's sealer chains the
+staged records of all its waiting runs in one batch (``Store.seal_audit``: on PostgreSQL one
+statement that holds the chain head's lock only while it runs and commits): the cluster-wide
+serialised section is paid once per batch instead of being held by every run until its COMMIT.
+A record whose worker stopped before sealing it is sealed by any worker's ``sweep`` once it is
+``STAGED_GRACE_S`` old; ``verify_signed`` reports unsealed ones older than ``UNSEALED_PROBLEM_S``.
+
 Committed records are also handed to the worker's checkpointer (``audit.checkpointer``), which
 signs checkpoints of them; ``verify_signed`` checks the chain against those signed checkpoints
 and against anchors kept outside the database (``audit.checkpoint``).
@@ -15,15 +25,17 @@ and against anchors kept outside the database (``audit.checkpoint``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from .. import clock
 from ..store.base import (
     AUDIT_GENESIS_HASH,
     AuditCheckpoint,
@@ -39,9 +51,15 @@ __all__ = ["AuditLog"]
 
 log = logging.getLogger("controlplane.audit")
 
-#: The most records one group commit writes; more wait for the next one.
+#: The most records one group commit (or one sealing batch) writes; more wait for the next one.
 MAX_BATCH = 256
+#: A staged record this old (seconds) is sealed by whichever worker sweeps first (housekeeping
+#: sweeps every 30 s).
+STAGED_GRACE_S = 10.0
+#: ``verify_signed`` reports staged records older than this as a problem: no worker sweeps.
+UNSEALED_PROBLEM_S = 120.0
 _PAGE = 500
+_T = TypeVar("_T")
 
 
 class CommitObserver(Protocol):
@@ -63,6 +81,9 @@ class AuditLog:
         self._sink_lock = asyncio.Lock()
         self._pending: list[tuple[dict[str, Any], asyncio.Future[AuditRecord]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        # Staging id -> its settler, in arrival order; one sealer task works through them.
+        self._unsealed: dict[int, asyncio.Future[AuditRecord | None]] = {}
+        self._sealer: asyncio.Task[None] | None = None
         #: Set by the checkpointer of a serving worker; tools and tests leave it None.
         self.observer: CommitObserver | None = None
 
@@ -79,15 +100,70 @@ class AuditLog:
         self._pending.append((scrub(entry), future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
+        return await self._batched(future, "audit group commit")
+
+    @property
+    def stages(self) -> bool:
+        """Whether runs' transactions stage their records (``stage``) instead of appending."""
+        return bool(getattr(self.store, "stages_audit", False))
+
+    async def stage(self, entry: dict[str, Any], tx: Tx) -> int:
+        """Stage ``entry`` (scrubbed) in ``tx``: it commits with ``tx`` but is not chained yet.
+        Returns its staging id, for ``settle`` once ``tx`` committed."""
+        return await tx.stage_audit(scrub(entry), clock.now())
+
+    async def settle(self, staged: int) -> AuditRecord | None:
+        """After the staging transaction committed: wait until this worker's sealer has chained
+        the record (with every other one waiting) and mirrored it. Returns the sealed record,
+        or None when another worker's sweep sealed it first; raises what sealing raised."""
+        future = self._unsealed.get(staged)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self._unsealed[staged] = future
+        if self._sealer is None or self._sealer.done():
+            self._sealer = asyncio.create_task(self._seal())
+        return await self._batched(future, "audit sealing")
+
+    async def _batched(self, future: asyncio.Future[_T], what: str) -> _T:
         # shield: a caller that goes away must not cancel the commit others are waiting for.
-        # Bounded by the store's deadline: a stalled group commit (or a batch queued behind
-        # one) answers StoreUnavailable instead of hanging the caller.
+        # Bounded by the store's deadline: a stalled batch (or one queued behind it) answers
+        # StoreUnavailable instead of hanging the caller.
         try:
             async with asyncio.timeout(getattr(self.store, "timeout_s", None)):
                 return await asyncio.shield(future)
         except TimeoutError:
             future.add_done_callback(_retrieved)  # its outcome is no longer awaited
-            raise StoreUnavailable("audit group commit: deadline exceeded") from None
+            raise StoreUnavailable(f"{what}: deadline exceeded") from None
+
+    async def _seal(self) -> None:
+        while self._unsealed:
+            ids = list(itertools.islice(self._unsealed, MAX_BATCH))
+            try:
+                sealed = await self.store.seal_audit(seal, ids)
+            except Exception as exc:  # the staged rows stay durable: a later sweep seals them
+                for staged in ids:
+                    future = self._unsealed.pop(staged)
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            await self.mirror_many([record for _, record in sealed])
+            records = dict(sealed)
+            for staged in ids:
+                future = self._unsealed.pop(staged)
+                if not future.done():
+                    future.set_result(records.get(staged))
+
+    async def sweep(self, now: float) -> int:
+        """Seal the records staged before ``now - STAGED_GRACE_S`` and still unsealed (their
+        worker stopped, or failed to seal them); returns how many this call sealed."""
+        total = 0
+        while True:
+            sealed = await self.store.seal_audit(seal, staged_before=now - STAGED_GRACE_S,
+                                                 limit=MAX_BATCH)
+            await self.mirror_many([record for _, record in sealed])
+            total += len(sealed)
+            if len(sealed) < MAX_BATCH:
+                return total
 
     async def _flush(self) -> None:
         while self._pending:
@@ -106,20 +182,27 @@ class AuditLog:
     async def mirror(self, record: AuditRecord) -> None:
         """After commit: copy the record to the JSON-lines sink (best effort: the store is the
         record) and tell the checkpointer."""
+        await self.mirror_many([record])
+
+    async def mirror_many(self, records: Sequence[AuditRecord]) -> None:
+        """``mirror`` for committed records in chain order, in one write to the sink."""
+        if not records:
+            return
         if self.observer is not None:
-            self.observer.committed(record)
-        await self._sink(
-            {"seq": record.seq, "prev_hash": record.prev_hash, "hash": record.hash, **record.entry}
-        )
+            for record in records:
+                self.observer.committed(record)
+        await self._sink(*(
+            {"seq": r.seq, "prev_hash": r.prev_hash, "hash": r.hash, **r.entry} for r in records
+        ))
 
     async def mirror_checkpoint(self, checkpoint: AuditCheckpoint) -> None:
         """Copy a stored checkpoint to the JSON-lines sink (its line is a valid anchor file)."""
         await self._sink(to_doc(checkpoint))
 
-    async def _sink(self, doc: dict[str, Any]) -> None:
+    async def _sink(self, *docs: dict[str, Any]) -> None:
         if self.jsonl_path is None:
             return
-        line = json.dumps(doc, separators=(",", ":"))
+        line = "\n".join(json.dumps(doc, separators=(",", ":")) for doc in docs)
         async with self._sink_lock:
             try:
                 await asyncio.to_thread(_append_line, self.jsonl_path, line)
@@ -215,6 +298,13 @@ class AuditLog:
                         f"a signed {kind} names record {seq} but the chain ends at {last}: "
                         f"records {last + 1}..{seq} were removed"))
         result.end_seq = max(head[0], last)
+        unsealed, oldest = await self.store.audit_staged(clock.now() - UNSEALED_PROBLEM_S)
+        if unsealed:
+            result.problems.append(Break(
+                result.end_seq + 1, "unsealed",
+                f"{unsealed} acknowledged records staged since {clock.iso(oldest)} are "
+                f"not sealed into the chain after {UNSEALED_PROBLEM_S:g} s (no worker sweeps "
+                "them)"))
         return result
 
     async def _head_break(self, head: tuple[int, str], checked: int) -> Break | None:
@@ -263,7 +353,7 @@ def _nothing() -> None:
     pass
 
 
-def _retrieved(future: asyncio.Future[AuditRecord]) -> None:
+def _retrieved(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
 

@@ -47,7 +47,8 @@ class Break:
     """The first record whose link or hash does not verify."""
 
     seq: int
-    # Of the chain: hash_mismatch | prev_hash_mismatch | seq_gap | missing | head_mismatch.
+    # Of the chain: hash_mismatch | prev_hash_mismatch | seq_gap | missing | head_mismatch;
+    # unsealed (acknowledged records staged long ago and still not chained: ``audit.log``).
     # Against signed checkpoints and anchors (``audit.checkpoint``): checkpoint_mismatch,
     # checkpoint_beyond_end, bad_signature, unknown_key, anchor_mismatch, anchor_beyond_end,
     # anchor_bad_signature, anchor_unknown_key.

@@ -7,6 +7,8 @@ so a mutation, its ticket consumption and its record commit together. Any except
 the block becomes a problem, and the record of the run that did not execute is written outside
 any transaction (the transaction rolled back). A record that cannot be written answers 503; for
 a mutation that means it did not happen. The JSON-lines mirror is written after commit.
+Where the store stages records (PostgreSQL, ``AuditLog.stage``), the run's transaction stages
+its record instead, and after COMMIT the answer waits until it is sealed into the chain.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal, overload
 
 from .. import clock
 from ..authn.principal import Principal
@@ -43,6 +45,7 @@ class Recording:
         self._audit = audit
         self.entry = entry
         self._record: AuditRecord | None = None
+        self._staged: int | None = None  # the staging id, when the run's transaction staged it
         #: The ticket events of this run, set once it committed (``approval.ticket_*``).
         self.ticket_events: tuple[str, ...] = ()
 
@@ -69,12 +72,16 @@ class Recording:
     async def executed(self, outcome: Outcome, tx: Tx | None) -> None:
         """Append the record of a run that executed (in ``tx`` when given: it commits with it)."""
         self.entry.update(outcome.audit, outcome="executed", status=outcome.status)
-        self._record = await _append(self._audit, self.entry, tx)
+        if tx is not None and self._audit.stages:
+            self._staged = await _append(self._audit, self.entry, tx, stage=True)
+        else:
+            self._record = await _append(self._audit, self.entry, tx)
 
     async def _failed(self, problem: Problem, wait_s: float | None) -> None:
         self.entry.update(outcome=_outcome_name(problem), status=problem.status,
                           error=problem.instance_code)
         self.entry.pop("ticket_consumed", None)  # rolled back with the transaction
+        self._staged = None  # so was a staged record
         self._record = await _append(self._audit, self.entry, None, wait_s)
 
 
@@ -112,13 +119,28 @@ async def recording(
         await rec._failed(problem, FAILURE_RECORD_WAIT_S if store_failed else None)
         await _mirror(audit, rec)
         raise problem from None
-    if rec._record is None:
+    if rec._record is None and rec._staged is None:
         # A run that left the block without executing or failing is a bug in the chain: refuse
         # it rather than answer without a record.
         raise ServiceUnavailable("the run was not recorded; nothing was executed",
                                  code="audit_unavailable")
     rec.ticket_events = _log_ticket_events(rec.entry)  # committed: its ticket events happened
-    await _mirror(audit, rec)
+    if rec._staged is not None:
+        await _settle(audit, rec._staged, rec.entry)  # the sealer mirrors what it seals
+    else:
+        await _mirror(audit, rec)
+
+
+async def _settle(audit: AuditLog, staged: int, entry: dict[str, Any]) -> None:
+    """Wait for the staged record of a committed run to be sealed into the chain. The run and
+    its record are committed either way: if sealing fails or is late, the answer stands and a
+    sweep seals the record (``AuditLog.sweep``)."""
+    try:
+        await audit.settle(staged)
+    except StoreError as exc:
+        log.warning("audit record committed but not sealed yet; a sweep will seal it",
+                    extra={"fields": {"event": "audit.seal_deferred", "error": type(exc).__name__,
+                                      "action": entry.get("action")}})
 
 
 async def _mirror(audit: AuditLog, rec: Recording) -> None:
@@ -184,15 +206,24 @@ def _outcome_name(problem: Problem) -> str:
     return "invalid"
 
 
+@overload
+async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx, *,
+                  stage: Literal[True]) -> int: ...
+@overload
 async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
-                  wait_s: float | None = None) -> AuditRecord:
-    """Append the run's record; if it cannot be written, the run fails (a mutation rolls back).
+                  wait_s: float | None = None) -> AuditRecord: ...
+async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
+                  wait_s: float | None = None, *, stage: bool = False) -> AuditRecord | int:
+    """Append (or, with ``stage``, stage in ``tx``) the run's record; if it cannot be written,
+    the run fails (a mutation rolls back).
 
     The store being unavailable is answered as such (503 ``store_unavailable``); any other
     failure to write the record is 503 ``audit_unavailable``. ``wait_s`` bounds the wait for a
     group-committed record (the commit itself goes on: ``append`` shields it).
     """
     try:
+        if stage and tx is not None:
+            return await audit.stage(entry, tx)
         if wait_s is None:
             return await audit.append(entry, tx)
         try:

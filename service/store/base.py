@@ -527,6 +527,19 @@ class AuditOps(Protocol):
     async def audit_range(self, after_seq: int = 0, limit: int = 100) -> list[AuditRecord]: ...
     async def audit_head(self) -> tuple[int, str]: ...
 
+    # Staged records: ``stage_audit`` keeps an entry (in the caller's transaction, no global lock)
+    # and returns its staging id; ``seal_audit`` moves the committed staged rows named by ``ids``
+    # (or, without ids, up to ``limit`` staged before ``staged_before``) into the chain in one
+    # transaction under the head's lock, in staging order, and returns (staging id, record) for
+    # each it sealed: a row another sealer took first is not returned. ``audit_staged``: how
+    # many rows staged before ``staged_before`` are still unsealed, and the oldest one's time.
+    async def stage_audit(self, entry: dict[str, Any], at: float) -> int: ...
+    async def seal_audit(
+        self, seal: Seal, ids: Sequence[int] = (), *, staged_before: float | None = None,
+        limit: int = MAX_PAGE,
+    ) -> list[tuple[int, AuditRecord]]: ...
+    async def audit_staged(self, staged_before: float) -> tuple[int, float | None]: ...
+
     # Signed checkpoints: at most one per seq. ``add`` returns False (and changes nothing) when
     # that seq already has one, so workers checkpointing the same record are harmless.
     async def add_audit_checkpoint(self, checkpoint: AuditCheckpoint) -> bool: ...
@@ -624,6 +637,10 @@ class Store(SessionOps, TicketOps, TaskOps, FederationOps, AuditOps, OutboxOps, 
 
     #: Told of every transaction the store opens (``write``); the worker's metrics hook.
     on_transaction: Callable[[bool], None] | None
+    #: True where runs should stage their audit records (``stage_audit``) and leave chaining
+    #: them to batched ``seal_audit`` calls: stores shared by several writing processes, where
+    #: a lock held until each run's COMMIT would serialise them all.
+    stages_audit: bool
 
     async def ping(self) -> None: ...
     async def close(self) -> None: ...

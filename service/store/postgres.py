@@ -172,6 +172,9 @@ class PostgresStore(SqlStore):
     """
 
     dialect = DIALECT
+    # Replicas share the audit head: runs stage their records, sealers chain them in batches.
+    stages_audit = True
+    autocommits = True
 
     def __init__(self, pool: asyncpg.Pool, timeout_s: float, *, dsn: str | None = None,
                  settings: dict[str, str] | None = None) -> None:
@@ -250,7 +253,8 @@ class PostgresStore(SqlStore):
         # Whether the connection may go back to the pool as it is (else it is dropped).
         healthy = False
         if single:
-            # One read statement: it sees one snapshot by itself, no BEGIN/COMMIT round trips.
+            # No transaction, no BEGIN/COMMIT round trips: one read statement sees one snapshot
+            # by itself; writes each commit on their own (``SqlStore._statements``).
             try:
                 async with asyncio.timeout_at(deadline) as bound:
                     yield _Conn(conn)

@@ -6,6 +6,7 @@ import asyncio
 import traceback
 from typing import Any
 
+from service.audit.log import AuditLog
 from service.store import Conflict, StoreError, open_store
 from service.store.base import ThrottleRule
 
@@ -91,6 +92,31 @@ async def _reserve(
         await store.close()
 
 
+async def _audit(
+    url: str, schema: str | None, barrier: Any, writer: str, count: int, stage: bool
+) -> int:
+    """``count`` concurrent runs, each writing one audit record in its own transaction: staged
+    and then sealed by this process's sealer (``stage``), or appended under the head's lock."""
+    store = await open_store(url, schema=schema)
+    log = AuditLog(store)
+    try:
+        await asyncio.to_thread(barrier.wait, 30)
+
+        async def run(i: int) -> None:
+            entry = {"writer": writer, "i": i}
+            async with store.transaction() as tx:
+                if not stage:
+                    await log.append(entry, tx)
+                    return
+                staged = await log.stage(entry, tx)
+            await log.settle(staged)
+
+        await asyncio.gather(*(run(i) for i in range(count)))
+        return count
+    finally:
+        await store.close()
+
+
 _JOBS: dict[str, Any] = {
-    "consume": _consume, "append": _append, "open": _open, "reserve": _reserve,
+    "consume": _consume, "append": _append, "open": _open, "reserve": _reserve, "audit": _audit,
 }

@@ -601,6 +601,69 @@ async def test_audit_seal_failure_appends_nothing(store: Store) -> None:
     assert (second.seq, second.prev_hash) == (2, first.hash)
 
 
+async def test_staged_audit_records_join_the_chain_when_sealed(store: Store) -> None:
+    first = await store.append_audit({"n": 0}, seal)
+    async with store.transaction() as tx:
+        a = await tx.stage_audit({"n": 1, "t": "ü"}, T0)
+        b = await tx.stage_audit({"n": 2}, T0 + 1)
+    with pytest.raises(RuntimeError):
+        async with store.transaction() as tx:
+            lost = await tx.stage_audit({"n": "rolled back"}, T0)
+            raise RuntimeError("the run failed")
+    # Staged, committed, not chained yet: the chain and its head do not show them.
+    assert await store.audit_range() == [first]
+    assert await store.audit_head() == (1, first.hash)
+    assert await store.audit_staged(T0 + 10) == (2, T0)
+    assert await store.audit_staged(T0) == (0, None)
+
+    sealed = await store.seal_audit(seal, [b, a, lost])
+    assert [staged for staged, _ in sealed] == [a, b]  # staging order; the rolled back one: none
+    chain = [first, *(record for _, record in sealed)]
+    assert [r.seq for r in chain] == [1, 2, 3]
+    assert [r.entry for r in chain] == [{"n": 0}, {"n": 1, "t": "ü"}, {"n": 2}]
+    for prev, cur in itertools.pairwise(chain):
+        assert cur.prev_hash == prev.hash
+        assert cur.hash == seal(cur.seq, cur.prev_hash, cur.entry)
+    assert await store.audit_range() == chain
+    assert await store.audit_head() == (3, chain[-1].hash)
+    assert await store.audit_staged(T0 + 10) == (0, None)
+    # Sealed once: asking again seals nothing, and direct appends continue the same chain.
+    assert await store.seal_audit(seal, [a, b]) == []
+    assert await store.seal_audit(seal) == []
+    after = await store.append_audit({"n": 3}, seal)
+    assert (after.seq, after.prev_hash) == (4, chain[-1].hash)
+    # Inside a transaction, sealing commits with it (under the head's lock until COMMIT).
+    c = await store.stage_audit({"n": 4}, T0)
+    async with store.transaction() as tx:
+        assert [(i, r.seq, r.prev_hash) for i, r in await tx.seal_audit(seal, [c])] == [
+            (c, 5, after.hash)]
+    assert [r.seq for r in await store.audit_range()] == [1, 2, 3, 4, 5]
+
+
+async def test_sealing_staged_before_a_time_takes_only_older_rows(store: Store) -> None:
+    old = [await store.stage_audit({"n": i}, T0 + i) for i in range(3)]
+    young = await store.stage_audit({"n": 9}, T0 + 100)
+    sealed = await store.seal_audit(seal, staged_before=T0 + 50, limit=2)
+    assert [staged for staged, _ in sealed] == old[:2]
+    sealed += await store.seal_audit(seal, staged_before=T0 + 50, limit=2)
+    assert [staged for staged, _ in sealed] == old
+    assert [r.seq for _, r in sealed] == [1, 2, 3]
+    assert await store.audit_staged(T0 + 1000) == (1, T0 + 100)
+    assert [staged for staged, _ in await store.seal_audit(seal, [young])] == [young]
+
+
+async def test_a_seal_failure_seals_nothing_and_leaves_the_rows_staged(store: Store) -> None:
+    def broken(seq: int, prev: str, entry: dict[str, object]) -> str:
+        raise RuntimeError("hsm down")
+
+    staged = await store.stage_audit({"n": 1}, T0)
+    with pytest.raises(RuntimeError):
+        await store.seal_audit(broken, [staged])
+    assert await store.audit_head() == (0, AUDIT_GENESIS_HASH)
+    assert await store.audit_staged(T0 + 1) == (1, T0)
+    assert [r.seq for _, r in await store.seal_audit(seal, [staged])] == [1]
+
+
 async def test_audit_checkpoints_one_per_seq_in_order(store: Store) -> None:
     from service.store.base import AuditCheckpoint
 

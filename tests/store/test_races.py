@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import sqlite3
+import time
 from collections import Counter
 from typing import Any
+from unittest.mock import ANY
 
 import asyncpg
 
-from service.store import Store, sqlite_path
+from service.audit.log import STAGED_GRACE_S, UNSEALED_PROBLEM_S, AuditLog
+from service.store import Store, open_store, sqlite_path
 from service.store.sql import migrations
 
 from . import race
@@ -108,3 +111,48 @@ async def test_concurrent_start_migrates_once(target: Target) -> None:
             await conn.close()
     # Every shipped migration, each applied once.
     assert sorted(tuple(r) for r in rows) == [(m.version,) for m in migrations(target.backend)]
+
+
+async def test_concurrent_audit_writers_keep_one_verifiable_chain(store: Store, target: Target) -> None:
+    """Writers in several processes, staging (sealed in batches by each process's sealer) and
+    appending under the head's lock at once: every record is in the chain exactly once, the
+    chain verifies, nothing is left staged."""
+    n, count = _processes(target), 40
+    per_process = [{"writer": f"w{p}", "count": count, "stage": p % 2 == 0} for p in range(n)]
+    assert await asyncio.to_thread(_spawn, target, "audit", per_process) == [count] * n
+    log = AuditLog(store)
+    records = [r async for r in log.records()]
+    assert sorted((r.entry["writer"], r.entry["i"]) for r in records) == sorted(
+        (f"w{p}", i) for p in range(n) for i in range(count))
+    assert [r.seq for r in records] == list(range(1, n * count + 1))
+    assert await log.verify() == (n * count, None)
+    assert await store.audit_staged(time.time() + 3600) == (0, None)
+
+
+async def test_records_left_staged_by_a_stopped_store_are_sealed_by_another(
+    store: Store, target: Target
+) -> None:
+    """A store instance that committed staged records and stopped before sealing them: another
+    instance's sweep seals them once they are past the grace period; ``verify`` reports them
+    once they are older than its bound."""
+    first = await open_store(target.url, schema=target.schema)
+    try:
+        staged_at = time.time() - UNSEALED_PROBLEM_S - 5
+        async with first.transaction() as tx:
+            for i in range(3):
+                await tx.stage_audit({"left": i}, staged_at)
+        await first.stage_audit({"fresh": True}, time.time())  # not past the grace yet
+    finally:
+        await first.close()  # "crashed": nothing sealed
+
+    log = AuditLog(store)
+    result = await log.verify_signed({})
+    assert [(p.seq, p.reason) for p in result.problems] == [(1, "unsealed")]
+    assert await log.sweep(time.time()) == 3
+    assert [r.entry for r in [r async for r in log.records()]] == [{"left": i} for i in range(3)]
+    result = await log.verify_signed({})
+    assert result.problems == [] and result.records == 3
+    # The fresh one is left to its own worker until it is past the grace, then swept too.
+    assert await store.audit_staged(time.time() + STAGED_GRACE_S + 1) == (1, ANY)
+    assert await log.sweep(time.time() + STAGED_GRACE_S + 1) == 1
+    assert await log.verify() == (4, None)

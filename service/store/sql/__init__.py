@@ -75,6 +75,10 @@ class SqlTx(_Operations):
     def __init__(self, q: Query) -> None:
         self._q = q
 
+    @asynccontextmanager
+    async def _statements(self) -> AsyncIterator[Query | None]:
+        yield None  # inside a transaction, statements commit with it
+
     def _unit(self, *, write: bool, single: bool = False) -> AbstractAsyncContextManager[Query]:
         # The transaction was opened for writing, so reads and writes share it alike; the query
         # itself refuses statements once the transaction has ended.
@@ -89,12 +93,33 @@ class SqlStore(_Operations):
     timeout_s: float = 5.0
     #: Told of every transaction opened (``write``): the worker's metrics count store calls.
     on_transaction: Callable[[bool], None] | None = None
+    #: See ``base.Store.stages_audit``; SQLite's writers already share one lock per file.
+    stages_audit: bool = False
 
     def _transaction(self, *, write: bool, single: bool = False
                      ) -> AbstractAsyncContextManager[Conn]:
         """Open a transaction (backend-specific); commit on clean exit, roll back on error.
-        ``single``: a read of one statement, which may run without a transaction."""
+        ``single``: a read of one statement, which may run without a transaction; with
+        ``autocommits``, also writes that each commit on their own (``_statements``)."""
         raise NotImplementedError
+
+    #: Whether ``_transaction(write=True, single=True)`` gives a connection outside any
+    #: transaction, each statement committing on its own (PostgreSQL).
+    autocommits = False
+
+    @asynccontextmanager
+    async def _statements(self) -> AsyncIterator[Query | None]:
+        if not self.autocommits:
+            yield None
+            return
+        if self.on_transaction is not None:
+            self.on_transaction(True)
+        async with self._transaction(write=True, single=True) as conn:
+            q = Query(conn, self.dialect)
+            try:
+                yield q
+            finally:
+                q.close()
 
     @asynccontextmanager
     async def _unit(self, *, write: bool, single: bool = False) -> AsyncIterator[Query]:

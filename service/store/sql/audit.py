@@ -1,5 +1,11 @@
 """The audit hash chain in SQL: the single ``audit_head`` row links and serialises appends; the
-``audit_checkpoints`` table keeps the signed checkpoints (one per seq)."""
+``audit_checkpoints`` table keeps the signed checkpoints (one per seq).
+
+Two ways in. ``append_audit[_many]`` seals records straight into the chain under the head's lock,
+held until the caller's COMMIT. ``stage_audit`` only inserts the entry into ``audit_staged`` (no
+global lock: a run's transaction stays off the global section), and ``seal_audit`` later moves a
+batch of committed staged rows into the chain in one short transaction of its own under the
+head's lock: the global section is paid per batch, not per run."""
 
 from __future__ import annotations
 
@@ -8,20 +14,61 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..base import AuditCheckpoint, AuditRecord, Seal, StoreError
-from .core import MAX_LIST_LIMIT, Row, Unit, dump_json
+from .core import MAX_LIST_LIMIT, Query, Row, Unit, dump_json
 
 __all__ = ["AuditSql"]
 
 _INSERT = "INSERT INTO audit_log (seq, prev_hash, hash, entry) VALUES (?, ?, ?, ?)"
-# The record and the new head hash in one statement (dialects with writes in WITH).
-_INSERT_AND_HEAD = (
-    "WITH appended AS (INSERT INTO audit_log (seq, prev_hash, hash, entry) VALUES (?, ?, ?, ?)) "
-    "UPDATE audit_head SET hash = ? WHERE id = 1"
+_HEAD = "UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1"
+# Every record of a batch and the new head in one statement (dialects with writes in WITH).
+_INSERT_ALL_AND_HEAD = (
+    "WITH appended AS (INSERT INTO audit_log (seq, prev_hash, hash, entry) "
+    "SELECT * FROM unnest(?::bigint[], ?::text[], ?::text[], ?::text[])) "
+    "UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1"
+)
+# Taking the head's row lock (a no-op UPDATE: RETURNING shows the committed head after any wait).
+_LOCK_HEAD = "UPDATE audit_head SET seq = seq WHERE id = 1 RETURNING seq, hash"
+_STAGE = "INSERT INTO audit_staged (staged_at, entry) VALUES (?, ?) RETURNING id"
+# Which staged rows a sealing batch takes: ``{ids}`` is a list of placeholders.
+_BY_ID = "id IN ({ids})"
+_STAGED_BEFORE = "id IN (SELECT id FROM audit_staged WHERE staged_at < ? ORDER BY id LIMIT ?)"
+# The head's lock, then the staged rows, in one round trip: the EXISTS on ``head`` makes the
+# DELETE wait for the head's lock before it touches any staged row, so two sealers never hold
+# each other's rows (the lock order is always head, then rows).
+_LOCK_AND_TAKE = (
+    "WITH head AS (UPDATE audit_head SET seq = seq WHERE id = 1 RETURNING seq, hash), "
+    "taken AS (DELETE FROM audit_staged WHERE {where} AND EXISTS (SELECT 1 FROM head) "
+    "RETURNING id, entry) "
+    "SELECT taken.id, taken.entry, head.seq, head.hash FROM taken, head"
+)
+_TAKE = "DELETE FROM audit_staged WHERE {where} RETURNING id, entry"
+# Optimistic sealing (dialects with writes in WITH, outside a transaction): read the head and
+# the staged rows without any lock, seal in Python, then one statement that moves the head only
+# if nobody moved it since (compare and swap on seq) and, only then, takes the staged rows and
+# inserts the records. Committing on its own, it holds the head's lock for that statement and
+# its commit only: no client round trip and no Python runs under the lock. Any other write of
+# the chain moves the head, so a batch that lost the race writes nothing (and is tried again,
+# then sealed under the lock).
+# Optimistic attempts before sealing under the lock (each lost one held no lock).
+_SWAP_ATTEMPTS = 3
+_READ_STAGED = (
+    "SELECT h.seq, h.hash, s.id, s.entry FROM audit_head h "
+    "LEFT JOIN audit_staged s ON s.{where} WHERE h.id = 1"
+)
+_SWAP = (
+    "WITH head AS (UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1 AND seq = ? "
+    "RETURNING seq), "
+    "taken AS (DELETE FROM audit_staged WHERE id = ANY(?::bigint[]) "
+    "AND EXISTS (SELECT 1 FROM head) RETURNING id), "
+    "appended AS (INSERT INTO audit_log (seq, prev_hash, hash, entry) "
+    "SELECT * FROM unnest(?::bigint[], ?::text[], ?::text[], ?::text[]) "
+    "WHERE EXISTS (SELECT 1 FROM head)) "
+    "SELECT (SELECT COUNT(*) FROM head) AS moved, (SELECT COUNT(*) FROM taken) AS taken"
 )
 
 
 class AuditSql(Unit):
-    """``base.AuditOps`` over the ``audit_log`` and ``audit_head`` tables."""
+    """``base.AuditOps`` over the ``audit_log``, ``audit_head`` and ``audit_staged`` tables."""
 
     __slots__ = ()
 
@@ -34,38 +81,65 @@ class AuditSql(Unit):
         if not entries:
             return []
         async with self._unit(write=True) as q:
-            # Bumping the single head row both reserves the next len(entries) seqs and locks the
-            # head until commit (a row lock on PostgreSQL, the write lock on SQLite): appends are
-            # serialised across processes and replicas, and RETURNING still shows the previous
-            # hash. Three round trips for a whole batch; two for one record on PostgreSQL, where
-            # the record and the new head hash go in one statement (the lock is held from the
-            # first statement to COMMIT, so each round trip saved shortens the global section).
-            head = await q.one(
-                "UPDATE audit_head SET seq = seq + ? WHERE id = 1 RETURNING seq, hash",
-                len(entries),
-            )
+            # Locking the single head row serialises appends across processes and replicas (a
+            # row lock on PostgreSQL, the write lock on SQLite) until COMMIT. Two statements
+            # for a whole batch on PostgreSQL (lock, then records + new head in one), since the
+            # lock is held from the first statement to COMMIT and each round trip saved
+            # shortens the global section.
+            head = await q.one(_LOCK_HEAD)
             if head is None:
                 raise StoreError("audit head row missing")
-            last, prev_hash = int(head["seq"]), str(head["hash"])
-            records: list[AuditRecord] = []
-            rows: list[tuple[Any, ...]] = []
-            for seq, entry in enumerate(entries, start=last - len(entries) + 1):
-                text = dump_json(entry)
-                # Seal what will be read back, so verification recomputes from identical data.
-                stored: dict[str, Any] = json.loads(text)
-                digest = seal(seq, prev_hash, stored)
-                records.append(AuditRecord(seq=seq, prev_hash=prev_hash, hash=digest, entry=stored))
-                rows.append((seq, prev_hash, digest, text))
-                prev_hash = digest
-            if len(rows) == 1 and q.dialect.writes_in_cte:
-                await q.exec(_INSERT_AND_HEAD, *rows[0], prev_hash)
-                return records
-            if len(rows) == 1:
-                await q.exec(_INSERT, *rows[0])
+            return await _link(q, int(head["seq"]), str(head["hash"]),
+                               [dump_json(e) for e in entries], seal)
+
+    async def stage_audit(self, entry: dict[str, Any], at: float) -> int:
+        async with self._unit(write=True) as q:
+            row = await q.one(_STAGE, at, dump_json(entry))
+        if row is None:
+            raise StoreError("audit record not staged")
+        return int(row["id"])
+
+    async def seal_audit(
+        self, seal: Seal, ids: Sequence[int] = (), *, staged_before: float | None = None,
+        limit: int = MAX_LIST_LIMIT,
+    ) -> list[tuple[int, AuditRecord]]:
+        if not ids and staged_before is None:
+            return []
+        args: list[Any] = [*ids] if ids else [staged_before, limit]
+        where = _BY_ID.format(ids=", ".join("?" * len(ids))) if ids else _STAGED_BEFORE
+        async with self._statements() as single:
+            for _ in range(_SWAP_ATTEMPTS if single is not None else 0):
+                swapped = await _swap(single, where, args, seal) if single is not None else None
+                if swapped is not None:
+                    return swapped
+        async with self._unit(write=True) as q:
+            if q.dialect.writes_in_cte:
+                rows = await q.all(_LOCK_AND_TAKE.format(where=where), *args)
+                if not rows:
+                    return []
+                last, prev_hash = int(rows[0]["seq"]), str(rows[0]["hash"])
             else:
-                await q.exec_many(_INSERT, rows)
-            await q.exec("UPDATE audit_head SET hash = ? WHERE id = 1", prev_hash)
-        return records
+                head = await q.one(_LOCK_HEAD)
+                if head is None:
+                    raise StoreError("audit head row missing")
+                last, prev_hash = int(head["seq"]), str(head["hash"])
+                rows = await q.all(_TAKE.format(where=where), *args)
+                if not rows:
+                    return []
+            # In staging order (RETURNING gives no order); the chain's order is the seal order.
+            taken = sorted((int(r["id"]), str(r["entry"])) for r in rows)
+            records = await _link(q, last, prev_hash, [text for _, text in taken], seal)
+        return [(staged_id, record) for (staged_id, _), record in zip(taken, records, strict=True)]
+
+    async def audit_staged(self, staged_before: float) -> tuple[int, float | None]:
+        async with self._unit(write=False) as q:
+            row = await q.one(
+                "SELECT COUNT(*) AS n, MIN(staged_at) AS oldest FROM audit_staged "
+                "WHERE staged_at < ?", staged_before,
+            )  # fmt: skip
+        if row is None or not row["n"]:
+            return 0, None
+        return int(row["n"]), float(row["oldest"])
 
     async def audit_range(self, after_seq: int = 0, limit: int = 100) -> list[AuditRecord]:
         if limit < 1:
@@ -120,6 +194,65 @@ class AuditSql(Unit):
                 "ORDER BY seq DESC LIMIT 1"
             )
         return None if row is None else _checkpoint(row)
+
+
+def _chain(last: int, prev_hash: str, texts: Sequence[str], seal: Seal) -> list[AuditRecord]:
+    """The records of ``texts`` (entries as stored) sealed after record ``last``."""
+    records: list[AuditRecord] = []
+    for seq, text in enumerate(texts, start=last + 1):
+        # Seal what will be read back, so verification recomputes from identical data.
+        stored: dict[str, Any] = json.loads(text)
+        digest = seal(seq, prev_hash, stored)
+        records.append(AuditRecord(seq=seq, prev_hash=prev_hash, hash=digest, entry=stored))
+        prev_hash = digest
+    return records
+
+
+def _columns(records: Sequence[AuditRecord], texts: Sequence[str]) -> list[list[Any]]:
+    return [[r.seq for r in records], [r.prev_hash for r in records],
+            [r.hash for r in records], list(texts)]
+
+
+async def _swap(
+    q: Query, where: str, args: Sequence[Any], seal: Seal
+) -> list[tuple[int, AuditRecord]] | None:
+    """Seal the staged rows ``where`` selects optimistically (see ``_SWAP``); None when another
+    writer moved the head first (nothing was written)."""
+    rows = await q.all(_READ_STAGED.format(where=where), *args)
+    if not rows:
+        raise StoreError("audit head row missing")
+    taken = sorted((int(r["id"]), str(r["entry"])) for r in rows if r["id"] is not None)
+    if not taken:
+        return []
+    last = int(rows[0]["seq"])
+    texts = [text for _, text in taken]
+    records = _chain(last, str(rows[0]["hash"]), texts, seal)
+    row = await q.one(_SWAP, records[-1].seq, records[-1].hash, last,
+                      [staged_id for staged_id, _ in taken], *_columns(records, texts))
+    if row is None or not row["moved"]:
+        return None
+    if int(row["taken"]) != len(taken):  # cannot happen: whoever took them moved the head
+        raise StoreError("audit staged rows were sealed twice")
+    return [(staged_id, record) for (staged_id, _), record in zip(taken, records, strict=True)]
+
+
+async def _link(
+    q: Query, last: int, prev_hash: str, texts: Sequence[str], seal: Seal
+) -> list[AuditRecord]:
+    """Chain ``texts`` (entries as stored) after record ``last`` with hash ``prev_hash``: seal
+    each, insert them, move the head. The caller holds the head's lock."""
+    records = _chain(last, prev_hash, texts, seal)
+    end, prev_hash = records[-1].seq, records[-1].hash
+    if q.dialect.writes_in_cte:
+        await q.exec(_INSERT_ALL_AND_HEAD, *_columns(records, texts), end, prev_hash)
+        return records
+    rows = [(r.seq, r.prev_hash, r.hash, text) for r, text in zip(records, texts, strict=True)]
+    if len(rows) == 1:
+        await q.exec(_INSERT, *rows[0])
+    else:
+        await q.exec_many(_INSERT, rows)
+    await q.exec(_HEAD, end, prev_hash)
+    return records
 
 
 def _checkpoint(row: Row) -> AuditCheckpoint:

@@ -169,6 +169,11 @@ class Unit:
     def _unit(self, *, write: bool, single: bool = False) -> AbstractAsyncContextManager[Query]:
         raise NotImplementedError
 
+    def _statements(self) -> AbstractAsyncContextManager[Query | None]:
+        """A query outside any transaction, each statement committing on its own; it is None
+        where there is no such thing (SQLite's writers, an open transaction)."""
+        raise NotImplementedError
+
 
 # ----------------------------------------------------------------------------------- migrations
 
