@@ -14,7 +14,7 @@ meta := {
 
 dangerous := {"ALL", "SYS_ADMIN", "NET_ADMIN", "SYS_MODULE", "SYS_PTRACE", "SYS_RAWIO", "SYS_BOOT", "SYS_TIME", "DAC_READ_SEARCH", "BPF", "PERFMON", "MAC_ADMIN", "MAC_OVERRIDE", "SYSLOG", "LINUX_IMMUTABLE", "SYS_RESOURCE", "BLOCK_SUSPEND", "WAKE_ALARM", "AUDIT_CONTROL", "CHECKPOINT_RESTORE"}
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap])} |
+_findings_1 := [{"service": name, "path": ["cap_add", i], "message": concat("", ["cap_add: ", cap])} |
 	some name
 	svc := input.fields.services[name]
 	raw_all := object.get(svc, "cap_add", [])
@@ -25,7 +25,7 @@ _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "mes
 ]
 
 # Other added capabilities are reported, not failed.
-_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap, " (not in the dangerous set)"]), "severity": "info"} |
+_findings_2 := [{"service": name, "path": ["cap_add", i], "message": concat("", ["cap_add: ", cap, " (not in the dangerous set)"]), "severity": "info"} |
 	some name
 	svc := input.fields.services[name]
 	raw_all := object.get(svc, "cap_add", [])

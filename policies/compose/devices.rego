@@ -19,7 +19,7 @@ critical(source) if {
 	regex.match(pattern, source)
 }
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["devices", i]), "message": concat("", ["device ", d.source, " mapped to ", d.target]), "severity": severity} |
+_findings_1 := [{"service": name, "path": ["devices", i], "message": concat("", ["device ", d.source, " mapped to ", d.target]), "severity": severity} |
 	some name
 	svc := input.fields.services[name]
 	d_all := object.get(svc, "devices", [])

@@ -52,7 +52,7 @@ _not_applicable_1 := [name |
 	local(svc)
 ]
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat(" ", ["image", svc.image, reason]), "severity": severity} |
+_findings_1 := [{"service": name, "path": ["image"], "message": concat(" ", ["image", svc.image, reason]), "severity": severity} |
 	some name
 	svc := input.fields.services[name]
 	not local(svc)
@@ -60,7 +60,7 @@ _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["image"]), "message"
 	severity := unpinned_severity
 ]
 
-_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat("", ["image ", svc.image, " is not pinned by digest (required in ", input.env, ")"])} |
+_findings_2 := [{"service": name, "path": ["image"], "message": concat("", ["image ", svc.image, " is not pinned by digest (required in ", input.env, ")"])} |
 	some name
 	svc := input.fields.services[name]
 	not local(svc)

@@ -41,7 +41,7 @@ disabled(svc) if {
 	nnp(raw) in {"false", "0", "no"}
 }
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["security_opt", i]), "message": concat("", ["security_opt ", raw, " lets processes gain privileges"]), "severity": "fail"} |
+_findings_1 := [{"service": name, "path": ["security_opt", i], "message": concat("", ["security_opt ", raw, " lets processes gain privileges"]), "severity": "fail"} |
 	some name
 	svc := input.fields.services[name]
 	opts := object.get(svc, "security_opt", [])
@@ -50,7 +50,7 @@ _findings_1 := [{"service": name, "pointer": lib.ptr(name, ["security_opt", i]),
 	nnp(raw) in {"false", "0", "no"}
 ]
 
-_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["security_opt"]), "message": "no-new-privileges is not set to true", "severity": missing_severity} |
+_findings_2 := [{"service": name, "path": ["security_opt"], "message": "no-new-privileges is not set to true", "severity": missing_severity} |
 	some name
 	svc := input.fields.services[name]
 	not enabled(svc)
