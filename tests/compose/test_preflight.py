@@ -162,7 +162,10 @@ import rego.v1
 
 meta := {"id": "bad-path", "title": "t", "severity": "warn", "rationale": "r", "remediation": "m"}
 
-findings := [{"service": name, "message": "x", "path": ["ports", true]} | some name; input.fields.services[name]]
+findings := [{"service": name, "message": "x", "path": ["ports", true]} |
+	some name
+	input.fields.services[name]
+]
 """
 
 
