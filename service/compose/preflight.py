@@ -259,16 +259,26 @@ def _rule_from_meta(bundle: Bundle | None, package: str) -> Rule:
 # - time is bounded: the services are evaluated CHUNK_SERVICES at a time (every rule speaks about
 #   one service, with the top-level definitions for context), the budget is checked between
 #   chunks and a report over it raises ``EvaluationBudgetExceeded``. A regopy query cannot be
-#   interrupted, so a chunk is the unit: small enough (~0.25 CPU-s for 20 services with
-#   findings from every rule) that the budget is kept within a fraction of a second, and the bundle's
+#   interrupted, so a chunk is the unit: small enough (~0.12 CPU-s for 20 services with
+#   findings from most rules) that the budget is kept within a fraction of a second, and the bundle's
 #   lock is released between chunks so other reports of the worker interleave instead of
 #   waiting for the whole large one.
 # The budget is CPU time of the evaluating thread (EVALUATION_BUDGET_S: the same document gets
 # the same answer on an idle and on a busy host), with a wall-clock backstop
 # (WALL_FACTOR times the CPU budget) so that no report holds a request for long on an overloaded host either.
-# Measured: ~11 ms of CPU per service with findings from every rule (26 rules), so 500 such
-# services take ~5.5 CPU-s and a document at the size budget may be refused. Constants, not
-# configuration: the bound must hold at any setting.
+# Measured: ~6 ms of CPU per service with findings from most rules (test_budget.busy_service),
+# so 500 such services take ~3 CPU-s and a document at the size budget may be refused. Constants,
+# not configuration: the bound must hold at any setting.
+#
+# Where an uncached report's CPU goes (bench/compose_bench.py --rules, the bench's 10-service
+# file: ~45 ms): converting the input and calling the engine at all ~2-3 ms (the constant-policy
+# floor, mostly _push's one ctypes call per input node); every rule then costs regopy ~30-50 us
+# per evaluated expression per service, so even a one-line rule adds ~0.3-0.5 ms for 10
+# services, and rules with per-entry string work add more (secret-env ~6 ms: regex.match
+# compiles its pattern on every call; sensitive-mounts, image-pinning, no-new-privileges,
+# privileged-ports ~2-2.5 ms each); the Python around the query (cells, sorting, pointers)
+# ~2 ms. A JSON pointer built in Rego cost ~0.1 ms a finding: rules give a ``path`` and
+# ``_path_pointer`` builds it here. A cached report costs ~0.13 ms (the cache key's hash).
 
 #: Most services one document may have (a real project has a few dozen).
 MAX_SERVICES = 1000
