@@ -109,7 +109,10 @@ def _response(outcome: Outcome) -> web.Response | None:
     for name, value in outcome.headers.items():
         if not _FIELD_NAME.fullmatch(name) or _FIELD_VALUE_BAD.search(value):
             raise ValueError(f"response header {name[:64]!r} cannot be sent")
-    response = web.json_response(outcome.body, status=outcome.status)
+    if outcome.text is not None:
+        response = web.json_response(text=outcome.text, status=outcome.status)
+    else:
+        response = web.json_response(outcome.body, status=outcome.status)
     response.headers.update(outcome.headers)
     return response
 

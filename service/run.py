@@ -91,6 +91,9 @@ class Outcome:
     audit: dict[str, Any] = field(default_factory=dict)
     #: For streamed responses (server-sent events): produces the response after audit commits.
     stream: Callable[[], Awaitable[web.StreamResponse]] | None = None
+    #: ``body`` already serialised (``json.dumps(body)``, e.g. kept with a cached report): sent
+    #: as it is instead of serialising ``body`` again.
+    text: str | None = None
 
 
 #: Reads a request's target; may await the store (e.g. the ticket a review is about).

@@ -14,25 +14,20 @@ meta := {
 
 dangerous := {"ALL", "SYS_ADMIN", "NET_ADMIN", "SYS_MODULE", "SYS_PTRACE", "SYS_RAWIO", "SYS_BOOT", "SYS_TIME", "DAC_READ_SEARCH", "BPF", "PERFMON", "MAC_ADMIN", "MAC_OVERRIDE", "SYSLOG", "LINUX_IMMUTABLE", "SYS_RESOURCE", "BLOCK_SUSPEND", "WAKE_ALARM", "AUDIT_CONTROL", "CHECKPOINT_RESTORE"}
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap])} |
-	some name
-	svc := input.fields.services[name]
-	raw_all := object.get(svc, "cap_add", [])
-	some i
-	raw := raw_all[i]
-	cap := trim_prefix(upper(raw), "CAP_")
-	cap in dangerous
-]
-
 # Other added capabilities are reported, not failed.
-_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["cap_add", i]), "message": concat("", ["cap_add: ", cap, " (not in the dangerous set)"]), "severity": "info"} |
+told := {
+	true: {"text": "", "severity": "fail"},
+	false: {"text": " (not in the dangerous set)", "severity": "info"},
+}
+
+_findings_1 := [{"service": name, "path": ["cap_add", i], "message": concat("", ["cap_add: ", cap, told[bad].text]), "severity": told[bad].severity} |
 	some name
 	svc := input.fields.services[name]
 	raw_all := object.get(svc, "cap_add", [])
 	some i
 	raw := raw_all[i]
 	cap := trim_prefix(upper(raw), "CAP_")
-	not cap in dangerous
+	bad := cap in dangerous
 ]
 
-findings := array.concat(_findings_1, _findings_2)
+findings := _findings_1

@@ -14,7 +14,7 @@ meta := {
 
 host_userns(svc) if lower(object.get(svc, "userns_mode", "")) == "host"
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["userns_mode"]), "message": "userns_mode: host"} |
+_findings_1 := [{"service": name, "path": ["userns_mode"], "message": "userns_mode: host"} |
 	some name
 	svc := input.fields.services[name]
 	host_userns(svc)

@@ -52,21 +52,28 @@ _not_applicable_1 := [name |
 	local(svc)
 ]
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat(" ", ["image", svc.image, reason]), "severity": severity} |
+# [name, image, problem or ""] of every service with an image to pin, worked out once.
+_pinnable := [[name, svc.image, reason] |
 	some name
 	svc := input.fields.services[name]
 	not local(svc)
-	reason := problem(svc.image)
-	severity := unpinned_severity
+	reason := reason_or_none(svc.image)
 ]
 
-_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["image"]), "message": concat("", ["image ", svc.image, " is not pinned by digest (required in ", input.env, ")"])} |
-	some name
-	svc := input.fields.services[name]
-	not local(svc)
+reason_or_none(image) := reason if {
+	reason := problem(image)
+} else := ""
+
+_findings_1 := [{"service": s[0], "path": ["image"], "message": concat(" ", ["image", s[1], s[2]]), "severity": unpinned_severity} |
+	some s in _pinnable
+	s[2] != ""
+]
+
+_findings_2 := [{"service": s[0], "path": ["image"], "message": concat("", ["image ", s[1], " is not pinned by digest (required in ", input.env, ")"])} |
 	lib.is_prod
-	not problem(svc.image)
-	not has_digest(svc.image)
+	some s in _pinnable
+	s[2] == ""
+	not has_digest(s[1])
 ]
 
 findings := array.concat(_findings_1, _findings_2)

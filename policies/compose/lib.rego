@@ -20,8 +20,9 @@ token(p) := p if {
 	is_string(p)
 } else := format_int(p, 10)
 
-# JSON pointer into input.fields: ptr("web", ["ports", 0]) == "/services/web/ports/0".
-ptr(name, path) := concat("/", array.concat(["", "services", esc(name)], [esc(token(p)) | some p in path]))
+# JSON pointer into input.fields outside the services: top_ptr("volumes", "data", ["driver_opts"])
+# == "/volumes/data/driver_opts". (A place below a service is a finding's "path": the preflight
+# makes the pointer, which costs ~0.1 ms a finding here.)
 
 top_ptr(kind, name, path) := concat("/", array.concat(["", kind, esc(name)], [esc(token(p)) | some p in path]))
 

@@ -28,33 +28,44 @@ missing_severity := "fail" if {
 	lib.is_prod
 } else := "warn"
 
-# The findings about one service (a function, so the Rego unit tests can call it).
+# What an nnp value says: on or off (other values say neither).
+switch := {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}
+
 # True when one of the entries enables it.
 enabled(svc) if {
 	some raw in object.get(svc, "security_opt", [])
-	nnp(raw) in {"true", "1", "yes"}
+	switch[nnp(raw)] == "on"
 }
 
 # True when one of the entries disables it explicitly.
 disabled(svc) if {
 	some raw in object.get(svc, "security_opt", [])
-	nnp(raw) in {"false", "0", "no"}
+	switch[nnp(raw)] == "off"
 }
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["security_opt", i]), "message": concat("", ["security_opt ", raw, " lets processes gain privileges"]), "severity": "fail"} |
+# Each service's entries are read once: [name, index, raw, on/off] for every entry that
+# switches no-new-privileges.
+_switches := [[name, i, raw, state] |
 	some name
 	svc := input.fields.services[name]
 	opts := object.get(svc, "security_opt", [])
 	some i
 	raw := opts[i]
-	nnp(raw) in {"false", "0", "no"}
+	v := nnp(raw)
+	state := switch[v]
 ]
 
-_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["security_opt"]), "message": "no-new-privileges is not set to true", "severity": missing_severity} |
+_findings_1 := [{"service": s[0], "path": ["security_opt", s[1]], "message": concat("", ["security_opt ", s[2], " lets processes gain privileges"]), "severity": "fail"} |
+	some s in _switches
+	s[3] == "off"
+]
+
+_switched := [s[0] | some s in _switches]
+
+_findings_2 := [{"service": name, "path": ["security_opt"], "message": "no-new-privileges is not set to true", "severity": missing_severity} |
 	some name
-	svc := input.fields.services[name]
-	not enabled(svc)
-	not disabled(svc)
+	input.fields.services[name]
+	not name in _switched
 ]
 
 findings := array.concat(_findings_1, _findings_2)

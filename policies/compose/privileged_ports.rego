@@ -40,7 +40,7 @@ _not_applicable_1 := [name |
 	count(object.get(svc, "ports", [])) == 0
 ]
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["ports", i, "target"]), "message": concat("", ["container port ", format_int(p.target, 10), story[severity]]), "severity": severity} |
+_findings_1 := [{"service": name, "path": ["ports", i, "target"], "message": concat("", ["container port ", format_int(p.target, 10), story[severity]]), "severity": severity} |
 	some name
 	svc := input.fields.services[name]
 	ports := object.get(svc, "ports", [])

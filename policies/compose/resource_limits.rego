@@ -12,13 +12,13 @@ meta := {
 	"remediation": "Set deploy.resources.limits.memory (fail without it) and deploy.resources.limits.cpus (warn without it); mem_limit and cpus are accepted and folded into deploy.resources.",
 }
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["deploy", "resources", "limits", "memory"]), "message": "no memory limit"} |
+_findings_1 := [{"service": name, "path": ["deploy", "resources", "limits", "memory"], "message": "no memory limit"} |
 	some name
 	svc := input.fields.services[name]
 	not lib.limits(svc).memory
 ]
 
-_findings_2 := [{"service": name, "pointer": lib.ptr(name, ["deploy", "resources", "limits", "cpus"]), "message": "no CPU limit", "severity": "warn"} |
+_findings_2 := [{"service": name, "path": ["deploy", "resources", "limits", "cpus"], "message": "no CPU limit", "severity": "warn"} |
 	some name
 	svc := input.fields.services[name]
 	not lib.limits(svc).cpus

@@ -38,9 +38,12 @@ sensitive(path) := "container runtime socket" if {
 	home_relative(path)
 } else := "sensitive host path" if {
 	not path in harmless_files
-	some tree in sensitive_trees
-	startswith(concat("", [path, "/"]), concat("", [tree, "/"]))
+	regex.match(sensitive_tree_regex, path)
 }
+
+# One match for all the trees (a tree itself or anything below it) instead of one test per tree.
+# The tree names hold no regular-expression metacharacters.
+sensitive_tree_regex := concat("", ["^(", concat("|", sensitive_trees), ")(/|$)"])
 
 # Socket proxies (tecnativa/docker-socket-proxy, linuxserver/socket-proxy, wollomatic/socket-proxy)
 # are the remediation: with the socket read-only they are the least bad way to give an API.
@@ -74,7 +77,7 @@ mounted_read_only(v) := true if {
 	v.read_only == true
 } else := false
 
-_findings_1 := [{"service": name, "pointer": lib.ptr(name, ["volumes", i, "source"]), "message": concat("", [kind, " ", v.source, " mounted at ", v.target, note(kind, svc, ro)]), "severity": grade(kind, svc, ro)} |
+_findings_1 := [{"service": name, "path": ["volumes", i, "source"], "message": concat("", [kind, " ", v.source, " mounted at ", v.target, note(kind, svc, ro)]), "severity": grade(kind, svc, ro)} |
 	some name
 	svc := input.fields.services[name]
 	vols := object.get(svc, "volumes", [])
@@ -92,8 +95,8 @@ _findings_2 := [{"service": name, "pointer": lib.top_ptr("volumes", src, ["drive
 	some v in object.get(svc, "volumes", [])
 	v.type == "volume"
 	src := object.get(v, "source", "")
-	definition := object.get(lib.top("volumes"), src, {})
-	device := object.get(object.get(definition, "driver_opts", {}), "device", "")
+	device := object.get(object.get(object.get(lib.top("volumes"), src, {}), "driver_opts", {}), "device", "")
+	device != ""
 	kind := sensitive(device)
 	ro := mounted_read_only(v)
 ]

@@ -10,7 +10,12 @@ from aiohttp import web
 from ..appkeys import COMPOSE_RULES, CONFIG
 from ..chain import Outcome, Run, Target, protected
 from ..compose import preflight
-from ..compose.preflight import ComposeTooLarge, EvaluationBudgetExceeded, check_budget, evaluate
+from ..compose.preflight import (
+    ComposeTooLarge,
+    EvaluationBudgetExceeded,
+    check_budget,
+    evaluate_json,
+)
 from ..errors import ComposeTooLarge as ComposeTooLargeProblem
 from ..errors import EvaluationBudgetExceeded as EvaluationBudgetProblem
 
@@ -38,8 +43,8 @@ async def compose_import(run: Run) -> Outcome:
     # other reports interleave), with the preflight's time budget checked between chunks.
     budget_s = preflight.EVALUATION_BUDGET_S
     try:
-        report = await asyncio.to_thread(
-            evaluate,
+        report, text = await asyncio.to_thread(
+            evaluate_json,
             body["fields"],
             strict=bool(body.get("strict", False)),
             env=body.get("env"),
@@ -51,5 +56,7 @@ async def compose_import(run: Run) -> Outcome:
         raise EvaluationBudgetProblem(
             exc.message, code="evaluation_budget_exceeded",
             errors=[{"pointer": "/fields/services", "message": exc.message}]) from None
-    return Outcome(200, report, audit={"compose_passed": report["passed"],
-                                       "compose_revision": report.get("policy_revision")})
+    # The report's JSON text is cached with it: a repeated file serialises nothing.
+    return Outcome(200, report, text=text,
+                   audit={"compose_passed": report["passed"],
+                          "compose_revision": report.get("policy_revision")})

@@ -5,8 +5,10 @@ reports are identical for the same input.
 
 Rules are Rego modules in ``policies/compose/``, one per file, each in its own package
 ``controlplane.compose.rules.<file stem>`` defining ``meta`` (id, title, severity, rationale,
-remediation), a set ``findings`` of ``{service, message, pointer[, severity]}`` and optionally a
-set ``not_applicable`` of service names. Modules in other packages (``lib.rego``) are helpers.
+remediation), a set ``findings`` of ``{service, message, path | pointer[, severity]}`` (``path``:
+the keys and indexes below the service; the preflight makes it a JSON pointer, which costs
+nothing here and ~0.1 ms a finding in regopy) and optionally a set ``not_applicable`` of
+service names. Modules in other packages (``lib.rego``) are helpers.
 
 All rules are compiled into one bundle with one generated entrypoint,
 ``controlplane/compose/report``, so a whole file costs one query. A broken rule must not take the
@@ -53,6 +55,7 @@ __all__ = [
     "RuleSet",
     "check_budget",
     "evaluate",
+    "evaluate_json",
 ]
 
 #: The repository's compose policies (``policies/compose``).
@@ -256,16 +259,26 @@ def _rule_from_meta(bundle: Bundle | None, package: str) -> Rule:
 # - time is bounded: the services are evaluated CHUNK_SERVICES at a time (every rule speaks about
 #   one service, with the top-level definitions for context), the budget is checked between
 #   chunks and a report over it raises ``EvaluationBudgetExceeded``. A regopy query cannot be
-#   interrupted, so a chunk is the unit: small enough (~0.25 CPU-s for 20 services with
-#   findings from every rule) that the budget is kept within a fraction of a second, and the bundle's
+#   interrupted, so a chunk is the unit: small enough (~0.12 CPU-s for 20 services with
+#   findings from most rules) that the budget is kept within a fraction of a second, and the bundle's
 #   lock is released between chunks so other reports of the worker interleave instead of
 #   waiting for the whole large one.
 # The budget is CPU time of the evaluating thread (EVALUATION_BUDGET_S: the same document gets
 # the same answer on an idle and on a busy host), with a wall-clock backstop
 # (WALL_FACTOR times the CPU budget) so that no report holds a request for long on an overloaded host either.
-# Measured: ~11 ms of CPU per service with findings from every rule (26 rules), so 500 such
-# services take ~5.5 CPU-s and a document at the size budget may be refused. Constants, not
-# configuration: the bound must hold at any setting.
+# Measured: ~6 ms of CPU per service with findings from most rules (test_budget.busy_service),
+# so 500 such services take ~3 CPU-s and a document at the size budget may be refused. Constants,
+# not configuration: the bound must hold at any setting.
+#
+# Where an uncached report's CPU goes (bench/compose_bench.py --rules, the bench's 10-service
+# file: ~45 ms): converting the input and calling the engine at all ~2-3 ms (the constant-policy
+# floor, mostly _push's one ctypes call per input node); every rule then costs regopy ~30-50 us
+# per evaluated expression per service, so even a one-line rule adds ~0.3-0.5 ms for 10
+# services, and rules with per-entry string work add more (secret-env ~6 ms: regex.match
+# compiles its pattern on every call; sensitive-mounts, image-pinning, no-new-privileges,
+# privileged-ports ~2-2.5 ms each); the Python around the query (cells, sorting, pointers)
+# ~2 ms. A JSON pointer built in Rego cost ~0.1 ms a finding: rules give a ``path`` and
+# ``_path_pointer`` builds it here. A cached report costs ~0.13 ms (the cache key's hash).
 
 #: Most services one document may have (a real project has a few dozen).
 MAX_SERVICES = 1000
@@ -355,6 +368,39 @@ def evaluate(
     returns the stored report without evaluating anything, so a report must not be changed by
     its caller (``cache=False`` evaluates and stores nothing).
     """
+    return _report(fields, strict=strict, env=env, rules=rules, environments=environments,
+                   budget_s=budget_s, cache=cache).report
+
+
+def evaluate_json(
+    fields: Mapping[str, Any],
+    *,
+    strict: bool = False,
+    env: str | None = None,
+    rules: RuleSet,
+    environments: Environments | None = None,
+    budget_s: float | None = EVALUATION_BUDGET_S,
+) -> tuple[dict[str, Any], str]:
+    """``evaluate`` and the report as JSON text (``json.dumps``, as a JSON response sends it);
+    the text is cached with the report, so a hit serialises nothing (a 10-service report's
+    text costs ~1 ms to build)."""
+    entry = _report(fields, strict=strict, env=env, rules=rules, environments=environments,
+                    budget_s=budget_s, cache=True)
+    if entry.text is None:
+        entry.text = json.dumps(entry.report)  # the same text from every thread that races here
+    return entry.report, entry.text
+
+
+def _report(
+    fields: Mapping[str, Any],
+    *,
+    strict: bool,
+    env: str | None,
+    rules: RuleSet,
+    environments: Environments | None,
+    budget_s: float | None,
+    cache: bool,
+) -> _Entry:
     check_budget(fields)
     input_doc: dict[str, Any] = {"strict": strict}
     if env is not None:
@@ -367,10 +413,11 @@ def evaluate(
         hit = rules.reports.get(key)
         if hit is not None:
             return hit
-    report = _evaluate(fields, input_doc, strict=strict, env=env, rules=rules, budget_s=budget_s)
+    entry = _Entry(_evaluate(fields, input_doc, strict=strict, env=env, rules=rules,
+                             budget_s=budget_s))
     if key is not None:
-        rules.reports.put(key, report)
-    return report
+        rules.reports.put(key, entry)
+    return entry
 
 
 def _cache_key(fields: Mapping[str, Any], input_doc: Mapping[str, Any], revision: str) -> str:
@@ -379,30 +426,38 @@ def _cache_key(fields: Mapping[str, Any], input_doc: Mapping[str, Any], revision
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+@dataclass
+class _Entry:
+    """A cached report and, once a caller asked for it, its JSON text."""
+
+    report: dict[str, Any]
+    text: str | None = None
+
+
 class ReportCache:
     """A bounded LRU of reports. A hit is the stored report itself (no copy: a copy of a
     10-service report costs more than the rest of a hit), so callers must treat reports as
-    read-only; the endpoint serialises them and the CLI renders them."""
+    read-only; the endpoint sends their cached JSON text and the CLI renders them."""
 
     def __init__(self, entries: int) -> None:
         self.entries = entries
-        self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._items: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> _Entry | None:
         with self._lock:
-            report = self._items.get(key)
-            if report is None:
+            entry = self._items.get(key)
+            if entry is None:
                 self.misses += 1
                 return None
             self._items.move_to_end(key)
             self.hits += 1
-            return report
+            return entry
 
-    def put(self, key: str, report: dict[str, Any]) -> None:
+    def put(self, key: str, entry: _Entry) -> None:
         with self._lock:
-            self._items[key] = report
+            self._items[key] = entry
             self._items.move_to_end(key)
             while len(self._items) > self.entries:
                 self._items.popitem(last=False)
@@ -571,6 +626,11 @@ def _read_output(
                 or not isinstance(item.get("pointer", ""), str)
                 or item.get("severity", rule.severity) not in SEVERITIES):
             return {}, set(), "malformed finding (needs service, message, pointer, severity)"
+        if "path" in item:
+            pointer = _path_pointer(item["service"], item.pop("path"))
+            if pointer is None:
+                return {}, set(), "malformed finding (path must be an array of keys and indexes)"
+            item["pointer"] = pointer
         # Rules build arrays (linear in regopy, where sets are quadratic): drop repeats here.
         key = (item["service"], item.get("pointer", ""), item["message"],
                item.get("severity", rule.severity))
@@ -583,10 +643,31 @@ def _read_output(
     return per_service, {s for s in raw_na if isinstance(s, str)}, None
 
 
+def _escape(token: str) -> str:
+    """One RFC 6901 reference token."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _path_pointer(service: str, path: Any) -> str | None:
+    """The JSON pointer of a finding's ``path`` below its service (keys and array indexes),
+    or ``None`` when ``path`` is not an array of strings and non-negative integers."""
+    if not isinstance(path, list):
+        return None
+    tokens = ["", "services", _escape(service)]
+    for token in path:
+        if isinstance(token, str):
+            tokens.append(_escape(token))
+        elif type(token) is int and token >= 0:
+            tokens.append(str(token))
+        else:
+            return None
+    return "/".join(tokens)
+
+
 def _cell(
     rule: Rule, service: str, error: str | None, items: list[dict[str, Any]], not_applicable: bool
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    base_pointer = "/services/" + service.replace("~", "~0").replace("/", "~1")
+    base_pointer = "/services/" + _escape(service)
     if error is not None:
         cell = {"service": service, "rule": rule.id, "result": "error", "message": error}
         return cell, [_finding(rule, service, "error", error, base_pointer)]

@@ -66,6 +66,25 @@ async def test_bad_bodies_are_422_with_pointers(client, body, pointer):
     assert pointer in {e["pointer"] for e in problem["errors"]}
 
 
+async def test_a_repeated_file_gets_the_same_bytes_and_a_bad_body_stays_bad(client):
+    token = await login(client, "carol")
+    fields = normalize_files([EXAMPLES / "risky.compose.yaml"], environ={})
+    body = json.dumps({"fields": fields, "env": "prod"})
+    headers = {**bearer(token), "Content-Type": "application/json"}
+    answers = []
+    for _ in range(3):  # evaluated, then the cached report's text, then again
+        response = await client.post("/api/v1/compose/import", headers=headers, data=body)
+        assert response.status == 200 and response.content_type == "application/json"
+        answers.append(await response.read())
+    assert answers[0] == answers[1] == answers[2]
+    assert json.loads(answers[0])["passed"] is False
+    # A body that failed its checks is checked again every time (only passes are remembered).
+    bad = json.dumps({"fields": fields, "strict": "yes"})
+    for _ in range(2):
+        response = await client.post("/api/v1/compose/import", headers=headers, data=bad)
+        await assert_problem(response, 422, "schema_validation_failed")
+
+
 async def test_compose_import_needs_a_caller_and_deploys_nothing(client):
     await assert_problem(await client.post("/api/v1/compose/import", json={"fields": {}}), 401,
                          "unauthenticated")

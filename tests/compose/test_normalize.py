@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from service.compose.normalize import NormalizeError, normalize_files, normalize_text
-from service.compose.source import Interpolator, parse_dotenv
+from service.compose.source import Interpolator, load_yaml, parse_dotenv
 
 
 def one(text: str, variables: dict[str, str] | None = None, name: str = "s") -> dict[str, Any]:
@@ -318,3 +318,12 @@ def test_deploy_null_is_accepted_as_no_deploy_settings() -> None:
     assert fields["services"]["web"] == {"image": "a:1"}
     fields = normalize_text("services:\n  web:\n    image: a:1\n    deploy:\n    pids_limit: 50\n")
     assert fields["services"]["web"]["deploy"] == {"resources": {"limits": {"pids": 50}}}
+
+
+
+def test_deep_nesting_is_an_error_never_a_crash_of_the_process() -> None:
+    # libyaml scans and parses (when PyYAML has it), PyYAML's Python composer builds the nodes:
+    # libyaml's own composer recurses in C and kills the process on such a document.
+    depth = 200_000
+    with pytest.raises((RecursionError, NormalizeError)):
+        load_yaml("[" * depth + "]" * depth)

@@ -63,6 +63,30 @@ def test_finding_pointers_point_into_fields(check: Check) -> None:
         assert finding["pointer"].startswith("/services/w~1eb/")
 
 
+PATHS = """package controlplane.compose.rules.paths
+
+import rego.v1
+
+meta := {"id": "paths", "title": "t", "severity": "warn", "rationale": "r", "remediation": "m"}
+
+findings := [{"service": name, "message": key, "path": ["environment", key, 0]} |
+	some name
+	env := input.fields.services[name].environment
+	some key
+	env[key]
+]
+"""
+
+
+def test_a_finding_path_is_the_pointer_below_its_service(tmp_path: Path) -> None:
+    rules = RuleSet.load(policy_copy(tmp_path, {"paths.rego": PATHS}))
+    report = evaluate({"services": {"w/e~b": {"image": "a", "environment": {"A/B~C": "x"}}}},
+                      rules=rules, cache=False)
+    [finding] = [f for f in report["findings"] if f["rule"] == "paths"]
+    assert finding["pointer"] == "/services/w~1e~0b/environment/A~1B~0C/0"
+    assert "path" not in finding
+
+
 def test_strict_turns_warnings_into_failure(check: Check) -> None:
     relaxed = check({"a": WARN_ONLY})
     strict = check({"a": WARN_ONLY}, strict=True)
@@ -132,12 +156,25 @@ meta := {"id": "malformed", "title": "t", "severity": "warn", "rationale": "r", 
 findings contains {"service": "no-such-service", "message": 1}
 """
 
+BAD_PATH = """package controlplane.compose.rules.bad_path
+
+import rego.v1
+
+meta := {"id": "bad-path", "title": "t", "severity": "warn", "rationale": "r", "remediation": "m"}
+
+findings := [{"service": name, "message": "x", "path": ["ports", true]} |
+	some name
+	input.fields.services[name]
+]
+"""
+
 
 @pytest.mark.parametrize(("files", "rule_id", "when"), [
     pytest.param({"broken.rego": BROKEN_SYNTAX}, "broken", "load", id="compile-error"),
     pytest.param({"conflict.rego": RUNTIME_CONFLICT}, "conflict", "eval", id="eval-error"),
     pytest.param({"bad_meta.rego": BAD_META}, "bad-meta", "load", id="bad-meta"),
     pytest.param({"malformed.rego": MALFORMED}, "malformed", "eval", id="malformed-output"),
+    pytest.param({"bad_path.rego": BAD_PATH}, "bad-path", "eval", id="malformed-path"),
     pytest.param({"misnamed.rego": BROKEN_SYNTAX.replace("broken", "other")}, "misnamed", "load",
                  id="package-not-file-name"),
 ])
