@@ -9,9 +9,9 @@ fails vetting, or that errors, never touches serving: it only shows in ``authz/s
 
 The chain's decision observer (``decide.observe``) calls ``submit`` with the input and the live
 decision: sampled by ``shadow_sample_rate``, appended to a bounded queue (dropped and counted
-when full), and nothing else on the request path. A sender thread takes the queue in batches,
-serialises each batch once (JSON, over a pipe: the inputs are never written anywhere) and reads
-the process's verdict; a different ``decision`` counts in
+when full), and nothing else on the request path. A sender thread takes the queue in batches
+(every ``SEND_INTERVAL_S``), serialises each batch once (JSON, over a pipe: the inputs are never
+written anywhere) and reads the process's verdict; a different ``decision`` counts in
 ``controlplane_policy_shadow_divergence_total{live,candidate}`` and is logged with both results
 here. The process uses spare CPU only: at saturation it falls behind, the queue fills and drops
 (counted), and the live path is not slowed. If it dies it is started again (with backoff, counted
@@ -49,8 +49,10 @@ log = logging.getLogger("controlplane.authz.shadow")
 
 #: Inputs per frame sent to the shadow process (one ``json.dumps`` each).
 BATCH = 256
-#: How long the sender lets a small batch grow before it sends it (fewer, larger frames).
-LINGER_S = 0.005
+#: How often the sender takes what the queue holds (sooner when a whole batch is waiting). The
+#: request path only appends: waking a thread per request costs the worker more CPU than the
+#: batch's encoding, so the sender wakes on its own, and a frame carries many inputs.
+SEND_INTERVAL_S = 0.05
 #: Loading a candidate (vetting in a child, compiling) and deciding a batch: past these the
 #: shadow process is taken for hung, ended and started again.
 LOAD_TIMEOUT_S = 300.0
@@ -208,9 +210,7 @@ class Shadow:
         if len(self._queue) >= self.queue_size:
             self.counts["dropped"] += 1
             return
-        self._queue.append((input_doc, decision))
-        with self._wake:
-            self._wake.notify()
+        self._queue.append((input_doc, decision))  # the sender takes it (SEND_INTERVAL_S)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -325,14 +325,12 @@ class Shadow:
             self._calls.popleft()
             call.done.set()
         with self._wake:
-            if not self._queue and not self._stop:
-                self._wake.wait(min(1.0, self.poll_interval_s))
+            if len(self._queue) < BATCH and not self._calls and not self._stop:
+                self._wake.wait(min(SEND_INTERVAL_S, self.poll_interval_s))
         if self.candidate_dir is not None and time.monotonic() >= self._next_poll:
             self._next_poll = time.monotonic() + self.poll_interval_s
             self._candidate(self._request(b'{"op":"poll"}', LOAD_TIMEOUT_S))
-        if self._queue and not self._stop:
-            if len(self._queue) < BATCH:
-                time.sleep(LINGER_S)
+        while self._queue and not self._stop and not self._calls:
             self._decide()
 
     def _call(self, request: dict[str, Any]) -> dict[str, Any] | None:
