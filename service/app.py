@@ -237,7 +237,8 @@ async def _decision_observers(app: web.Application) -> AsyncIterator[None]:
                         sample_rate=config.policies.shadow_sample_rate,
                         queue_size=config.policies.shadow_queue_size,
                         poll_interval_s=config.policies.reload_interval_s or 2.0,
-                        on_divergence=app[METRICS].shadow_diverged)
+                        on_divergence=app[METRICS].shadow_diverged,
+                        mask_fields=config.logging.mask_fields)
         shadow.start()
         app[SHADOW] = shadow
         removers.append(observe(engine, shadow.submit))

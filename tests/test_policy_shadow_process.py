@@ -6,6 +6,7 @@ service, whether it stops cleanly or is killed."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -15,7 +16,7 @@ import aiohttp
 
 from service.appkeys import SHADOW
 from service.authz.shadowproc import NICE
-from tests.auth import bearer, login
+from tests.auth import PASSWORDS, bearer, login
 from tests.authz.test_replay_shadow import candidate_without_carols_role
 from tests.servers import serve
 from tests.test_policy_shadow import _metric
@@ -167,9 +168,25 @@ async def test_no_shadow_process_outlives_cpctl_serve_workers(tmp_path):
         assert len(shadows) == 2, _group(proc.pid)
         parents = {parent for parent, _ in shadows.values()}
         assert len(parents) == 2 and proc.pid not in parents  # one per worker
+        # A divergence is logged by the shadow process, into the server's log (JSON lines).
         async with aiohttp.ClientSession() as session:
-            async with session.get(base + "/healthz") as response:
+            async with session.post(base + "/api/v1/authn/sessions", json={
+                    "subject_id": "carol", "password": PASSWORDS["carol"]}) as response:
+                assert response.status == 201, await response.text()
+                token = (await response.json())["access_token"]
+            async with session.get(base + "/api/v1/storage/objects",
+                                   headers={"Authorization": f"Bearer {token}"}) as response:
                 assert response.status == 200
+        logged: list[dict] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not logged:
+            logged = [json.loads(line) for line in proc.log_path.read_text().splitlines()
+                      if '"policy.shadow_divergence"' in line]
+            await asyncio.sleep(0.1)
+        assert len(logged) == 1, proc.log_path.read_text()[-2000:]
+        assert (logged[0]["subject"], logged[0]["live"]["decision"],
+                logged[0]["candidate"]["decision"]) == ("carol", "allow", "deny")
+        assert "input" not in logged[0] and token not in json.dumps(logged[0])
 
         victim_shadow, (victim_worker, _) = next(iter(shadows.items()))
         os.kill(victim_worker, signal.SIGKILL)

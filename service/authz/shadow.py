@@ -12,9 +12,11 @@ decision: sampled by ``shadow_sample_rate``, appended to a bounded queue (droppe
 when full), and nothing else on the request path. A sender thread takes the queue in batches
 (every ``SEND_INTERVAL_S``), serialises each batch once (JSON, over a pipe: the inputs are never
 written anywhere) and reads the process's verdict; a different ``decision`` counts in
-``controlplane_policy_shadow_divergence_total{live,candidate}`` and is logged with both results
-here. The process uses spare CPU only: at saturation it falls behind, the queue fills and drops
-(counted), and the live path is not slowed. If it dies it is started again (with backoff, counted
+``controlplane_policy_shadow_divergence_total{live,candidate}`` here, and the shadow process
+logs it with both results (``policy.shadow_divergence``, JSON on the same stderr: formatting and
+scrubbing a log line costs more CPU than the whole hand-off, so it stays off the worker). The
+process uses spare CPU only: at saturation it falls behind, the queue fills and drops (counted),
+and the live path is not slowed. If it dies it is started again (with backoff, counted
 in ``process.restarts``) and reloads the candidate; it ends with this component (``close``), and
 by itself at end of input if this process dies.
 
@@ -35,7 +37,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,7 @@ class Shadow:
         queue_size: int = 1000,
         poll_interval_s: float = 2.0,
         on_divergence: Callable[[str, str], None] | None = None,
+        mask_fields: Iterable[str] = (),
     ) -> None:
         #: None: the candidate is a published revision, given to ``install`` (never a directory)
         self.candidate_dir = Path(candidate_dir).resolve() if candidate_dir is not None else None
@@ -97,6 +100,8 @@ class Shadow:
         self.queue_size = queue_size
         self.poll_interval_s = poll_interval_s
         self.on_divergence = on_divergence
+        #: ``logging.mask_fields``: the shadow process logs the divergences
+        self.mask_fields = tuple(mask_fields)
         self._queue: deque[tuple[Mapping[str, Any], Decision]] = deque()
         self._calls: deque[_Call] = deque()
         self._wake = threading.Condition()
@@ -251,6 +256,10 @@ class Shadow:
                 except _Gone as exc:
                     if not self._stop:
                         self._lost(str(exc))
+                except Exception as exc:  # never let shadow evaluation stop for good
+                    log.exception("shadow evaluation failed")
+                    self.counts["errors"] += 1
+                    self._lost(exc.__class__.__name__)
         finally:
             self._end_process(grace=2.0)
             while self._calls:
@@ -267,13 +276,17 @@ class Shadow:
             return
         if self._process_state != "starting":
             self.counts["restarts"] += 1
-        self._proc = subprocess.Popen(  # our own interpreter and module
-            [sys.executable, "-m", "service.authz.shadowproc"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-        )
+        try:
+            self._proc = subprocess.Popen(  # our own interpreter and module
+                [sys.executable, "-m", "service.authz.shadowproc"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+            )
+        except OSError as exc:
+            raise _Gone(f"it could not be started ({exc})") from exc
         self._started_at = time.monotonic()
         init = {"op": "init", "environments": dict(self.environments),
-                "candidate_dir": str(self.candidate_dir) if self.candidate_dir else None}
+                "candidate_dir": str(self.candidate_dir) if self.candidate_dir else None,
+                "mask_fields": list(self.mask_fields)}
         self._candidate(self._request(json.dumps(init).encode(), LOAD_TIMEOUT_S))
         snapshot = self._snapshot
         if snapshot is not None:  # the published revision this process held before
@@ -335,13 +348,13 @@ class Shadow:
 
     def _call(self, request: dict[str, Any]) -> dict[str, Any] | None:
         """``request`` answered by the shadow process (None: it could not be)."""
-        if self._stop:
+        if self._stop or self._thread is None:
             return None
         call = _Call(request)
         self._calls.append(call)
         with self._wake:
             self._wake.notify()
-        call.done.wait()
+        call.done.wait(LOAD_TIMEOUT_S * (ATTEMPTS + 1))
         return call.reply
 
     def _request(self, body: bytes, timeout: float) -> dict[str, Any]:
@@ -390,7 +403,7 @@ class Shadow:
             return
         try:
             body = json.dumps({"op": "decide", "revision": revision,
-                               "items": [[doc, live.decision] for doc, live in items]},
+                               "items": [[doc, live.to_dict()] for doc, live in items]},
                               separators=(",", ":"), default=str).encode()
         except (TypeError, ValueError):
             self.counts["errors"] += len(items)
@@ -411,28 +424,10 @@ class Shadow:
         for key in ("evaluated", "errors", "skipped"):
             self.counts[key] += int(reply.get(key) or 0)
         for index, candidate in reply.get("divergences") or ():
-            input_doc, live = items[index]
-            self._diverged(input_doc, live, candidate)
-
-    def _diverged(self, input_doc: Mapping[str, Any], live: Decision,
-                  candidate: Mapping[str, Any]) -> None:
-        result = str(candidate.get("decision"))
-        self.divergences[(live.decision, result)] += 1
-        if self.on_divergence is not None:
-            self.on_divergence(live.decision, result)
-        principal = input_doc.get("principal")
-        context = input_doc.get("context")
-        log.warning(
-            "shadow divergence: live %s, candidate %s", live.decision, result,
-            extra={"fields": {
-                "event": "policy.shadow_divergence",
-                "correlation_id": context.get("correlation_id")
-                if isinstance(context, Mapping) else None,
-                "subject": principal.get("subject_id") if isinstance(principal, Mapping) else None,
-                "action": input_doc.get("action"), "env": input_doc.get("env"),
-                "live": live.to_dict(), "candidate": dict(candidate),
-            }},
-        )
+            live = items[index][1].decision
+            self.divergences[(live, str(candidate))] += 1
+            if self.on_divergence is not None:
+                self.on_divergence(live, str(candidate))
 
     def status(self) -> dict[str, Any]:
         """For ``authz/status`` (public): the candidate's revision and the counts; no inputs, no

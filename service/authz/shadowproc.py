@@ -9,14 +9,16 @@ bounded queue then drops and counts) instead of slowing the live path.
 Requests (``op``) and replies (every reply carries ``state``, ``error`` and ``revision``, the
 candidate this process holds):
 
-- ``init`` ``{candidate_dir, environments}``: build the candidate engine; with a directory,
-  load (read, vet in a child, compile) it.
+- ``init`` ``{candidate_dir, environments, mask_fields}``: build the candidate engine; with a
+  directory, load (read, vet in a child, compile) it.
 - ``poll``: with a directory, reload it if its files changed.
 - ``install`` ``{snapshot}``: vet and load a published revision (a fresh engine: a rejected one
   leaves no earlier candidate deciding in its name).
 - ``decide`` ``{revision, items: [[input, live decision], ...]}``: decide each input with the
   candidate, if it is still ``revision`` (else all are ``skipped``); the reply counts
-  ``evaluated``, ``errors`` and lists ``divergences`` as ``[index, candidate decision]``.
+  ``evaluated``, ``errors`` and lists ``divergences`` as ``[index, candidate's decision value]``.
+  This process logs each divergence (``policy.shadow_divergence``: both results, the subject,
+  action, env and correlation id; never the input), as JSON on stderr like the serving process.
 
 The inputs are never written anywhere by this process. It exits at end of input (the parent
 closed the pipe, or died).
@@ -27,12 +29,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import struct
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from service import logs
 from service.authz.engine import DEFAULT_ENVIRONMENTS, PolicyEngine
 from service.authz.source import Snapshot
 
@@ -99,6 +103,7 @@ class Candidate:
             directory = request.get("candidate_dir")
             self.candidate_dir = Path(directory) if directory else None
             self.environments = dict(request.get("environments") or {})
+            logs.configure("WARNING", request.get("mask_fields") or ())
             self.engine = self._engine()
             if self.candidate_dir is not None:
                 self._load()
@@ -143,10 +148,28 @@ class Candidate:
                 log.exception("shadow evaluation failed")
                 continue
             evaluated += 1
-            if candidate.decision != live:
-                divergences.append([index, candidate.to_dict()])
+            if candidate.decision != live.get("decision"):
+                divergences.append([index, candidate.decision])
+            _log_divergence(input_doc, live, candidate.to_dict())
         return {"evaluated": evaluated, "errors": errors, "skipped": 0,
                 "divergences": divergences}
+
+
+def _log_divergence(input_doc: Mapping[str, Any], live: Mapping[str, Any],
+                    candidate: Mapping[str, Any]) -> None:
+    principal = input_doc.get("principal")
+    context = input_doc.get("context")
+    log.warning(
+        "shadow divergence: live %s, candidate %s", live.get("decision"), candidate["decision"],
+        extra={"fields": {
+            "event": "policy.shadow_divergence",
+            "correlation_id": context.get("correlation_id")
+            if isinstance(context, Mapping) else None,
+            "subject": principal.get("subject_id") if isinstance(principal, Mapping) else None,
+            "action": input_doc.get("action"), "env": input_doc.get("env"),
+            "live": dict(live), "candidate": dict(candidate),
+        }},
+    )
 
 
 def lower_priority() -> None:
@@ -161,9 +184,11 @@ def main() -> int:
     # The frames own the original stdout; anything else printed goes to stderr (the server log).
     out = os.dup(1)
     os.dup2(2, 1)
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s [shadow pid %(process)d] "
-                               "%(message)s")
+    logs.configure("WARNING")  # JSON lines on stderr, scrubbed, as the serving process's
+    # A terminal's Ctrl-C or hangup reaches the whole process group: the serving process decides
+    # when this one ends (end of input), and reloads come from it too.
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     lower_priority()
     candidate = Candidate()
     while True:
