@@ -139,14 +139,32 @@ class Server:
         """The processes that serve requests (the supervisor's children when there is one)."""
         pids: list[int] = []
         for proc in self.procs:
-            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-            kids: list[int] = []
-            with contextlib.suppress(OSError):
-                kids = [int(p) for p in children.read_text().split()]
-            # spawn-context workers; ignore multiprocessing's resource tracker
-            kids = [k for k in kids if "resource_tracker" not in _cmdline(k)]
+            kids = _children(proc.pid)
+            # spawn-context workers; ignore multiprocessing's resource tracker, and the shadow
+            # evaluation and policy vetting children of a single in-process worker
+            kids = [k for k in kids if not any(
+                helper in _cmdline(k) for helper in ("resource_tracker", *_HELPERS))]
             pids.extend(kids or [proc.pid])
         return pids
+
+    def shadow_pids(self) -> list[int]:
+        """The shadow evaluation processes (``service.authz.shadowproc``), one per worker."""
+        return [k for pid in {p.pid for p in self.procs} | set(self.worker_pids())
+                for k in _children(pid) if "service.authz.shadowproc" in _cmdline(k)]
+
+
+#: Children of a serving process that do not serve.
+_HELPERS = ("service.authz.shadowproc", "service.authz.regotest")
+
+
+def _children(pid: int) -> list[int]:
+    """Children started by any thread of ``pid`` (a worker's helper threads start some)."""
+    kids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                kids += [int(p) for p in (task / "children").read_text().split()]
+    return kids
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -595,6 +613,71 @@ def py_run(base: str, req: Request | list[Request], *, connections: int, duratio
             return pending.pop() if pending else None
     return asyncio.run(_py_run(base, next_request, connections=connections, duration=duration,
                                max_requests=max_requests))
+
+
+@dataclass
+class FixedRateResult:
+    """An open-loop run: requests sent at scheduled times, latency from the scheduled time."""
+
+    requests: int
+    seconds: float
+    rate: float  # asked for, req/s
+    rps: float  # answered, req/s
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    errors: int
+    late_ms_p99: float  # how late the generator itself sent (its own lag, included above)
+
+
+async def _fixed_rate(base: str, reqs: Sequence[Request], rate: float) -> FixedRateResult:
+    latencies: list[float] = []
+    lateness: list[float] = []
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)  # never queue client-side
+    timeout = aiohttp.ClientTimeout(total=30)
+
+    async def one(session: aiohttp.ClientSession, req: Request, due: float) -> None:
+        nonlocal errors
+        try:
+            async with session.request(req.method, base + req.path, headers=req.headers,
+                                       data=req.body) as r:
+                await r.read()
+                ok = 200 <= r.status < 400
+        except (TimeoutError, aiohttp.ClientError):
+            ok = False
+        latencies.append(time.perf_counter() - due)
+        errors += not ok
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        tasks: list[asyncio.Task[None]] = []
+        t0 = time.perf_counter() + 0.05
+        for k, req in enumerate(reqs):
+            due = t0 + k / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            lateness.append(max(0.0, time.perf_counter() - due))
+            tasks.append(asyncio.create_task(one(session, req, due)))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - t0
+    latencies.sort()
+    lateness.sort()
+
+    def pct(values: list[float], p: float) -> float:
+        return values[min(len(values) - 1, int(p * len(values)))] * 1e3 if values else float("nan")
+
+    return FixedRateResult(len(latencies), elapsed, rate, len(latencies) / elapsed,
+                           pct(latencies, 0.50), pct(latencies, 0.99),
+                           latencies[-1] * 1e3 if latencies else float("nan"), errors,
+                           pct(lateness, 0.99))
+
+
+def fixed_rate_run(base: str, reqs: Sequence[Request], *, rate: float) -> FixedRateResult:
+    """Open loop, free of coordinated omission: request k is sent at ``k / rate`` s whether or
+    not earlier ones were answered, and its latency counts from that scheduled time (a slow
+    server, or a generator that fell behind, shows as latency, not as fewer samples)."""
+    return asyncio.run(_fixed_rate(base, reqs, rate))
 
 
 def drive(base: str, req: Request | list[Request], *, connections: int, duration: float,

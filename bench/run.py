@@ -5,7 +5,8 @@ Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--out FILE]
 1. bench/http_bench.py    HTTP load: service vs a bare aiohttp app, SQLite/PostgreSQL, 1/2 workers
 2. bench/ticket_bench.py  ticket create -> approve -> consume, store level and HTTP
 3. bench/decision_bench.py  per-decision policy latency (its own output, included verbatim)
-4. bench/shadow_bench.py  live-path latency with and without shadow evaluation, divergence metric
+4. bench/shadow_bench.py  live-path latency with and without shadow evaluation (fixed rate and
+                          saturation), divergence metric
 5. bench/audit_bench.py   the audit chain's global section on PostgreSQL: hold time, ceiling
 6. bench/compose_bench.py   compose preflight: report latency against its floor, cached, and
    compose import over HTTP with 80% repeated / 20% new files (its own output, verbatim)

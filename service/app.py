@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import clock, logs
+from . import clock, logs, sighup
 from .api import routes as api_routes
 from .appkeys import (
     AUDIT,
@@ -217,7 +217,8 @@ async def _shadow_revision(app: web.Application) -> AsyncIterator[None]:
 
 async def _decision_observers(app: web.Application) -> AsyncIterator[None]:
     """DECISION_LOG and SHADOW, when configured: each observes the chain's decisions (a queue
-    append on the request path) and works in its own thread."""
+    append on the request path) and works in its own thread (SHADOW: and its own process;
+    SIGHUP makes it look at a candidate directory at once)."""
     config, engine = app[CONFIG], app[ENGINE]
     removers: list[Callable[[], None]] = []
     closers: list[Callable[[], None]] = []
@@ -236,13 +237,17 @@ async def _decision_observers(app: web.Application) -> AsyncIterator[None]:
                         sample_rate=config.policies.shadow_sample_rate,
                         queue_size=config.policies.shadow_queue_size,
                         poll_interval_s=config.policies.reload_interval_s or 2.0,
-                        on_divergence=app[METRICS].shadow_diverged)
+                        on_divergence=app[METRICS].shadow_diverged,
+                        mask_fields=config.logging.mask_fields)
         shadow.start()
         app[SHADOW] = shadow
         removers.append(observe(engine, shadow.submit))
         closers.append(shadow.close)
     try:
-        yield
+        with contextlib.ExitStack() as stack:
+            if SHADOW in app and config.policies.candidate_dir is not None:
+                stack.enter_context(sighup.on_sighup(app[SHADOW].recheck))
+            yield
     finally:
         for remove in removers:
             remove()

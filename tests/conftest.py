@@ -59,6 +59,7 @@ E2E_TESTS = frozenset({
     "tests/test_operations.py",
     "tests/test_login_throttle_processes.py",
     "tests/test_policy_fleet.py",
+    "tests/test_policy_shadow_process.py::test_no_shadow_process_outlives_cpctl_serve_workers",
     "tests/console/test_console_browser.py",
     "tests/cli/test_serve.py",
     "tests/cli/test_revisions_cli.py",

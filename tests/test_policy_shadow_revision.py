@@ -226,6 +226,7 @@ async def test_candidate_revision_waits_refuses_and_switches_on_the_real_store(t
                     revoking.data)
     store = await open_store(f"sqlite:///{tmp_path / 'cp.db'}")
     shadow = Shadow(None, NON_PRODUCTION)
+    shadow.start()  # the shadow process vets and loads what the component hands it
     reachable, configured = False, revoking.revision_id()
     candidate = CandidateRevision(shadow, lambda: store if reachable else None, trusted,
                                   configured, reread=lambda: configured)
@@ -240,22 +241,23 @@ async def test_candidate_revision_waits_refuses_and_switches_on_the_real_store(t
         # Signed for one content, another stored under it: refused, never retried.
         configured = await _store_signed(store, altered, key, stored=broken)
         await candidate.reload()
-        assert shadow.state == "rejected" and shadow.engine.revision is None
+        assert shadow.state == "rejected" and shadow.revision is None
         assert shadow.error is not None and shadow.error.startswith("signature: digest_mismatch")
         # Signed by a trusted key but failing vetting: rejected by the candidate engine.
         configured = await _store_signed(store, broken, key)
         await candidate.reload()
-        assert shadow.state == "rejected" and shadow.engine.revision is None
+        assert shadow.state == "rejected" and shadow.revision is None
         assert shadow.status()["candidate_revision"] == configured, shadow.error
         assert (shadow.error or "").startswith("compile"), shadow.error
 
         configured = await _store_signed(store, revoking, key)
         await candidate.reload()
-        assert (shadow.state, shadow.engine.revision) == ("ready", configured)
+        assert (shadow.state, shadow.revision) == ("ready", configured)
         configured = altered.revision_id()  # back to a refused one: refused again, not re-read
         await candidate.reload()
         assert shadow.state == "rejected" and "digest_mismatch" in (shadow.error or "")
     finally:
+        await asyncio.to_thread(shadow.close)
         await store.close()
 
 
