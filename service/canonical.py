@@ -6,8 +6,9 @@ paid on every request; for the values the service hashes on its hot paths (strin
 booleans, null, objects with string keys, arrays) the standard library's encoder, with sorted
 keys and no whitespace, writes the very same bytes at C speed, provided that:
 
-- no number is a float (JCS writes floats as ECMAScript does, Python does not) and every integer
-  is one JCS accepts (|n| < 2**53: outside it, ``rfc8785`` refuses);
+- every integer is one JCS accepts (|n| < 2**53: outside it, ``rfc8785`` refuses), and every
+  float is one whose Python ``repr`` is the form JCS gives it (``0.5``, ``12.75``; not ``1.0``,
+  which JCS writes ``1``, nor ``1e-07``, which it writes ``1e-7``);
 - no string holds a code point at or above U+D800: a lone surrogate is refused by ``rfc8785``,
   and beyond it JCS orders keys by UTF-16 code units where Python orders by code points.
 
@@ -40,6 +41,13 @@ def dumps(value: Any) -> bytes:
     return rfc8785.dumps(value)
 
 
+def _float_fits(number: float) -> bool:
+    try:
+        return rfc8785.dumps(number) == repr(number).encode()
+    except rfc8785.CanonicalizationError:  # NaN, infinities: refused by the fallback
+        return False
+
+
 def _plain(value: Any) -> bool:
     """Only types whose standard encoding is JCS's (see the module's docstring); iterative, so
     depth costs no recursion."""
@@ -51,6 +59,11 @@ def _plain(value: Any) -> bool:
             continue
         if kind is int:
             if -_MAX_INT <= item <= _MAX_INT:
+                continue
+            return False
+        if kind is float:
+            # json writes repr(x); where that is JCS's own form (0.5, 1.25e+30 is not), it fits.
+            if _float_fits(item):
                 continue
             return False
         if kind is dict:

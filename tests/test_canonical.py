@@ -34,6 +34,7 @@ def _outcome(fn, value):
 @example({"\U0001f600": 1, "\ue000": 2})  # UTF-16 order puts the emoji (D83D DE00) first
 @example({"a": "\ud800"})  # a lone surrogate: refused
 @example([2**53 - 1, -(2**53 - 1), 2**53])
+@example([0.5, 1.0, -0.0, 1e-7, 1e21, 1e-5, 123456.789, 5e-324])  # repr is JCS's form or not
 def test_same_bytes_or_same_refusal_as_rfc8785(value):
     assert _outcome(canonical.dumps, value) == _outcome(rfc8785.dumps, value)
 
@@ -45,5 +46,6 @@ def test_the_fast_path_is_taken_for_plain_values_and_matches():
         "path": "/api/v1/databases?x=\u00e9\n\"\\\u2028", "status": 200, "neg": -(2**53 - 1)}}
     assert canonical._plain(record)
     assert canonical.dumps(record) == rfc8785.dumps(record)
-    for value in (1.5, 2**53, {"a": [1.0]}, {1: "x"}, ("tuple",)):
+    assert canonical._plain({"cpus": 0.5, "memory": 12.75})
+    for value in (1.0, 1e-7, 2**53, {"a": [1.0]}, {1: "x"}, ("tuple",), float("nan")):
         assert not canonical._plain(value)
