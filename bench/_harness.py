@@ -446,7 +446,7 @@ function request()
 end
 """
 
-# One line per request: path \\t body \\t header:value \\t header:value ... Each wrk thread takes
+# One line per request: method \\t path \\t body (- for none) \\t header:value \\t ... Each wrk thread takes
 # every n-th line; when its share runs out it stops (the last one may be sent twice: rejected).
 _WRK_LINES = _WRK_COMMON + """
 function init(args)
@@ -474,11 +474,13 @@ function request()
   end
   local f = split(lines[idx])
   local headers = {}
-  for k = 3, #f do
+  for k = 4, #f do
     local name, value = string.match(f[k], "^([^:]+):%s*(.*)$")
     headers[name] = value
   end
-  return wrk.format("POST", f[1], headers, f[2])
+  local body = f[3]
+  if body == "-" then body = nil end
+  return wrk.format(f[1], f[2], headers, body)
 end
 """
 
@@ -527,7 +529,9 @@ def wrk_run(base: str, req: Request | list[Request], *, connections: int, durati
         lines = tmp / f"{tag}.lines"
         with open(lines, "w") as f:
             for r in req:
-                fields = [r.path, r.body or "", *(f"{k}: {v}" for k, v in r.headers.items())]
+                # "-" for no body: the Lua split drops empty fields.
+                fields = [r.method, r.path, r.body or "-",
+                          *(f"{k}: {v}" for k, v in r.headers.items())]
                 assert all("\t" not in x and "\n" not in x for x in fields)
                 f.write("\t".join(fields) + "\n")
         script.write_text(_WRK_LINES)
