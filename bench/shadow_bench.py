@@ -200,7 +200,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "every one of her requests diverges, allow -> deny) and alice (no divergence); 1 worker, "
         "SQLite, the aiohttp-client generator on the same box. Rounds alternate shadow off / on "
         "(`policies.candidate_dir`, default `shadow_queue_size` 1000), each a fresh server. The "
-        "candidate decides in the shadow process (a child of the worker at nice +10): "
+        "candidate decides in the shadow process (a child of the worker in the SCHED_IDLE class, nice +10): "
         "`server CPU` is the worker's, `shadow CPU` the shadow process's.", "",
         f"**Fixed rate (open loop)**: {doc['load']:.0%} of this run's shadow-off saturation rate "
         f"({doc['saturation_rps']:.0f} req/s) = {doc['rate']:.0f} req/s for "
