@@ -19,6 +19,7 @@ from service.authn.keyring import KeyRing
 from service.authn.sessions import Authenticator
 from service.config import AuthnConfig
 from service.store import Store, open_store
+from tests.authn.openid_provider import browser, ports  # noqa: F401 (fixtures of the sign-in tests)
 
 NOW = 1_700_000_000.0
 ISSUER = "https://cp.test"

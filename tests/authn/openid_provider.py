@@ -28,6 +28,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.servers import free_port
+
 OP_DIR = Path(__file__).resolve().parent / "oidc_op"
 CLIENT_ID = "controlplane"
 CLIENT_SECRET = "op-test-client-secret"
@@ -207,3 +209,24 @@ class TamperingProxy:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
+
+
+# -- what a test of signing in through the provider needs (imported as fixtures by such tests)
+
+
+@pytest.fixture(scope="module")
+def ports() -> tuple[int, int]:
+    """The service's and the provider's loopback ports (the redirect URIs name the first)."""
+    return free_port(), free_port()
+
+
+@pytest.fixture
+async def browser() -> Any:
+    b = Browser()
+    yield b
+    await b.close()
+
+
+def url(client: Any, path: str) -> str:
+    """``path`` on the test client's server, as a browser would follow it."""
+    return str(client.make_url(path))

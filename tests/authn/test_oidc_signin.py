@@ -49,6 +49,7 @@ from .openid_provider import (
     TamperingProxy,
     openid_provider,
     query_of,
+    url,
 )
 
 ACCOUNTS = {
@@ -56,11 +57,6 @@ ACCOUNTS = {
     "bob": {"email": "bob@example.com", "email_verified": True, "groups": ["staff"]},
     "mallory": {"email": "mallory@evil.test", "email_verified": True, "groups": ["sre"]},
 }
-
-
-@pytest.fixture(scope="module")
-def ports() -> tuple[int, int]:
-    return free_port(), free_port()
 
 
 #: The private_key_jwt client's key; its public half is registered at the provider under its
@@ -104,17 +100,6 @@ async def app_client(aiohttp_client, make_config, ports, issuer, tmp_path):
         "allow_http_loopback": True, "redirect_base_url": f"http://127.0.0.1:{app_port}",
         "providers": [*providers(issuer), keyed]}}})
     return await aiohttp_client(EdgeTestServer(create_app(config), port=app_port))
-
-
-@pytest.fixture
-async def browser():
-    b = Browser()
-    yield b
-    await b.close()
-
-
-def url(client, path: str) -> str:
-    return str(client.make_url(path))
 
 
 async def sign_in(client, browser: Browser, login: str = "alice", provider: str = "test"):

@@ -17,16 +17,11 @@ import pytest
 from service import clock
 from service.app import create_app
 from service.appkeys import STORE
-from tests.authn.openid_provider import CLIENT_ID, CLIENT_SECRET, Browser, openid_provider
-from tests.servers import REPO, EdgeTestServer, free_port
+from tests.authn.openid_provider import CLIENT_ID, CLIENT_SECRET, Browser, openid_provider, url
+from tests.servers import REPO, EdgeTestServer
 
 ACCOUNTS = {"alice": {"email": "alice@example.com", "email_verified": True, "groups": ["sre"]}}
 SSO_LINK = re.compile(r'<a class="button sso" href="([^"]+)">Sign in with ([^<]+)</a>')
-
-
-@pytest.fixture(scope="module")
-def ports() -> tuple[int, int]:
-    return free_port(), free_port()
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +47,6 @@ async def app_client(aiohttp_client, make_config, ports, issuer, tmp_path):
                        "scopes": ["openid", "email", "groups"], "subject_claim": "email",
                        "allowed_domains": ["example.com"]}]}}})
     return await aiohttp_client(EdgeTestServer(create_app(config), port=app_port))
-
-
-@pytest.fixture
-async def browser():
-    b = Browser()
-    yield b
-    await b.close()
-
-
-def url(client, path: str) -> str:
-    return str(client.make_url(path))
 
 
 async def sso_link(browser: Browser, client, next_path: str = "/console/") -> str:
