@@ -63,11 +63,17 @@ async def _reads(client, carol: str, alice: str, rounds: int) -> None:
             assert response.status == 200  # the live decision serves, whatever the candidate
 
 
-async def test_the_candidate_decides_in_its_own_lower_priority_process(make_client, tmp_path):
+async def _shadowed(make_client, tmp_path, **policies):
+    """A client whose candidate revokes carol's role, and its shadow, once the candidate loaded."""
     candidate = candidate_without_carols_role(tmp_path / "candidate")
-    client = await make_client({"policies": {"candidate_dir": str(candidate)}})
+    client = await make_client({"policies": {"candidate_dir": str(candidate), **policies}})
     shadow = client.server.app[SHADOW]
     assert shadow.wait_idle(60)
+    return client, shadow
+
+
+async def test_the_candidate_decides_in_its_own_lower_priority_process(make_client, tmp_path):
+    client, shadow = await _shadowed(make_client, tmp_path)
     pid = shadow.pid
     assert pid is not None and pid != os.getpid()
     assert "service.authz.shadowproc" in _cmdline(pid)
@@ -87,10 +93,7 @@ async def test_the_candidate_decides_in_its_own_lower_priority_process(make_clie
 
 
 async def test_a_killed_shadow_process_is_started_again_and_counted(make_client, tmp_path):
-    candidate = candidate_without_carols_role(tmp_path / "candidate")
-    client = await make_client({"policies": {"candidate_dir": str(candidate)}})
-    shadow = client.server.app[SHADOW]
-    assert shadow.wait_idle(60)
+    client, shadow = await _shadowed(make_client, tmp_path)
     first = shadow.pid
     assert first is not None
     os.kill(first, signal.SIGKILL)
@@ -115,18 +118,14 @@ async def test_a_killed_shadow_process_is_started_again_and_counted(make_client,
 
 async def test_sighup_reloads_a_changed_candidate_directory_in_the_shadow_process(
         make_client, tmp_path):
-    candidate = candidate_without_carols_role(tmp_path / "candidate")
-    client = await make_client({"policies": {"candidate_dir": str(candidate),
-                                             "reload_interval_s": 3600}})
-    shadow = client.server.app[SHADOW]
-    assert shadow.wait_idle(60)
+    client, shadow = await _shadowed(make_client, tmp_path, reload_interval_s=3600)
     revoking = shadow.revision
     carol, alice = await login(client, "carol"), await login(client, "alice")
     await _reads(client, carol, alice, 1)
     assert shadow.wait_idle(60)
     assert await _metric(client, "allow", "deny") == 1.0
 
-    bindings = candidate / "data" / "bindings.yaml"
+    bindings = tmp_path / "candidate" / "data" / "bindings.yaml"
     bindings.write_text(bindings.read_text().replace("  carol: {roles: []}\n",
                                                      "  carol: {roles: [viewer]}\n"))
     os.kill(os.getpid(), signal.SIGHUP)  # not the hour-long poll
@@ -141,10 +140,7 @@ async def test_sighup_reloads_a_changed_candidate_directory_in_the_shadow_proces
 
 
 async def test_the_shadow_process_ends_with_the_service(make_client, tmp_path):
-    candidate = candidate_without_carols_role(tmp_path / "candidate")
-    client = await make_client({"policies": {"candidate_dir": str(candidate)}})
-    shadow = client.server.app[SHADOW]
-    assert shadow.wait_idle(60)
+    client, shadow = await _shadowed(make_client, tmp_path)
     pid = shadow.pid
     assert pid is not None and _alive(pid)
     await client.close()
