@@ -14,14 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from aiohttp import web
 
 from . import limits
 from .errors import MalformedJSON, UnsupportedMediaType
+from .lru import LRU
 from .schemas import validate
 
 __all__ = ["check_document", "check_nesting", "read_json"]
@@ -93,34 +92,11 @@ def _parse(text: str) -> Any:
                       parse_int=limits.parse_int)
 
 
-class _Passed:
-    """The digests of recent bodies that passed every check of ``read_json`` for a schema.
-
-    Every check is a function of the body's bytes and the schema (loaded once per process), so
-    the same bytes pass again: a repeated body (a client re-sending one compose file) is only
-    parsed, not walked and validated again (~5 ms for a 10-service compose import). Bounded
-    (least recently used first out); only successes are kept."""
-
-    def __init__(self, entries: int) -> None:
-        self.entries = entries
-        self._items: OrderedDict[tuple[str | None, bytes], None] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __contains__(self, key: tuple[str | None, bytes]) -> bool:
-        with self._lock:
-            if key not in self._items:
-                return False
-            self._items.move_to_end(key)
-            return True
-
-    def add(self, key: tuple[str | None, bytes]) -> None:
-        with self._lock:
-            self._items[key] = None
-            while len(self._items) > self.entries:
-                self._items.popitem(last=False)
-
-
-_PASSED = _Passed(1024)
+#: The digests of recent bodies that passed every check of ``read_json`` for a schema. Every
+#: check is a function of the body's bytes and the schema (loaded once per process), so the same
+#: bytes pass again: a repeated body (a client re-sending one compose file) is only parsed, not
+#: walked and validated again (~5 ms for a 10-service compose import). Only successes are kept.
+_PASSED: LRU[tuple[str | None, bytes], bool] = LRU(1024)
 
 
 async def read_json(request: web.Request, schema: str | None = None) -> Any:
@@ -137,7 +113,7 @@ async def read_json(request: web.Request, schema: str | None = None) -> Any:
     if not raw:
         raise MalformedJSON("the request body is empty; a JSON document is required")
     passed = (schema, hashlib.sha256(raw).digest())
-    if passed in _PASSED:
+    if _PASSED.get(passed):
         return _parse(raw.decode("utf-8"))
     try:
         text = raw.decode("utf-8")
@@ -153,5 +129,5 @@ async def read_json(request: web.Request, schema: str | None = None) -> Any:
     check_document(document)
     if schema is not None:
         validate(schema, document)
-    _PASSED.add(passed)
+    _PASSED.put(passed, True)
     return document

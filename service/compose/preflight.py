@@ -25,13 +25,13 @@ import json
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from service.config import Environments
+from service.lru import LRU
 from service.rego import (
     Bundle,
     Module,
@@ -100,7 +100,10 @@ class RuleSet:
     #: Why modules could not be compiled (module name -> message); for status surfaces and tests.
     load_errors: dict[str, str] = field(default_factory=dict)
     #: Reports of this revision by (fields hash, env, production, strict): see ``evaluate``.
-    reports: ReportCache = field(default_factory=lambda: ReportCache(REPORT_CACHE_ENTRIES))
+    #: A hit is the stored report itself (no copy: a copy of a 10-service report costs more
+    #: than the rest of a hit), so callers treat reports as read-only; the endpoint sends
+    #: the cached JSON text and the CLI renders them.
+    reports: LRU[str, _Entry] = field(default_factory=lambda: LRU(REPORT_CACHE_ENTRIES))
 
     @classmethod
     def load(cls, directory: Path = POLICY_DIR) -> RuleSet:
@@ -432,38 +435,6 @@ class _Entry:
 
     report: dict[str, Any]
     text: str | None = None
-
-
-class ReportCache:
-    """A bounded LRU of reports. A hit is the stored report itself (no copy: a copy of a
-    10-service report costs more than the rest of a hit), so callers must treat reports as
-    read-only; the endpoint sends their cached JSON text and the CLI renders them."""
-
-    def __init__(self, entries: int) -> None:
-        self.entries = entries
-        self._items: OrderedDict[str, _Entry] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = self.misses = 0
-
-    def get(self, key: str) -> _Entry | None:
-        with self._lock:
-            entry = self._items.get(key)
-            if entry is None:
-                self.misses += 1
-                return None
-            self._items.move_to_end(key)
-            self.hits += 1
-            return entry
-
-    def put(self, key: str, entry: _Entry) -> None:
-        with self._lock:
-            self._items[key] = entry
-            self._items.move_to_end(key)
-            while len(self._items) > self.entries:
-                self._items.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 def _evaluate(
