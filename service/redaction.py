@@ -26,9 +26,7 @@ _WORD = re.compile(r"[a-z0-9]+")
 
 def is_secret_field(name: object) -> bool:
     """True when a field called ``name`` may hold a credential and must be masked or dropped."""
-    if isinstance(name, str):
-        return _is_secret_name(name)
-    return _is_secret_name(str(name))
+    return _is_secret_name(name if isinstance(name, str) else str(name))
 
 
 # Field names repeat (every log line and audit record has the same few dozen): the answer is
