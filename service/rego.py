@@ -88,33 +88,61 @@ class Bundle:
 
     def query(self, entrypoint: str, input_doc: Mapping[str, Any]) -> Any:
         """Evaluate ``entrypoint`` (``a/b/c`` form) with ``input_doc``; ``Undefined`` if no value."""
+        self._known(entrypoint)
+        handle = _converted(input_doc)
+        with self._lock:
+            self._set_input(handle)
+            return self._query(entrypoint)
+
+    def query_each(self, entrypoints: Iterable[str], input_doc: Mapping[str, Any]) -> list[Any]:
+        """Evaluate every entrypoint against one input, converted and set once: per entrypoint
+        its value (``Undefined`` if none) or the ``RegoEvalError`` it failed with, so one failing
+        entrypoint does not cost the others their results. Raises ``RegoEvalError`` only when
+        the input itself cannot be converted or set."""
+        eps = list(entrypoints)
+        for entrypoint in eps:
+            self._known(entrypoint)
+        handle = _converted(input_doc)
+        results: list[Any] = []
+        with self._lock:
+            self._set_input(handle)
+            for entrypoint in eps:
+                try:
+                    results.append(self._query(entrypoint))
+                except RegoEvalError as exc:
+                    results.append(exc)
+        return results
+
+    def _known(self, entrypoint: str) -> None:
         if entrypoint not in self.entrypoints:
             raise RegoEvalError(f"entrypoint {entrypoint!r} was not compiled into this bundle")
-        try:
-            handle = _input_handle(input_doc)
-        except (ValueError, TypeError, OverflowError, RecursionError, ctypes.ArgumentError) as exc:
-            raise RegoEvalError(f"input cannot be converted: {exc}") from None
+
+    def _set_input(self, handle: int) -> None:
+        """Give the interpreter the input (with the lock held); the handle is freed either way."""
         interpreter = self._interpreter._impl
-        with self._lock:
-            try:
-                # The interpreter copies the input (regopy itself frees a temporary Input right
-                # after set_input), so the handle is released before the query.
-                status = _native.regoSetInput(interpreter, handle)
-            finally:
-                _native.regoFreeInput(handle)
-            if status:
-                raise RegoEvalError(_first_line(regopy.rego_shared.rego_get_error(interpreter)))
-            output = _native.regoBundleQueryEntrypoint(
-                interpreter, self._bundle._impl, entrypoint.encode()
-            )
-            if not output:
-                raise RegoEvalError(_first_line(regopy.rego_shared.rego_get_error(interpreter)))
-            try:
-                if not _native.regoOutputOk(output):
-                    raise RegoEvalError(_errormsg(_output_text(output)))
-                return _first_expression(output)
-            finally:
-                _native.regoFreeOutput(output)
+        try:
+            # The interpreter copies the input (regopy itself frees a temporary Input right
+            # after set_input), so the handle is released before any query.
+            status = _native.regoSetInput(interpreter, handle)
+        finally:
+            _native.regoFreeInput(handle)
+        if status:
+            raise RegoEvalError(_first_line(regopy.rego_shared.rego_get_error(interpreter)))
+
+    def _query(self, entrypoint: str) -> Any:
+        """One entrypoint against the input set last (with the lock held)."""
+        interpreter = self._interpreter._impl
+        output = _native.regoBundleQueryEntrypoint(
+            interpreter, self._bundle._impl, entrypoint.encode()
+        )
+        if not output:
+            raise RegoEvalError(_first_line(regopy.rego_shared.rego_get_error(interpreter)))
+        try:
+            if not _native.regoOutputOk(output):
+                raise RegoEvalError(_errormsg(_output_text(output)))
+            return _first_expression(output)
+        finally:
+            _native.regoFreeOutput(output)
 
 
 def compile_bundle(
@@ -168,6 +196,14 @@ _IN_STR, _IN_INT, _IN_FLOAT, _IN_BOOL, _IN_NULL = (
     _native.regoInputBoolean, _native.regoInputNull)
 _IN_ITEM, _IN_OBJECT, _IN_ARRAY = (
     _native.regoInputObjectItem, _native.regoInputObject, _native.regoInputArray)
+
+
+def _converted(input_doc: Mapping[str, Any]) -> int:
+    """``input_doc`` as a native input handle; an unconvertible input is a ``RegoEvalError``."""
+    try:
+        return _input_handle(input_doc)
+    except (ValueError, TypeError, OverflowError, RecursionError, ctypes.ArgumentError) as exc:
+        raise RegoEvalError(f"input cannot be converted: {exc}") from None
 
 
 def _input_handle(value: Mapping[str, Any]) -> int:

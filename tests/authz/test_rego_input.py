@@ -198,3 +198,32 @@ def test_regopy_keeps_escapes_in_policy_string_literals():
         ["l/r"],
     )
     assert bundle.query("l/r", {"s": 'a"b'}) == [4, False]
+
+
+MANY = rego.compile_bundle([rego.Module("many.rego", """package many
+import rego.v1
+first := input.a
+# two values for one complete rule: an evaluation error whenever input.a is set
+clash := 1 if input.a
+clash := 2 if input.a
+nothing if input.a == "never"
+last := [input.a, input.b]
+""")], {}, ["many/first", "many/clash", "many/nothing", "many/last"])
+
+
+def test_query_each_sets_the_input_once_and_keeps_each_entrypoints_own_result():
+    first, clash, nothing, last = MANY.query_each(
+        ["many/first", "many/clash", "many/nothing", "many/last"], {"a": "x", "b": 2})
+    assert first == "x"
+    assert isinstance(clash, rego.RegoEvalError)  # failed alone: the input is still set after it
+    assert nothing is rego.Undefined
+    assert last == ["x", 2]
+    # each call answers for its own input
+    assert MANY.query_each(["many/last"], {"a": "y", "b": 3}) == [["y", 3]]
+
+
+def test_query_each_refuses_unknown_entrypoints_and_unconvertible_inputs_as_a_whole():
+    with pytest.raises(rego.RegoEvalError, match="not compiled"):
+        MANY.query_each(["many/first", "many/unknown"], {"a": "x"})
+    with pytest.raises(rego.RegoEvalError, match="cannot be converted"):
+        MANY.query_each(["many/first"], {"a": object()})
