@@ -10,6 +10,11 @@ In-process, on the bench's 10-service file (``http_bench.compose_fields(10)``, e
 - ``cached``: ``evaluate`` when the report is in the cache;
 - ``normalize``: ``normalize_files`` of examples/compose/risky.compose.yaml (what the CLI and
   the bench's own files cost before any evaluation);
+- ``trivial``: as many rules as the shipped set, each one comparison per service (a field no
+  service has), evaluated both ways a report could be (input set once and each rule's entrypoint
+  queried; one entrypoint gathering them all), the cheaper kept: what any rule set of that size
+  costs in regopy before a rule does real work, i.e. how close to the constant query a report
+  can get at all;
 - per rule (``--rules``): each rule's own entrypoint (``cells/<rule>``) alone, less the constant
   query: what each rule adds to the uncached report (the minimum of the runs: the least noisy
   figure on a shared box).
@@ -38,6 +43,7 @@ import http_bench
 
 from service.compose.normalize import normalize_files
 from service.compose.preflight import RuleSet, evaluate
+from service.rego import Module, compile_bundle
 
 API = "/api/v1"
 TARGETS = {"uncached_p50_ms": 15.0, "uncached_over_constant": 2.0, "cached_p50_ms": 1.0,
@@ -86,8 +92,28 @@ def in_process(reps: int) -> dict[str, Any]:
         "uncached": _timed(lambda: evaluate(fields, env="prod", rules=rules, cache=False), reps),
         "constant": _timed(lambda: rules.bundle.query(meta, input_doc), reps),  # type: ignore[union-attr]
         "cached": _timed(lambda: evaluate(fields, env="prod", rules=rules), reps * 10),
+        "trivial": trivial(len(rules.rules), input_doc, reps),
         "normalize": _timed(lambda: normalize_files([RISKY], environ={}), reps),
     }
+
+
+def trivial(count: int, input_doc: dict[str, Any], reps: int) -> dict[str, float]:
+    """``count`` one-comparison rules over the same input, the cheaper of the two evaluations."""
+    modules = [Module(f"t{i}.rego", f"""package t{i}
+import rego.v1
+findings := [{{"service": name, "path": ["x{i}"], "message": "m"}} |
+	some name
+	svc := input.fields.services[name]
+	svc.x{i} == true
+]
+""") for i in range(count)]
+    each = [f"t{i}/findings" for i in range(count)]
+    gathered = "package all\nall := [" + ", ".join(f"data.t{i}.findings" for i in range(count))
+    bundle = compile_bundle([*modules, Module("all.rego", gathered + "]\n")], {},
+                            [*each, "all/all"])
+    runs = [_timed(lambda: bundle.query_each(each, input_doc), reps),
+            _timed(lambda: bundle.query("all/all", input_doc), reps)]
+    return min(runs, key=lambda r: r["cpu_p50_ms"])
 
 
 RISKY = h.REPO / "examples/compose/risky.compose.yaml"
@@ -146,6 +172,11 @@ def markdown(doc: dict[str, Any]) -> str:
         f"| uncached / constant | {ratio:.1f}x | | {cpu_ratio:.1f}x | <= "
         f"{TARGETS['uncached_over_constant']:g}x | "
         f"{'yes' if ratio <= TARGETS['uncached_over_constant'] else 'no'} |",
+        f"| {ip['rules']} one-comparison rules, same input | {ip['trivial']['p50_ms']:.1f} | "
+        f"{ip['trivial']['p99_ms']:.1f} | {ip['trivial']['cpu_p50_ms']:.1f} | - | - |",
+        f"| {ip['rules']} one-comparison rules / constant | "
+        f"{ip['trivial']['p50_ms'] / ip['constant']['p50_ms']:.1f}x | | "
+        f"{ip['trivial']['cpu_p50_ms'] / max(ip['constant']['cpu_p50_ms'], 1e-6):.1f}x | - | - |",
         f"| cached report | {ip['cached']['p50_ms']:.3f} | {ip['cached']['p99_ms']:.3f} | "
         f"{ip['cached']['cpu_p50_ms']:.3f} | <= {TARGETS['cached_p50_ms']:g} ms | "
         f"{'yes' if ip['cached']['p50_ms'] <= TARGETS['cached_p50_ms'] else 'no'} |",
