@@ -15,8 +15,10 @@ from pathlib import Path
 import aiohttp
 
 from service.appkeys import SHADOW
-from service.authz.shadowproc import NICE
+from service.authz.engine import PolicyEngine, default_policies_dir
+from service.authz.shadowproc import NICE, Candidate
 from tests.auth import PASSWORDS, bearer, login
+from tests.authz.conftest import doc
 from tests.authz.test_replay_shadow import candidate_without_carols_role
 from tests.servers import serve
 from tests.test_policy_shadow import _metric
@@ -197,3 +199,26 @@ async def test_no_shadow_process_outlives_cpctl_serve_workers(tmp_path):
     while time.monotonic() < deadline and _group(proc.pid):
         await asyncio.sleep(0.1)
     assert _group(proc.pid) == {}
+
+
+def test_the_shadow_process_logs_only_the_decisions_that_diverge(tmp_path, caplog):
+    """Carol's read diverges (the candidate revoked her role), alice's does not: one
+    ``policy.shadow_divergence`` line, carol's, with both results."""
+    shipped = PolicyEngine(default_policies_dir())
+    assert shipped.load().ok
+    candidate = Candidate()
+    candidate.handle({"op": "init", "environments": {"dev": False, "prod": True},
+                      "candidate_dir": str(candidate_without_carols_role(tmp_path / "c"))})
+    assert candidate.state == "ready", candidate.error
+    inputs = [doc(subject, action="storage.list", env="prod")
+              for subject in ("alice", "carol", "alice")]
+    items = [[d, shipped.decide(d).to_dict()] for d in inputs]
+    assert [live["decision"] for _, live in items] == ["allow"] * 3
+    with caplog.at_level("WARNING", logger="controlplane.authz.shadow"):
+        reply = candidate.handle({"op": "decide", "revision": candidate.engine.revision,
+                                  "items": items})
+    assert (reply["evaluated"], reply["divergences"]) == (3, [[1, "deny"]])
+    logged = [r for r in caplog.records
+              if getattr(r, "fields", {}).get("event") == "policy.shadow_divergence"]
+    assert [(r.fields["subject"], r.fields["live"]["decision"], r.fields["candidate"]["decision"])
+            for r in logged] == [("carol", "allow", "deny")]

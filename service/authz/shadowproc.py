@@ -151,7 +151,7 @@ class Candidate:
             evaluated += 1
             if candidate.decision != live.get("decision"):
                 divergences.append([index, candidate.decision])
-            _log_divergence(input_doc, live, candidate.to_dict())
+                _log_divergence(input_doc, live, candidate.to_dict())
         return {"evaluated": evaluated, "errors": errors, "skipped": 0,
                 "divergences": divergences}
 
