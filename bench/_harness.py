@@ -167,13 +167,15 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """User + system CPU seconds used so far by ``pids`` (all their threads)."""
+def cpu_seconds(pids: Sequence[int], *, main_thread: bool = False) -> float:
+    """User + system CPU seconds used so far by ``pids`` (all their threads; with
+    ``main_thread``, only each process's main thread, the one running its event loop)."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for pid in pids:
+        stat = f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat"
         with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / tick
     return total
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import shutil
 import sys
@@ -44,8 +45,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
                         help="requests per saturation round")
     parser.add_argument("--rounds", type=int, default=1, help="saturation off/on pairs")
     parser.add_argument("--connections", type=int, default=8, help="saturation rounds")
-    parser.add_argument("--fixed-rounds", type=int, default=3, help="fixed-rate off/on pairs")
-    parser.add_argument("--fixed-seconds", type=float, default=20.0,
+    parser.add_argument("--fixed-rounds", type=int, default=5, help="fixed-rate off/on pairs")
+    parser.add_argument("--fixed-seconds", type=float, default=12.0,
                         help="length of a fixed-rate round")
     parser.add_argument("--load", type=float, default=0.5,
                         help="fixed rate as a fraction of the shadow-off saturation rate")
@@ -125,10 +126,13 @@ def _round(tmp: Path, k: int, candidate: Path | None, pairs: int,
     the live path; then the shadow's counts (after its queue drained) and the CPU each used."""
     with _server(tmp, k, candidate) as (server, mix):
         reqs = mix * pairs
-        cpu0, shadow0 = h.cpu_seconds(server.worker_pids()), h.cpu_seconds(server.shadow_pids())
+        workers = server.worker_pids()
+        cpu0, shadow0 = h.cpu_seconds(workers), h.cpu_seconds(server.shadow_pids())
+        loop0 = h.cpu_seconds(workers, main_thread=True)
         row = {"shadow": candidate is not None, **load(server.base, reqs)}
-        # the worker's CPU for the load alone (the drain below polls it)
-        row["server_cpu_s"] = round(h.cpu_seconds(server.worker_pids()) - cpu0, 2)
+        # the worker's CPU for the load alone (the drain below polls it), and its event loop's
+        row["server_cpu_s"] = round(h.cpu_seconds(workers) - cpu0, 2)
+        row["loop_cpu_s"] = round(h.cpu_seconds(workers, main_thread=True) - loop0, 2)
         if candidate is not None:
             row.update(_shadow_row(server, len(reqs), pairs))
         row["shadow_cpu_s"] = round(h.cpu_seconds(server.shadow_pids()) - shadow0, 2)
@@ -184,6 +188,38 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows) if rows else float("nan")
 
 
+def permutation_p(off: list[float], on: list[float]) -> float:
+    """Two-sided exact permutation test of the difference of means: the share of all ways to
+    split the pooled rounds into groups of these sizes whose difference is at least as large as
+    the observed one. Few rounds, no assumption about the distribution of a round's p99."""
+    pooled = off + on
+    observed = abs(sum(on) / len(on) - sum(off) / len(off))
+    total = sum(pooled)
+    hits = count = 0
+    for picked in itertools.combinations(range(len(pooled)), len(on)):
+        on_sum = sum(pooled[i] for i in picked)
+        diff = abs(on_sum / len(on) - (total - on_sum) / len(off))
+        hits += diff >= observed - 1e-12
+        count += 1
+    return hits / count
+
+
+def verdict(off: list[dict[str, Any]], on: list[dict[str, Any]], key: str) -> str:
+    """The shadow-on rounds' ``key`` against the shadow-off rounds': difference and test."""
+    a, b = [r[key] for r in off], [r[key] for r in on]
+    diff = _mean(on, key) - _mean(off, key)
+    p = permutation_p(a, b)
+    finding = ("no difference detectable at the 5% level" if p >= 0.05
+               else "shadow on differs at the 5% level")
+    return (f"off {_mean(off, key):.2f} ms (rounds {min(a):.2f}-{max(a):.2f}), on "
+            f"{_mean(on, key):.2f} ms (rounds {min(b):.2f}-{max(b):.2f}): {diff:+.2f} ms, "
+            f"permutation p = {p:.2f}, {finding}")
+
+
+def _per_request_us(rows: list[dict[str, Any]], key: str) -> float:
+    return sum(r[key] for r in rows) / max(sum(r["requests"] for r in rows), 1) * 1e6
+
+
 def _shadow_cells(r: dict[str, Any]) -> str:
     if not r["shadow"]:
         return "- | - | - | - | - |"
@@ -201,28 +237,37 @@ def markdown(doc: dict[str, Any]) -> str:
         "SQLite, the aiohttp-client generator on the same box. Rounds alternate shadow off / on "
         "(`policies.candidate_dir`, default `shadow_queue_size` 1000), each a fresh server. The "
         "candidate decides in the shadow process (a child of the worker in the SCHED_IDLE class, nice +10): "
-        "`server CPU` is the worker's, `shadow CPU` the shadow process's.", "",
+        "`server CPU` is the worker's (all its threads), `event loop CPU` its main thread's, "
+        "`shadow CPU` the shadow process's.", "",
         f"**Fixed rate (open loop)**: {doc['load']:.0%} of this run's shadow-off saturation rate "
         f"({doc['saturation_rps']:.0f} req/s) = {doc['rate']:.0f} req/s for "
         f"{doc['fixed_seconds']:.0f} s per round; each request is sent at its scheduled time "
         "and its latency counts from that time (no coordinated omission; `late p99` is the "
         "generator's own lag, included in the latency).", "",
         "| round | shadow | requests | req/s | p50 ms | p99 ms | max ms | late p99 ms | errors | "
-        "server CPU s | diverging | metric | evaluated | dropped | shadow CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "server CPU s | event loop CPU s | diverging | metric | evaluated | dropped | "
+        "shadow CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for k, r in enumerate(fixed, 1):
         lines.append(
             f"| {k} | {'on' if r['shadow'] else 'off'} | {r['requests']} | {r['rps']:.0f} | "
             f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | "
             f"{r['late_ms_p99']:.2f} | {r['errors']} | {r['server_cpu_s']} | "
-            + _shadow_cells(r))
+            f"{r['loop_cpu_s']} | " + _shadow_cells(r))
     off, on = [r for r in fixed if not r["shadow"]], [r for r in fixed if r["shadow"]]
     if off and on:
-        lines += ["", f"Fixed rate, mean p99: off {_mean(off, 'p99_ms'):.2f} ms, on "
-                  f"{_mean(on, 'p99_ms'):.2f} ms (off rounds ranged "
-                  f"{min(r['p99_ms'] for r in off):.2f}-{max(r['p99_ms'] for r in off):.2f}); "
-                  f"mean p50: off {_mean(off, 'p50_ms'):.2f} ms, on {_mean(on, 'p50_ms'):.2f} ms."]
+        lines += [
+            "", "Fixed rate, shadow off against on (means over the rounds; an exact permutation "
+            "test over the rounds, two-sided):", "",
+            f"- live p99: {verdict(off, on, 'p99_ms')}",
+            f"- live p50: {verdict(off, on, 'p50_ms')}",
+            f"- worker CPU a request: off {_per_request_us(off, 'server_cpu_s'):.0f} us, on "
+            f"{_per_request_us(on, 'server_cpu_s'):.0f} us; its event loop (the thread serving "
+            f"requests): off {_per_request_us(off, 'loop_cpu_s'):.0f} us, on "
+            f"{_per_request_us(on, 'loop_cpu_s'):.0f} us; the shadow process "
+            f"{_per_request_us(on, 'shadow_cpu_s'):.0f} us (CPU clock ticks of 10 ms: read "
+            "differences under ~30 us as noise)."]
     lines += [
         "", f"**Saturation (closed loop)**: {doc['connections']} connections back to back: the "
         "worker is the bottleneck, the shadow process gets only the CPU left over; when that is "
