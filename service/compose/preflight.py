@@ -106,6 +106,10 @@ class RuleSet:
     #: than the rest of a hit), so callers treat reports as read-only; the endpoint sends
     #: the cached JSON text and the CLI renders them.
     reports: LRU[str, _Entry] = field(default_factory=lambda: LRU(REPORT_CACHE_ENTRIES))
+    #: Every rule's output for one service, by (the service's name and fields, the document's
+    #: top-level definitions, env, production, strict, built images): see ``_rule_outputs``.
+    services: LRU[str, dict[str, Any]] = field(
+        default_factory=lambda: LRU(SERVICE_CACHE_ENTRIES))
 
     @classmethod
     def load(cls, directory: Path = POLICY_DIR) -> RuleSet:
@@ -297,6 +301,8 @@ EVALUATION_BUDGET_S = 10.0
 WALL_FACTOR = 6.0  # a 2-core host shared 5 ways runs a 10 CPU-s report in ~50 s
 #: Reports kept per rule-set revision (least recently used first out).
 REPORT_CACHE_ENTRIES = 512
+#: Services' rule outputs kept per rule-set revision (a few KiB each).
+SERVICE_CACHE_ENTRIES = 4096
 
 
 class EvaluationBudgetExceeded(RuntimeError):
@@ -418,7 +424,7 @@ def _report(
         if hit is not None:
             return hit
     entry = _Entry(_evaluate(fields, input_doc, strict=strict, env=env, rules=rules,
-                             budget_s=budget_s))
+                             budget_s=budget_s, cache=cache))
     if key is not None:
         rules.reports.put(key, entry)
     return entry
@@ -446,9 +452,11 @@ def _evaluate(
     env: str | None,
     rules: RuleSet,
     budget_s: float | None,
+    cache: bool,
 ) -> dict[str, Any]:
     services = list((fields.get("services") or {}).keys())
-    outputs = _rule_outputs(rules, fields, input_doc, services, _Budget.start(budget_s))
+    outputs = _rule_outputs(rules, fields, input_doc, services, _Budget.start(budget_s),
+                            cache=cache)
 
     matrix: list[dict[str, Any]] = []
     findings: list[dict[str, Any]] = []
@@ -494,11 +502,20 @@ def _rule_outputs(
     input_doc: dict[str, Any],
     services: list[str],
     budget: _Budget | None,
+    *,
+    cache: bool = True,
 ) -> dict[str, Any]:
     """``{package: {"findings", "not_applicable"} | error text}`` for every compiled rule.
 
     The services are evaluated ``CHUNK_SERVICES`` at a time, each chunk with the document's
-    top-level definitions; the deadline is checked between chunks."""
+    top-level definitions; the deadline is checked between chunks.
+
+    A rule speaks about one service at a time, given the document's top-level definitions, the
+    built images, env, production and strict (the chunks already rely on it: a rule never sees
+    the services of other chunks). So each service's outputs are cached under a digest of
+    exactly that: a file that changed in one service (a CI re-check after an image bump)
+    evaluates that service only. A chunk in which a rule failed, or returned something that
+    cannot be split by service, is not cached (its error might belong to one of its services)."""
     if rules.bundle is None:
         return {}
     all_services = fields.get("services") or {}
@@ -510,24 +527,77 @@ def _rule_outputs(
         if isinstance(svc, Mapping) and svc.get("build") is not None
         and isinstance(svc.get("image"), str) and svc["image"]}}
     merged: dict[str, Any] = {}
-    chunks = [services[i:i + CHUNK_SERVICES] for i in range(0, len(services), CHUNK_SERVICES)]
-    for done, chunk in enumerate(chunks or [[]]):
+    keys: dict[str, str] = {}
+    missing = services
+    if cache and services:
+        context = _digest([rules.revision, input_doc, top])
+        keys = {name: _digest([context, name, all_services[name]]) for name in services}
+        missing = []
+        for name in services:
+            hit = rules.services.get(keys[name])
+            if hit is None:
+                missing.append(name)
+            else:
+                _merge(merged, hit)
+    chunks = [missing[i:i + CHUNK_SERVICES] for i in range(0, len(missing), CHUNK_SERVICES)]
+    if not services:
+        chunks = [[]]  # no services: the rules still run once (an error still shows)
+    for done, chunk in enumerate(chunks):
         if budget is not None and done:
-            budget.check(done * CHUNK_SERVICES, len(services))
+            budget.check(done * CHUNK_SERVICES, len(missing))
         part = {**top, "services": {name: all_services[name] for name in chunk}}
         outputs = _chunk_outputs(rules, {**input_doc, "fields": part})
-        for package, value in outputs.items():
-            previous = merged.get(package)
-            if isinstance(previous, str):
-                continue  # the rule already failed on an earlier chunk
-            if not isinstance(value, dict) or previous is None:
-                merged[package] = value
-                continue
-            merged[package] = {key: _concat(previous.get(key), value.get(key))
-                               for key in ("findings", "not_applicable")}
+        _merge(merged, outputs)
+        if keys:
+            for name, outputs_of in (_by_service(outputs, chunk) or {}).items():
+                rules.services.put(keys[name], outputs_of)
     if budget is not None:
-        budget.check(len(services), len(services))
+        budget.check(len(missing), len(missing))
     return merged
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _merge(merged: dict[str, Any], outputs: Mapping[str, Any]) -> None:
+    """Add one chunk's (or one cached service's) rule outputs to ``merged``; a rule that failed
+    anywhere stays failed."""
+    for package, value in outputs.items():
+        previous = merged.get(package)
+        if isinstance(previous, str):
+            continue  # the rule already failed on an earlier chunk
+        if not isinstance(value, dict) or previous is None:
+            merged[package] = value
+            continue
+        merged[package] = {key: _concat(previous.get(key), value.get(key))
+                           for key in ("findings", "not_applicable")}
+
+
+def _by_service(outputs: Mapping[str, Any], chunk: list[str]
+                ) -> dict[str, dict[str, Any]] | None:
+    """One chunk's rule outputs split by service, or None when they cannot be: a rule failed
+    (its error might be one service's), or an output is malformed (``_read_output`` reports
+    that, uncached)."""
+    split: dict[str, dict[str, Any]] = {name: {} for name in chunk}
+    for package, value in outputs.items():
+        if not isinstance(value, dict):
+            return None
+        found, not_applicable = value.get("findings"), value.get("not_applicable")
+        if not isinstance(found, list) or not isinstance(not_applicable, list):
+            return None
+        for name in chunk:
+            split[name][package] = {"findings": [], "not_applicable": []}
+        for item in found:
+            if not isinstance(item, dict) or item.get("service") not in split:
+                return None
+            split[item["service"]][package]["findings"].append(item)
+        for name in not_applicable:
+            if name in split:  # others name no cell of this document: never read
+                split[name][package]["not_applicable"].append(name)
+    return split
 
 
 @dataclass(frozen=True)
@@ -595,10 +665,11 @@ def _read_output(
                 or item.get("severity", rule.severity) not in SEVERITIES):
             return {}, set(), "malformed finding (needs service, message, pointer, severity)"
         if "path" in item:
-            pointer = _path_pointer(item["service"], item.pop("path"))
+            # A copy: the rule's output may be a cached service's, shared between reports.
+            pointer = _path_pointer(item["service"], item["path"])
             if pointer is None:
                 return {}, set(), "malformed finding (path must be an array of keys and indexes)"
-            item["pointer"] = pointer
+            item = {**{k: v for k, v in item.items() if k != "path"}, "pointer": pointer}
         # Rules build arrays (linear in regopy, where sets are quadratic): drop repeats here.
         key = (item["service"], item.get("pointer", ""), item["message"],
                item.get("severity", rule.severity))
