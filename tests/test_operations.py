@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -138,6 +139,36 @@ def test_bad_policy_pushed_to_a_running_two_worker_server(tmp_path):
         events = [json.loads(line) for line in proc.log_path.read_text().splitlines()
                   if '"policy.revision_rejected"' in line]
         assert len(events) == 2 and {e["serving_revision"] for e in events} == {serving}
+
+
+def test_sighup_to_a_two_worker_server_reloads_every_worker_and_ends_none(tmp_path):
+    """SIGHUP is the documented reload signal: sent to the supervisor of `cpctl serve --workers
+    2` it reaches both workers (polling is off, so only the signal can load the change), and
+    every process keeps serving (a SIGHUP used to end the supervisor, and the service with it)."""
+    root = _policies(tmp_path)
+    env = {"CONTROLPLANE_POLICIES__DIR": str(root),
+           "CONTROLPLANE_POLICIES__RELOAD_INTERVAL_S": "3600"}
+    loaded = 'controlplane_policy_reload_total{result="ok"}'
+    with serve(tmp_path / "state", workers=2, env=env) as (base, proc):
+        wait_ready(base + "/readyz", proc=proc)
+        before = _get(base + "/api/v1/authz/status")[1]["revision"]
+        at_start = _metric(_get(base + "/metrics")[1], loaded)
+        rego = root / "authz.rego"
+        rego.write_text(rego.read_text() + "\n# reviewed\n")
+        time.sleep(0.5)
+        assert _metric(_get(base + "/metrics")[1], loaded) == at_start  # nothing polls
+        os.kill(proc.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while _metric(_get(base + "/metrics")[1], loaded) < at_start + 2:
+            assert time.monotonic() < deadline, "the SIGHUP did not reload both workers"
+            assert proc.poll() is None, "the supervisor ended on SIGHUP"
+            time.sleep(0.1)
+        assert proc.poll() is None
+        revisions = {_get(base + "/api/v1/authz/status")[1]["revision"] for _ in range(20)}
+        assert len(revisions) == 1 and revisions != {before}  # whichever worker answers
+        events = [json.loads(line) for line in proc.log_path.read_text().splitlines()
+                  if '"serve.sighup"' in line]
+        assert len(events) == 1 and events[0]["workers"] == 2
 
 
 def test_second_instance_on_the_same_port_exits_2(tmp_path):

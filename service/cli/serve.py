@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import logging
 import multiprocessing
@@ -148,6 +149,9 @@ def serve_worker(config: config_mod.Config, sock: socket.socket, *, worker: int 
     component that cannot start (identities, store ``required``, ...) is one fatal log line
     and exit 2."""
     logs.configure(config.logging.level, config.logging.mask_fields)
+    # Until the reloaders put their handler on the loop (service.sighup), a SIGHUP (the
+    # supervisor forwards the operator's) must not end the process with its default action.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         asyncio.run(_serve(config, sock, worker=worker))
     except StartupError as exc:
@@ -219,8 +223,21 @@ def supervise(config: config_mod.Config, sock: socket.socket) -> int:
         nonlocal stopping
         stopping = True
 
+    def reload(signum: int, _frame: Any) -> None:
+        # SIGHUP is the reload signal (policies, identities, the shadow candidate): each worker
+        # reloads on its own loop. Left at its default action it would end the supervisor, and
+        # with it the service.
+        for proc in workers:
+            if proc.is_alive() and proc.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGHUP)
+        log.info("SIGHUP forwarded to the workers",
+                 extra={"fields": {"event": "serve.sighup", "workers": len(workers)}})
+
+    workers: list[Any] = []
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, reload)
 
     def start(index: int) -> Any:
         # The socket travels to the spawned child as a duplicated descriptor.
@@ -228,7 +245,7 @@ def supervise(config: config_mod.Config, sock: socket.socket) -> int:
         proc.start()
         return proc
 
-    workers = [start(i + 1) for i in range(config.server.workers)]
+    workers.extend(start(i + 1) for i in range(config.server.workers))
     _log_serving(config, sock)
     log.info("supervising", extra={"fields": {"workers": [p.pid for p in workers]}})
     status = 0
