@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .authz.shadow import Shadow
     from .compose.preflight import RuleSet
     from .health import Reporter
-    from .middleware.metrics import Metrics
+    from .middleware.metrics import Metrics, StoreGauges
     from .notifications.dispatcher import Dispatcher
     from .storelink import StoreLink
     from .streams import StreamSlots
@@ -48,6 +48,7 @@ __all__ = [
     "SHADOW",
     "STARTED_AT",
     "STORE",
+    "STORE_GAUGES",
     "STREAMS",
 ]
 
@@ -55,6 +56,8 @@ CONFIG = web.AppKey("config", Config)
 STARTED_AT = web.AppKey("started_at", float)
 #: Metrics registry and instruments.
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
+#: The store's part of /metrics, read at most once a second (``middleware.metrics.StoreGauges``).
+STORE_GAUGES: web.AppKey[StoreGauges] = web.AppKey("store_gauges")
 #: Per-component status reporters for /readyz and system/info (``service.health``).
 COMPONENTS: web.AppKey[dict[str, Reporter]] = web.AppKey("components")
 #: The policy engine (compiled revision, hot reload).

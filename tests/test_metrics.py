@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,6 +14,7 @@ from service.middleware.metrics import (
     EXPORTED,
     LOGIN_FAILURE_REASONS,
     RELOAD_RESULTS,
+    STORE_GAUGES_TTL_S,
 )
 from tests.auth import PASSWORDS, bearer, login, step_up
 from tests.test_chain import RESOURCE, installer_body, ticket_headers
@@ -131,3 +133,21 @@ async def test_login_failure_reasons_are_a_fixed_set(client):
                   reason="invalid_assertion") == 1.0
     assert _value(families, "controlplane_login_failures", "controlplane_login_failures_total",
                   reason="other") == 1.0
+
+
+async def test_scrapes_share_one_store_reading_a_second(client):
+    """/metrics is public: its store reads (pending approvals, audit head) are made at most once
+    per STORE_GAUGES_TTL_S per process, whatever the number of scrapes, and are fresh after it."""
+    reads = ("controlplane_store_transactions", "controlplane_store_transactions_total")
+    first = await _scrape(client)
+    before = _value(first, *reads, kind="read")
+    head = _value(first, "controlplane_audit_head_seq")
+    token = await login(client, "alice")
+    read = await client.get("/api/v1/databases", headers=bearer(token))  # audited: the head moves
+    assert read.status == 200
+    scrapes = await asyncio.gather(*(_scrape(client) for _ in range(20)))
+    # 20 uncached scrapes would be 40+ reads; background checks may add one or two
+    assert max(_value(f, *reads, kind="read") for f in scrapes) - before <= 3
+    assert {_value(f, "controlplane_audit_head_seq") for f in scrapes} == {head}  # one reading
+    await asyncio.sleep(STORE_GAUGES_TTL_S + 0.1)
+    assert _value(await _scrape(client), "controlplane_audit_head_seq") > head

@@ -115,7 +115,8 @@ async def readyz(request: web.Request) -> web.Response:
 @routes.get("/metrics")
 @public
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus text exposition: the counters (every worker's), then the state read now."""
+    """Prometheus text exposition: the counters (every worker's), then this worker's state (its
+    store figures read at most once a second)."""
     body = await scrape(request.app)
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST

@@ -21,11 +21,12 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ..appkeys import ENGINE, METRICS, STORE
+from ..appkeys import ENGINE, METRICS, STORE, STORE_GAUGES
 from ..store.base import Store
 
 if TYPE_CHECKING:
     from ..authz.engine import LoadResult
+    from ..storelink import StoreLink
 
 log = logging.getLogger("controlplane.metrics")
 
@@ -290,9 +291,10 @@ class Metrics:
 
 
 async def scrape(app: web.Application) -> bytes:
-    """The /metrics body: the counters (every worker's, in multiprocess mode), then the state
-    this worker reads now: the serving revision, and from the store (one bounded read each;
-    ``controlplane_store_up`` 0 when any fails) pending approvals and the audit head."""
+    """The /metrics body: the counters (every worker's, in multiprocess mode), then this
+    worker's state: the serving revision, and from the store (``StoreGauges``: read at most once
+    a second, one bounded read each; ``controlplane_store_up`` 0 when any failed) pending
+    approvals and the audit head."""
     metrics = app[METRICS]
     state = CollectorRegistry()
     revision = Gauge("controlplane_policy_revision_info",
@@ -310,23 +312,58 @@ async def scrape(app: web.Application) -> bytes:
                    registry=state)
     head = Gauge("controlplane_audit_head_seq",
                  "Sequence number of the last audit record.", registry=state)
-    link = app.get(STORE)
-    store = link.store if link is not None else None
+    read = await app[STORE_GAUGES].read(app.get(STORE))
     up = 0
-    if link is not None and store is not None:
-        try:
-            async with asyncio.timeout(2 * link.timeout_s):  # two reads, each within the deadline
-                count, oldest_at = await _pending(store)
-                seq, _ = await store.audit_head()
-        except Exception as exc:  # the store's trouble is what this gauge reports
-            log.warning("metrics: store read failed", extra={"fields": {"error": type(exc).__name__}})
-        else:
-            up = 1
-            pending.set(count)
-            oldest.set(max(0.0, time.time() - oldest_at) if oldest_at is not None else 0.0)
-            head.set(seq)
+    if read is not None:
+        up = 1
+        count, oldest_at, seq = read
+        pending.set(count)
+        oldest.set(max(0.0, time.time() - oldest_at) if oldest_at is not None else 0.0)
+        head.set(seq)
     store_up.set(up)
     return generate_latest(metrics.exposition_registry()) + generate_latest(state)
+
+
+#: How long one reading of the store's gauges serves /metrics: every scrape within it (of any
+#: caller: /metrics is public) shares it, so scraping costs the store at most one reading a
+#: second per process, never one per request.
+STORE_GAUGES_TTL_S = 1.0
+
+
+class StoreGauges:
+    """The store's part of /metrics (pending approvals, the oldest one's creation time, the
+    audit head), read at most once per ``STORE_GAUGES_TTL_S`` by one scrape at a time; a failed
+    reading (None: ``controlplane_store_up`` 0) is kept as long, so a down store is not
+    hammered by scrapes either."""
+
+    def __init__(self) -> None:
+        self._at = -STORE_GAUGES_TTL_S
+        self._values: tuple[int, float | None, int] | None = None
+        self._lock = asyncio.Lock()
+
+    async def read(self, link: StoreLink | None) -> tuple[int, float | None, int] | None:
+        if time.monotonic() - self._at < STORE_GAUGES_TTL_S:
+            return self._values
+        async with self._lock:
+            if time.monotonic() - self._at < STORE_GAUGES_TTL_S:
+                return self._values  # read by the scrape this one waited for
+            self._values = await _read_gauges(link)
+            self._at = time.monotonic()
+            return self._values
+
+
+async def _read_gauges(link: StoreLink | None) -> tuple[int, float | None, int] | None:
+    store = link.store if link is not None else None
+    if link is None or store is None:
+        return None
+    try:
+        async with asyncio.timeout(2 * link.timeout_s):  # two reads, each within the deadline
+            count, oldest_at = await _pending(store)
+            seq, _ = await store.audit_head()
+    except Exception as exc:  # the store's trouble is what this gauge reports
+        log.warning("metrics: store read failed", extra={"fields": {"error": type(exc).__name__}})
+        return None
+    return count, oldest_at, seq
 
 
 async def _pending(store: Store) -> tuple[int, float | None]:
@@ -356,6 +393,7 @@ def setup_metrics(app: web.Application, *, multiprocess: bool = False) -> None:
     """Install the metrics middleware (outside ``problems``, so it counts final statuses)."""
     metrics = Metrics.create(multiprocess=multiprocess)
     app[METRICS] = metrics
+    app[STORE_GAUGES] = StoreGauges()
 
     @web.middleware
     async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
