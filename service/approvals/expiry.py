@@ -7,9 +7,11 @@ runs in every worker; the store's conditional UPDATE expires each ticket exactly
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from .. import clock
 from ..audit.log import AuditLog
+from ..audit.recording import settle_committed
 from ..store.base import AuditRecord, Store
 
 __all__ = ["SYSTEM_PRINCIPAL", "expire_once"]
@@ -21,17 +23,23 @@ SYSTEM_PRINCIPAL = {"subject_id": "system", "kind": "service", "session_id": Non
 
 
 async def expire_once(store: Store, audit: AuditLog, now: float) -> int:
-    """Expire every ticket whose clock ran out by ``now``; returns how many."""
+    """Expire every ticket whose clock ran out by ``now``; returns how many.
+
+    Where the store stages audit records (PostgreSQL), the sweep's transaction stages them like
+    a run's and they are sealed after COMMIT: the transaction never holds the chain's head."""
     records: list[AuditRecord] = []
+    staged: list[tuple[int, dict[str, Any]]] = []
     async with store.transaction() as tx:
         expired = await tx.expire_tickets(now)
         for ticket in expired:
-            records.append(await audit.append(
-                {"at": clock.iso(now), "action": "approvals.expire", "principal": SYSTEM_PRINCIPAL,
-                 "ticket_id": ticket.id, "ticket_event": "expired", "env": ticket.env,
-                 "resource_hash": ticket.resource_hash, "outcome": "executed"},
-                tx,
-            ))
+            entry = {"at": clock.iso(now), "action": "approvals.expire",
+                     "principal": SYSTEM_PRINCIPAL, "ticket_id": ticket.id,
+                     "ticket_event": "expired", "env": ticket.env,
+                     "resource_hash": ticket.resource_hash, "outcome": "executed"}
+            if audit.stages:
+                staged.append((await audit.stage(entry, tx), entry))
+            else:
+                records.append(await audit.append(entry, tx))
     # Committed: each expiry is logged once (the store's conditional UPDATE expired it here).
     for ticket in expired:
         log.info("approval ticket expired", extra={"fields": {
@@ -39,4 +47,6 @@ async def expire_once(store: Store, audit: AuditLog, now: float) -> int:
             "env": ticket.env, "subject_id": ticket.subject_id}})
     for record in records:
         await audit.mirror(record)
-    return len(records)
+    for staging_id, entry in staged:
+        await settle_committed(audit, staging_id, entry)  # the sealer mirrors it
+    return len(expired)

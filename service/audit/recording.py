@@ -28,7 +28,7 @@ from ..run import Outcome, Target
 from ..store.base import AuditRecord, StoreError, StoreUnavailable, Tx
 from .log import AuditLog
 
-__all__ = ["Recording", "recording"]
+__all__ = ["Recording", "recording", "settle_committed"]
 
 log = logging.getLogger("controlplane.chain")
 #: Ticket events, logged once each after the run that caused them committed.
@@ -126,15 +126,15 @@ async def recording(
                                  code="audit_unavailable")
     rec.ticket_events = _log_ticket_events(rec.entry)  # committed: its ticket events happened
     if rec._staged is not None:
-        await _settle(audit, rec._staged, rec.entry)  # the sealer mirrors what it seals
+        await settle_committed(audit, rec._staged, rec.entry)  # the sealer mirrors it
     else:
         await _mirror(audit, rec)
 
 
-async def _settle(audit: AuditLog, staged: int, entry: dict[str, Any]) -> None:
-    """Wait for the staged record of a committed run to be sealed into the chain. The run and
-    its record are committed either way: if sealing fails or is late, the answer stands and a
-    sweep seals the record (``AuditLog.sweep``)."""
+async def settle_committed(audit: AuditLog, staged: int, entry: dict[str, Any]) -> None:
+    """Wait for the staged record of a committed change to be sealed into the chain. The change
+    and its record are committed either way: if sealing fails or is late, the answer stands and
+    a sweep seals the record (``AuditLog.sweep``)."""
     try:
         await audit.settle(staged)
     except StoreError as exc:

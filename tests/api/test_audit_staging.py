@@ -8,7 +8,10 @@ import json
 import time
 from pathlib import Path
 
-from service.appkeys import AUDIT
+import asyncpg
+
+from service.appkeys import AUDIT, STORE
+from service.approvals.expiry import expire_once
 from tests.auth import bearer, login
 from tests.store import pg
 
@@ -44,4 +47,50 @@ async def test_mutation_records_are_in_the_chain_when_answered(make_client, tmp_
         assert await audit.store.audit_staged(time.time() + 3600) == (0, None)
         mirrored = [json.loads(line) for line in mirror.read_text().splitlines()]
         assert sorted(d["seq"] for d in mirrored if "purpose" not in d) == [r.seq for r in chain]
+        await client.close()
+
+
+async def test_ticket_expiry_stages_its_records_and_seals_them(make_client, tmp_path: Path):
+    """The expiry sweep on PostgreSQL stages its records like a run (its transaction never holds
+    the chain's head); once it returns they are sealed into the chain, mirrored, none staged."""
+    mirror = tmp_path / "audit.jsonl"
+    async with pg.temp_schema("cp_audit_expiry") as (dsn, schema):
+        client = await make_client({
+            "store": {"backend": "postgres", "postgres": {"dsn": dsn, "schema": schema}},
+            "audit": {"jsonl_path": str(mirror)},
+        })
+        audit = client.server.app[AUDIT]
+        store = client.server.app[STORE].require()
+        alice = await login(client, "alice")
+        tickets = []
+        for i in range(3):
+            body = {"subject_id": "alice", **PROD, "resource": {"app": "web", "version": f"2.{i}"}}
+            response = await client.post("/api/v1/approvals", json=body, headers=bearer(alice))
+            assert response.status == 201, await response.text()
+            tickets.append(str((await response.json())["id"]))
+        later = time.time() + 30 * 86400
+        # Another session holds the chain's head row: the sweep still commits the expiries
+        # (its transaction only stages records); sealing them waits for the row.
+        holder = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("SELECT seq FROM audit_head WHERE id = 1 FOR UPDATE")
+        sweep = asyncio.create_task(expire_once(store, audit, later))
+        try:
+            deadline = time.monotonic() + 10
+            while [(await store.get_ticket(t)).state for t in tickets] != ["expired"] * 3:
+                assert time.monotonic() < deadline, "the expiries waited for the chain's head"
+                await asyncio.sleep(0.05)
+        finally:
+            await held.rollback()
+            await holder.close()
+        assert await sweep == 3
+        chain = [r async for r in audit.records()]
+        expired = [r.entry["ticket_id"] for r in chain if r.entry.get("ticket_event") == "expired"]
+        assert sorted(expired) == sorted(tickets)
+        assert await audit.verify() == (len(chain), None)
+        assert await audit.store.audit_staged(later + 3600) == (0, None)
+        mirrored = [json.loads(line) for line in mirror.read_text().splitlines()]
+        assert sorted(d["seq"] for d in mirrored if "purpose" not in d) == [r.seq for r in chain]
+        assert await expire_once(store, audit, later) == 0  # each ticket expires once
         await client.close()
