@@ -4,7 +4,7 @@ Run: python bench/compose_bench.py [--reps N] [--requests N] [--no-http]
 
 In-process, on the bench's 10-service file (``http_bench.compose_fields(10)``, env prod):
 - ``uncached``: ``evaluate(..., cache=False)``, the whole report (per chunk of 20 services the
-  input converted and set once, then every rule's entrypoint queried against it);
+  input converted and set once, then each group of three rules queried against it);
 - ``constant``: one query of a constant entrypoint of the same bundle with the same input
   document, i.e. what converting the input and calling the engine costs at all (the floor);
 - ``cached``: ``evaluate`` when the report is in the cache;
