@@ -152,6 +152,10 @@ def test_sighup_to_a_two_worker_server_reloads_every_worker_and_ends_none(tmp_pa
     with serve(tmp_path / "state", workers=2, env=env) as (base, proc):
         wait_ready(base + "/readyz", proc=proc)
         before = _get(base + "/api/v1/authz/status")[1]["revision"]
+        deadline = time.monotonic() + 30
+        while _metric(_get(base + "/metrics")[1], loaded) < 2:  # each worker's first load
+            assert time.monotonic() < deadline, "the workers did not load their policies"
+            time.sleep(0.1)
         at_start = _metric(_get(base + "/metrics")[1], loaded)
         rego = root / "authz.rego"
         rego.write_text(rego.read_text() + "\n# reviewed\n")
