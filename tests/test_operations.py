@@ -175,6 +175,55 @@ def test_sighup_to_a_two_worker_server_reloads_every_worker_and_ends_none(tmp_pa
         assert len(events) == 1 and events[0]["workers"] == 2
 
 
+def test_workers_stop_when_their_supervisor_is_killed_outright(tmp_path):
+    """SIGKILL leaves the supervisor no chance to stop its workers: they notice on their own
+    (within ~SUPERVISOR_CHECK_S), drain and exit, instead of serving on unsupervised."""
+    with serve(tmp_path / "state", workers=2) as (base, proc):
+        wait_ready(base + "/readyz", proc=proc)
+        deadline = time.monotonic() + 30
+        workers: list[int] = []
+        while len(workers) < 2:
+            assert time.monotonic() < deadline, "the workers did not start"
+            workers = [pid for pid in _children(proc.pid)
+                       if "controlplane worker" in _cmdline(pid)]
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while any(_running(pid) for pid in workers):
+            assert time.monotonic() < deadline, "a worker outlived its supervisor"
+            time.sleep(0.1)
+        orphaned = [json.loads(line) for line in proc.log_path.read_text().splitlines()
+                    if '"server.orphaned"' in line]
+        assert sorted(e["pid"] for e in orphaned) == sorted(workers)
+        with pytest.raises(urllib.error.URLError):  # nobody serves the port any more
+            _get(base + "/healthz")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(stat[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return ""
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
 def test_second_instance_on_the_same_port_exits_2(tmp_path):
     with serve(tmp_path / "first", workers=2) as (base, _proc):
         port = base.rsplit(":", 1)[1]

@@ -142,7 +142,8 @@ def _set_title(title: str) -> None:
     setproctitle.setproctitle(title)
 
 
-def serve_worker(config: config_mod.Config, sock: socket.socket, *, worker: int | None) -> int:
+def serve_worker(config: config_mod.Config, sock: socket.socket, *, worker: int | None,
+                 supervisor: int | None = None) -> int:
     """Serve on ``sock`` (``worker``: this is the supervisor's worker number N, else the only
     process) until SIGINT/SIGTERM, then shut down gracefully: stop accepting, end
     live streams, give open requests ``server.shutdown_timeout_s``, close the components. A
@@ -153,13 +154,14 @@ def serve_worker(config: config_mod.Config, sock: socket.socket, *, worker: int 
     # supervisor forwards the operator's) must not end the process with its default action.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        asyncio.run(_serve(config, sock, worker=worker))
+        asyncio.run(_serve(config, sock, worker=worker, supervisor=supervisor))
     except StartupError as exc:
         return _fatal(exc)
     return 0
 
 
-async def _serve(config: config_mod.Config, sock: socket.socket, *, worker: int | None) -> None:
+async def _serve(config: config_mod.Config, sock: socket.socket, *, worker: int | None,
+                 supervisor: int | None = None) -> None:
     # web.run_app, with the edge's runner (service/edge.py): aiohttp's protocol answers bad
     # request heads itself, and only a runner can give it another protocol class.
     from ..app import create_app  # imported here so the supervisor stays light
@@ -187,7 +189,11 @@ async def _serve(config: config_mod.Config, sock: socket.socket, *, worker: int 
             _log_serving(config, sock)
         else:  # the supervisor said "serving" once, when it bound the socket
             log.info("worker ready", extra={"fields": {"worker": worker, "pid": os.getpid()}})
+        watch = (asyncio.create_task(_watch_supervisor(supervisor, stop))
+                 if supervisor is not None else None)
         await stop.wait()
+        if watch is not None:
+            watch.cancel()
         # Stop accepting, end live streams, give open requests the grace period, close.
         log.info("draining", extra={"fields": {
             "event": "server.draining", "pid": os.getpid(),
@@ -197,10 +203,26 @@ async def _serve(config: config_mod.Config, sock: socket.socket, *, worker: int 
     log.info("stopped", extra={"fields": {"event": "server.stopped", "pid": os.getpid()}})
 
 
-def _worker_entry(config: config_mod.Config, sock: socket.socket, index: int) -> None:
+#: How often a worker checks that its supervisor is still there.
+SUPERVISOR_CHECK_S = 1.0
+
+
+async def _watch_supervisor(supervisor: int, stop: asyncio.Event) -> None:
+    """A worker whose supervisor is gone (killed outright, so it could not stop its workers)
+    drains and stops, instead of serving on unsupervised and holding the port."""
+    while not stop.is_set():
+        await asyncio.sleep(SUPERVISOR_CHECK_S)
+        if os.getppid() != supervisor:
+            log.error("the supervisor is gone: stopping", extra={"fields": {
+                "event": "server.orphaned", "pid": os.getpid(), "supervisor": supervisor}})
+            stop.set()
+
+
+def _worker_entry(config: config_mod.Config, sock: socket.socket, index: int,
+                  supervisor: int) -> None:
     # A worker dies with its parent's signal handling reset: SIGINT/SIGTERM stop it gracefully.
     _set_title(f"controlplane worker {index}/{config.server.workers}")
-    raise SystemExit(serve_worker(config, sock, worker=index))
+    raise SystemExit(serve_worker(config, sock, worker=index, supervisor=supervisor))
 
 
 def supervise(config: config_mod.Config, sock: socket.socket) -> int:
@@ -241,7 +263,8 @@ def supervise(config: config_mod.Config, sock: socket.socket) -> int:
 
     def start(index: int) -> Any:
         # The socket travels to the spawned child as a duplicated descriptor.
-        proc = ctx.Process(target=_worker_entry, args=(config, sock, index), daemon=False)
+        proc = ctx.Process(target=_worker_entry, args=(config, sock, index, os.getpid()),
+                           daemon=False)
         proc.start()
         return proc
 
