@@ -22,6 +22,7 @@ field (``http.request``, ``approval.ticket_requested``, ``store.unavailable``, .
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import logging
 import re
@@ -84,9 +85,27 @@ _SEPARATOR = re.compile(r"[\s:=.]")
 
 def scrub(text: str) -> str:
     """``text`` with every credential-looking substring replaced by ``***``."""
+    if text in _CLEAN:
+        return text
     if _SEPARATOR.search(text) is None or _MAY_HOLD_SECRET.search(text.casefold()) is None:
+        _remember_clean(text)
         return text
     return _scrub_patterns(text)
+
+
+# Log lines repeat their values (actions, routes, envs, subjects, revisions): the short texts
+# found clean are remembered, so a repeat costs one set lookup. Only clean texts: nothing
+# that held a credential is ever kept. Bounded: emptied when full.
+_CLEAN: set[str] = set()
+_CLEAN_MAX_ENTRIES = 8192
+_CLEAN_MAX_LENGTH = 256
+
+
+def _remember_clean(text: str) -> None:
+    if len(text) <= _CLEAN_MAX_LENGTH:
+        if len(_CLEAN) >= _CLEAN_MAX_ENTRIES:
+            _CLEAN.clear()
+        _CLEAN.add(text)
 
 
 def _scrub_patterns(text: str) -> str:
@@ -107,11 +126,14 @@ def _mask(value: Any, names: set[str]) -> Any:
     if isinstance(value, dict):
         masked: dict[Any, Any] = {}
         for k, v in value.items():
-            if is_secret_field(k) or (names and str(k).lower() in names):
+            secret = _SECRET_KEYS.get(k)
+            if secret is None:
+                secret = _secret_key(k)
+            if secret or (names and str(k).lower() in names):
                 masked[k] = MASK
             elif type(v) is str:  # the common leaves, without a call each
-                masked[k] = scrub(v)
-            elif v is None or type(v) is int or type(v) is bool:
+                masked[k] = v if v in _CLEAN else scrub(v)
+            elif v is None or type(v) is int or type(v) is bool or type(v) is float:
                 masked[k] = v
             else:
                 masked[k] = _mask(v, names)
@@ -125,6 +147,17 @@ def _mask(value: Any, names: set[str]) -> Any:
     if value is None or isinstance(value, (bool, int, float)):
         return value
     return scrub(str(value))
+
+
+# Whether a field name is secret, by name: a dict lookup per field of a line (the names repeat).
+_SECRET_KEYS: dict[Any, bool] = {}
+
+
+def _secret_key(name: Any) -> bool:
+    if len(_SECRET_KEYS) >= _CLEAN_MAX_ENTRIES:  # a caller's own names can only churn it
+        _SECRET_KEYS.clear()
+    secret = _SECRET_KEYS[name] = is_secret_field(name)
+    return secret
 
 
 def _message(record: logging.LogRecord) -> str:
@@ -182,8 +215,7 @@ class JSONFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": _second(int(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "msg": scrub(_message(record)),
@@ -200,7 +232,16 @@ class JSONFormatter(logging.Formatter):
             doc["exc"] = scrub(tb)
         if record.stack_info:
             doc["stack"] = scrub(record.stack_info)
-        return json.dumps(doc, default=lambda v: scrub(str(v)))
+        return _ENCODER.encode(doc)
+
+
+_ENCODER = json.JSONEncoder(default=lambda v: scrub(str(v)))
+
+
+@functools.lru_cache(maxsize=4)
+def _second(epoch: int) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` (UTC) of a whole second: formatted once per second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch))
 
 
 def configure(level: str = "INFO", mask_fields: Iterable[str] = ()) -> None:

@@ -137,6 +137,22 @@ def test_scrub_prefilter_never_skips_a_match(text):
     assert scrub(text) == _scrub_patterns(text)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_FRAGMENTS), _PAIR), max_size=10).map("".join))
+def test_remembered_clean_texts_are_exactly_the_texts_scrub_leaves(text):
+    """Texts found clean are remembered (a repeat is one set lookup): the second answer is the
+    first, and a text that held anything to mask is never remembered."""
+    from service.logs import _CLEAN, _scrub_patterns, scrub
+
+    first = scrub(text)
+    assert scrub(text) == first == _scrub_patterns(text)
+    if text in _CLEAN:
+        assert first == text
+    if first != text:
+        assert text not in _CLEAN
+    assert scrub("alice") == "alice" and "alice" in _CLEAN  # no trigger at all: remembered
+
+
 def test_scrub_keeps_ordinary_text():
     from service.logs import scrub
 
