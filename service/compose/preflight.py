@@ -288,16 +288,16 @@ def _rule_from_meta(bundle: Bundle | None, package: str) -> Rule:
 # - time is bounded: the services are evaluated CHUNK_SERVICES at a time (every rule speaks about
 #   one service, with the top-level definitions for context), the budget is checked between
 #   chunks and a report over it raises ``EvaluationBudgetExceeded``. A regopy query cannot be
-#   interrupted, so a chunk is the unit: small enough (~0.12 CPU-s for 20 services with
+#   interrupted, so a chunk is the unit: small enough (~0.04 CPU-s for 20 services with
 #   findings from most rules) that the budget is kept within a fraction of a second, and the bundle's
 #   lock is released between chunks so other reports of the worker interleave instead of
 #   waiting for the whole large one.
 # The budget is CPU time of the evaluating thread (EVALUATION_BUDGET_S: the same document gets
 # the same answer on an idle and on a busy host), with a wall-clock backstop
 # (WALL_FACTOR times the CPU budget) so that no report holds a request for long on an overloaded host either.
-# Measured: ~6 ms of CPU per service with findings from most rules (test_budget.busy_service),
-# so 500 such services take ~3 CPU-s and a document at the size budget may be refused. Constants,
-# not configuration: the bound must hold at any setting.
+# Measured: ~2 ms of CPU per service with findings from most rules (test_budget.busy_service),
+# so 500 such services take ~1 CPU-s; a document at the size budget with heavier services may
+# still be refused. Constants, not configuration: the bound must hold at any setting.
 #
 # Where an uncached report's CPU goes (bench/compose_bench.py --rules, the bench's 10-service
 # file: ~35 ms): converting the input and calling the engine at all ~2-3 ms (the constant-policy
