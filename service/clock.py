@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import math
 import time
 
-__all__ = ["iso", "now"]
+__all__ = ["iso", "now", "second"]
+
+# The last second representable by the wire format (9999-12-31T23:59:59Z); beyond it, and
+# before the epoch, iso takes datetime's path (which also refuses what it cannot represent).
+_LAST_SECOND = 253_402_300_799
 
 
 def now() -> float:
@@ -14,8 +20,30 @@ def now() -> float:
 
 
 def iso(ts: float | None) -> str | None:
-    """``2026-11-22T05:07:14.123Z`` (None stays None)."""
+    """``2026-11-22T05:07:14.123Z`` (None stays None).
+
+    The same text as ``datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")``
+    with ``Z`` for ``+00:00`` (a property test holds them equal): the microseconds are rounded
+    half-even as datetime rounds them, the milliseconds truncated as isoformat truncates them,
+    and the whole second is formatted once per second (``second``); a request stamps several
+    records, so this was ~3% of an authorized read's event-loop time."""
     if ts is None:
         return None
-    stamp = _dt.datetime.fromtimestamp(ts, _dt.UTC).isoformat(timespec="milliseconds")
-    return stamp.replace("+00:00", "Z")
+    frac, whole = math.modf(ts)
+    micros = round(frac * 1e6)
+    if micros >= 1_000_000:
+        whole += 1.0
+        micros -= 1_000_000
+    elif micros < 0:
+        whole -= 1.0
+        micros += 1_000_000
+    if not 0 <= whole <= _LAST_SECOND:
+        stamp = _dt.datetime.fromtimestamp(ts, _dt.UTC).isoformat(timespec="milliseconds")
+        return stamp.replace("+00:00", "Z")
+    return f"{second(int(whole))}.{micros // 1000:03d}Z"
+
+
+@functools.lru_cache(maxsize=8)
+def second(epoch: int) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` (UTC) of a whole second: formatted once per second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch))

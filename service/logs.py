@@ -22,16 +22,15 @@ field (``http.request``, ``approval.ticket_requested``, ``store.unavailable``, .
 from __future__ import annotations
 
 import contextvars
-import functools
 import json
 import logging
 import re
 import sys
-import time
 import traceback
 from collections.abc import Iterable
 from typing import Any
 
+from . import clock
 from .redaction import SECRET_WORDS, is_secret_field
 
 __all__ = ["ScrubFilter", "configure", "correlation_id_var", "install_scrubbing", "mask", "scrub"]
@@ -215,7 +214,7 @@ class JSONFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
-            "ts": _second(int(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": clock.second(int(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "msg": scrub(_message(record)),
@@ -236,12 +235,6 @@ class JSONFormatter(logging.Formatter):
 
 
 _ENCODER = json.JSONEncoder(default=lambda v: scrub(str(v)))
-
-
-@functools.lru_cache(maxsize=4)
-def _second(epoch: int) -> str:
-    """``YYYY-MM-DDTHH:MM:SS`` (UTC) of a whole second: formatted once per second."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch))
 
 
 def configure(level: str = "INFO", mask_fields: Iterable[str] = ()) -> None:
