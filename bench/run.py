@@ -99,11 +99,32 @@ def main(argv: list[str] | None = None) -> int:
         "`postgresql://postgres@127.0.0.1:5432/test`), a fresh schema per service, dropped after.",
         "",
     ]
-    Path(args.out).write_text("\n".join(header) + "\n" + http_md + "\n" + ticket_md + "\n"
-                              + audit_md + "\n" + decision_md + "\n" + shadow_md + "\n"
-                              + compose_md)
+    out = Path(args.out)
+    kept = _hand_written(out.read_text() if out.exists() else "")
+    out.write_text("\n".join(header) + "\n" + http_md + "\n" + ticket_md + "\n"
+                   + audit_md + "\n" + decision_md + "\n" + shadow_md + "\n"
+                   + compose_md + kept)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+#: The section written by hand from a run's profiles, which a regeneration keeps (last in the file).
+HAND_WRITTEN = "## What limits each number now"
+STALE = ("> Kept by `bench/run.py` from the previous RESULTS.md: written for an earlier run, so "
+         "re-read it against the figures above (and delete this line once it is).")
+
+
+def _hand_written(previous: str) -> str:
+    """The hand-written section of the previous results (from its heading to the end), marked as
+    written for an earlier run; empty when there is none."""
+    start = previous.find("\n" + HAND_WRITTEN + "\n")
+    if start < 0:
+        return ""
+    lines = previous[start + 1:].rstrip("\n").split("\n")
+    body = [line for line in lines[1:] if line != STALE]
+    while body and not body[0].strip():
+        body.pop(0)
+    return "\n\n" + "\n".join([HAND_WRITTEN, "", STALE, "", *body]) + "\n"
 
 
 if __name__ == "__main__":
