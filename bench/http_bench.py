@@ -306,7 +306,7 @@ class Bench:
                                  {"Authorization": f"Bearer {ids.tokens['alice']}", **json_headers},
                                  h.dumps({"env": "prod", "fields": compose_fields(10)})),
         }
-        profile = (not self.opts.no_profile and backend == "sqlite" and workers == 2
+        profile = (not self.opts.no_profile and backend == self.opts.profile_store and workers == 2
                    and h.pyspy() is not None)
         for name in ("info", "status", "read", "compose"):
             if name not in self.opts.scenarios:
@@ -396,7 +396,8 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     if "postgres" in backends:
         machine["postgresql"] = h.pg_version() or "?"
     return {"machine": machine, "rows": bench.rows, "tickets": bench.tickets,
-            "profiles": bench.profiles, "notes": bench.notes, "elapsed_s": elapsed,
+            "profiles": bench.profiles, "profile_store": opts.profile_store,
+            "notes": bench.notes, "elapsed_s": elapsed,
             "options": {"duration_s": opts.duration, "warmup_s": opts.warmup,
                         "max_requests": opts.max_requests, "tickets": opts.tickets,
                         "quick": opts.quick}}
@@ -451,7 +452,9 @@ def markdown(doc: dict[str, Any]) -> str:
     out += ["", "### Targets (2 workers)", ""]
     out += targets(rows)
     if doc["profiles"]:
-        out += ["", "### Profile (py-spy, one worker of the SQLite 2-worker service, 64 conns)", ""]
+        store = {"sqlite": "SQLite", "postgres": "PostgreSQL"}[doc.get("profile_store", "sqlite")]
+        out += ["", f"### Profile (py-spy, one worker of the {store} 2-worker service, 64 conns)",
+                ""]
         for name, prof in doc["profiles"].items():
             out.append(f"**{name}** ({prof['rps_during_profile']:,.0f} req/s while sampled; "
                        f"samples: {prof['samples']})")
@@ -531,6 +534,8 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-wrk", action="store_true", help="use the aiohttp-client generator")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--profile-s", type=float, default=6.0)
+    parser.add_argument("--profile-store", choices=("sqlite", "postgres"), default="sqlite",
+                        help="which 2-worker service is profiled (default sqlite)")
     parser.add_argument("--profile-dir", help="keep py-spy's raw stacks here")
     parser.add_argument("--json", help="write the results document here")
     parser.add_argument("--markdown", help="write the Markdown section here")
