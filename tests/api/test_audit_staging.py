@@ -4,9 +4,12 @@ transaction, sealed into the chain before the answer is sent, mirrored, nothing 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -18,13 +21,34 @@ from tests.store import pg
 PROD = {"env": "prod", "action": "installer.run.execute", "resource": {"app": "web", "version": "1.2.3"}}
 
 
-async def test_mutation_records_are_in_the_chain_when_answered(make_client, tmp_path: Path):
-    mirror = tmp_path / "audit.jsonl"
-    async with pg.temp_schema("cp_audit_staging") as (dsn, schema):
+@contextlib.asynccontextmanager
+async def _app_on_postgres(make_client: Any, mirror: Path, prefix: str) -> AsyncIterator[Any]:
+    """The app on a fresh PostgreSQL schema, mirroring its audit to ``mirror``: (client, dsn)."""
+    async with pg.temp_schema(prefix) as (dsn, schema):
         client = await make_client({
             "store": {"backend": "postgres", "postgres": {"dsn": dsn, "schema": schema}},
             "audit": {"jsonl_path": str(mirror)},
         })
+        try:
+            yield client, dsn, schema
+        finally:
+            await client.close()
+
+
+async def _assert_all_sealed_and_mirrored(audit: Any, mirror: Path, now: float) -> list[Any]:
+    """The chain verifies, nothing is left staged, and every record is mirrored: the chain."""
+    chain = [r async for r in audit.records()]
+    assert await audit.verify() == (len(chain), None)
+    assert await audit.store.audit_staged(now + 3600) == (0, None)
+    text = await asyncio.to_thread(mirror.read_text)
+    mirrored = [json.loads(line) for line in text.splitlines()]
+    assert sorted(d["seq"] for d in mirrored if "purpose" not in d) == [r.seq for r in chain]
+    return chain
+
+
+async def test_mutation_records_are_in_the_chain_when_answered(make_client, tmp_path: Path):
+    mirror = tmp_path / "audit.jsonl"
+    async with _app_on_postgres(make_client, mirror, "cp_audit_staging") as (client, _, _):
         audit = client.server.app[AUDIT]
         assert audit.stages  # PostgreSQL: runs stage their records
         alice = await login(client, "alice")
@@ -40,25 +64,16 @@ async def test_mutation_records_are_in_the_chain_when_answered(make_client, tmp_
             return ticket_id
 
         tickets = await asyncio.gather(*(request(i) for i in range(12)))
-        chain = [r async for r in audit.records()]
+        chain = await _assert_all_sealed_and_mirrored(audit, mirror, time.time())
         created = [r.entry["ticket_id"] for r in chain if r.entry.get("ticket_event") == "created"]
         assert sorted(created) == sorted(tickets)  # each exactly once
-        assert await audit.verify() == (len(chain), None)
-        assert await audit.store.audit_staged(time.time() + 3600) == (0, None)
-        mirrored = [json.loads(line) for line in mirror.read_text().splitlines()]
-        assert sorted(d["seq"] for d in mirrored if "purpose" not in d) == [r.seq for r in chain]
-        await client.close()
 
 
 async def test_ticket_expiry_stages_its_records_and_seals_them(make_client, tmp_path: Path):
     """The expiry sweep on PostgreSQL stages its records like a run (its transaction never holds
     the chain's head); once it returns they are sealed into the chain, mirrored, none staged."""
     mirror = tmp_path / "audit.jsonl"
-    async with pg.temp_schema("cp_audit_expiry") as (dsn, schema):
-        client = await make_client({
-            "store": {"backend": "postgres", "postgres": {"dsn": dsn, "schema": schema}},
-            "audit": {"jsonl_path": str(mirror)},
-        })
+    async with _app_on_postgres(make_client, mirror, "cp_audit_expiry") as (client, dsn, schema):
         audit = client.server.app[AUDIT]
         store = client.server.app[STORE].require()
         alice = await login(client, "alice")
@@ -85,12 +100,7 @@ async def test_ticket_expiry_stages_its_records_and_seals_them(make_client, tmp_
             await held.rollback()
             await holder.close()
         assert await sweep == 3
-        chain = [r async for r in audit.records()]
+        chain = await _assert_all_sealed_and_mirrored(audit, mirror, later)
         expired = [r.entry["ticket_id"] for r in chain if r.entry.get("ticket_event") == "expired"]
         assert sorted(expired) == sorted(tickets)
-        assert await audit.verify() == (len(chain), None)
-        assert await audit.store.audit_staged(later + 3600) == (0, None)
-        mirrored = [json.loads(line) for line in mirror.read_text().splitlines()]
-        assert sorted(d["seq"] for d in mirrored if "purpose" not in d) == [r.seq for r in chain]
         assert await expire_once(store, audit, later) == 0  # each ticket expires once
-        await client.close()
