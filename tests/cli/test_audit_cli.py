@@ -235,9 +235,13 @@ def test_tail_last_n_from_the_store(
 def test_tail_follow_prints_new_records(sqlite_service: tuple[str, Path]) -> None:
     base, db = sqlite_service
     head = seqs(db)[-1]
+    # Ctrl-C as a terminal sends it: the follower starts with SIGINT's default action, whatever
+    # this process inherited (a job a non-interactive shell starts with '&' ignores SIGINT,
+    # and so would every child it starts, which then cannot be stopped by Ctrl-C at all).
     follower = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from service.cli.audit import run; raise SystemExit(run(sys.argv[1:]))",
+         "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+         "from service.cli.audit import run; raise SystemExit(run(sys.argv[1:]))",
          "tail", "-n", "1", "-f", "--interval", "0.1", "--max-seconds", "60"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={"PATH": "/usr/bin:/bin", "CONTROLPLANE_STATE_DIR": str(db.parent)},
@@ -262,6 +266,10 @@ def test_tail_follow_prints_new_records(sqlite_service: tuple[str, Path]) -> Non
         if follower.poll() is None:
             follower.kill()
             follower.wait()
+        reader.join(timeout=30)  # at the end of its output once the follower has ended
+        for pipe in (follower.stdout, follower.stderr):
+            if pipe is not None:
+                pipe.close()  # else a failure here leaks them into the next test's warnings
     assert follower.returncode == 0, err
     assert seen[0] == head, "the follower's first line is the head record"
     new = seen[1:]
