@@ -81,13 +81,7 @@ not_secret(value) if {
 
 password_hash(value) if {
 	stripped := trim(trim_space(value), `"'`)
-	startswith(stripped, "$") # every format above but SSHA starts with "$" ...
-	regex.match(hash_regex, stripped)
-}
-
-password_hash(value) if {
-	stripped := trim(trim_space(value), `"'`)
-	startswith(stripped, "{") # ... and LDAP's with "{"
+	strings.any_prefix_match(stripped, ["$", "{"]) # every format above starts with "$", LDAP's with "{"
 	regex.match(hash_regex, stripped)
 }
 
@@ -119,17 +113,21 @@ matches_a_check(value) if {
 # A value pointing at a mounted secret file is the recommended pattern, not a leak.
 file_reference(value) if startswith(value, "/run/secrets/")
 
+# Whether a variable's name announces a secret, as a value: computed once per variable (as a
+# condition in two branches of kind, regopy evaluated the name's patterns twice).
+named_secret(key) := true if secret_name(key) else := false
+
 # What one variable is, in one pass (the three cases exclude each other): a password hash
-# (info), a literal value under a secret-looking name, or a credential-shaped value under any
-# other name; undefined for everything else.
-kind(key, value) := "hash" if {
+# (info), a literal value under a secret-looking name (``named``: named_secret), or a
+# credential-shaped value under any other name; undefined for everything else.
+kind(named, value) := "hash" if {
 	password_hash(value)
 } else := "secret" if {
-	secret_name(key)
+	named
 	not not_secret(value)
 	not file_reference(value)
 } else := "credential" if {
-	not secret_name(key)
+	not named
 	secret_value(value)
 }
 
@@ -146,7 +144,7 @@ _findings_1 := [{"service": name, "path": ["environment", key], "message": conca
 	some key
 	value := value_all[key]
 	is_string(value)
-	k := kind(key, value)
+	k := kind(named_secret(key), value)
 ]
 
 findings := _findings_1
