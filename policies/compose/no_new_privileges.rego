@@ -14,10 +14,16 @@ meta := {
 
 # The value of the no-new-privileges option of one security_opt entry ("true" for the bare flag);
 # undefined for other options. Both "key:value" and "key=value" are accepted.
-nnp(raw) := "true" if {
-	lower(trim_space(raw)) == "no-new-privileges"
+nnp(raw) := value if {
+	text := lower(trim_space(raw))
+	contains(text, "no-new-privileges") # the other options (seccomp, apparmor, label) end here
+	value := _nnp(text)
+}
+
+_nnp(text) := "true" if {
+	text == "no-new-privileges"
 } else := value if {
-	parts := split(replace(lower(trim_space(raw)), "=", ":"), ":")
+	parts := split(replace(text, "=", ":"), ":")
 	count(parts) == 2
 	trim_space(parts[0]) == "no-new-privileges"
 	value := trim_space(parts[1])
