@@ -7,7 +7,7 @@ import functools
 import math
 import time
 
-__all__ = ["iso", "now", "second"]
+__all__ = ["iso", "now"]
 
 # The last second representable by the wire format (9999-12-31T23:59:59Z); beyond it, and
 # before the epoch, iso takes datetime's path (which also refuses what it cannot represent).
@@ -25,8 +25,8 @@ def iso(ts: float | None) -> str | None:
     The same text as ``datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")``
     with ``Z`` for ``+00:00`` (a property test holds them equal): the microseconds are rounded
     half-even as datetime rounds them, the milliseconds truncated as isoformat truncates them,
-    and the whole second is formatted once per second (``second``); a request stamps several
-    records, so this was ~3% of an authorized read's event-loop time."""
+    and the whole second is formatted once per second (``_second``); a request stamps several
+    records and log lines, so this was ~3% of an authorized read's event-loop time."""
     if ts is None:
         return None
     frac, whole = math.modf(ts)
@@ -40,10 +40,10 @@ def iso(ts: float | None) -> str | None:
     if not 0 <= whole <= _LAST_SECOND:
         stamp = _dt.datetime.fromtimestamp(ts, _dt.UTC).isoformat(timespec="milliseconds")
         return stamp.replace("+00:00", "Z")
-    return f"{second(int(whole))}.{micros // 1000:03d}Z"
+    return f"{_second(int(whole))}.{micros // 1000:03d}Z"
 
 
 @functools.lru_cache(maxsize=8)
-def second(epoch: int) -> str:
+def _second(epoch: int) -> str:
     """``YYYY-MM-DDTHH:MM:SS`` (UTC) of a whole second: formatted once per second."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch))

@@ -214,7 +214,7 @@ class JSONFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
-            "ts": clock.second(int(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": clock.iso(record.created),
             "level": record.levelname,
             "logger": record.name,
             "msg": scrub(_message(record)),
