@@ -300,13 +300,15 @@ def _rule_from_meta(bundle: Bundle | None, package: str) -> Rule:
 # still be refused. Constants, not configuration: the bound must hold at any setting.
 #
 # Where an uncached report's CPU goes (bench/compose_bench.py --rules, the bench's 10-service
-# file: ~35 ms): converting the input and calling the engine at all ~2-3 ms (the constant-policy
-# floor, mostly _push's one ctypes call per input node; done once per chunk, then ~0.17 ms a
-# query against the input already set, one per group of rules); every rule then costs ~30-50 us
+# file: ~20-35 ms depending on the host's phase): converting the input and calling the engine
+# at all ~1.5-3 ms (the constant-policy floor, mostly _push's one ctypes call per input node;
+# done once per chunk, then ~0.17 ms a query against the input already set, one per group of
+# rules); every rule then costs ~30-50 us
 # per evaluated expression per service, so even a one-line rule adds ~0.3-0.5 ms for 10
-# services, and rules with per-entry string work add more (secret-env ~6 ms: regex.match
+# services, and rules with per-entry string work add more (secret-env ~2.4 ms: regex.match
 # compiles its pattern on every call; sensitive-mounts, image-pinning, no-new-privileges,
-# privileged-ports ~2-2.5 ms each); the Python around the query (cells, sorting, pointers)
+# privileged-ports ~1.2-1.5 ms each); building the output costs too (a finding object ~19 us,
+# the same data as an array ~5 us); the Python around the query (cells, sorting, pointers)
 # ~2 ms. A JSON pointer built in Rego cost ~0.1 ms a finding: rules give a ``path`` and
 # ``_path_pointer`` builds it here. A cached report costs ~0.13 ms (the cache key's hash).
 

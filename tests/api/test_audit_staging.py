@@ -23,7 +23,8 @@ PROD = {"env": "prod", "action": "installer.run.execute", "resource": {"app": "w
 
 @contextlib.asynccontextmanager
 async def _app_on_postgres(make_client: Any, mirror: Path, prefix: str) -> AsyncIterator[Any]:
-    """The app on a fresh PostgreSQL schema, mirroring its audit to ``mirror``: (client, dsn)."""
+    """The app on a fresh PostgreSQL schema, mirroring its audit to ``mirror``: (client, dsn,
+    schema)."""
     async with pg.temp_schema(prefix) as (dsn, schema):
         client = await make_client({
             "store": {"backend": "postgres", "postgres": {"dsn": dsn, "schema": schema}},
