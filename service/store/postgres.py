@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -92,6 +92,18 @@ def _wrap(exc: BaseException) -> Exception:
 
 _WRAPPED = (*_UNAVAILABLE, asyncpg.PostgresError)
 
+# What asyncpg raises when a connection is found dead as it is used: closed already, or closed
+# (reset) under the statement. Never TimeoutError: a server that is slow is not retried.
+_DEAD: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+)
+
+# A first statement that may run again on another connection if its own was found dead: it only
+# reads (``SqlStore``'s single units and the optimistic audit seal start with one).
+_REREADABLE = re.compile(r"\s*SELECT\b", re.IGNORECASE)
+
 
 def describe_dsn(dsn: str) -> str:
     """``host:port/database`` of a DSN: what an operator needs to find it, never the user or
@@ -130,35 +142,56 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-class _Conn:
-    """``sql.Conn`` over one asyncpg connection inside an open transaction."""
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release: nothing to send. No unit sets a session variable, holds an
+    advisory lock or a cursor, or LISTENs on a pooled connection (``listen`` has its own), and
+    asyncpg itself rolls back a transaction left open; so the default reset query (a round trip
+    per unit) would change nothing."""
 
-    def __init__(self, conn: asyncpg.Connection) -> None:
-        self._c = conn
+
+class _Conn:
+    """``sql.Conn`` over one asyncpg connection inside an open transaction, or in autocommit.
+
+    A pooled connection can have died idle in the pool (say right after its previous COMMIT,
+    before the event loop read the reset): the first statement then fails at once. If that
+    statement only reads (``_REREADABLE``), it runs again, once, on a new connection; a write is
+    never re-sent, since whether it reached the server is unknown.
+    """
+
+    __slots__ = ("_c", "_deadline", "_store")
+
+    def __init__(self, conn: asyncpg.Connection, store: PostgresStore | None = None,
+                 deadline: float = 0.0) -> None:
+        self._c: Any = conn
+        # Until the first statement has run: the store that can replace a dead connection.
+        self._store = store
+        self._deadline = deadline
+
+    async def _run(self, sql: str, call: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
+        store, self._store = self._store, None
+        try:
+            try:
+                return await call(self._c)
+            except _DEAD:
+                if store is None or not _REREADABLE.match(sql):
+                    raise
+            dead, self._c = self._c, None
+            self._c = await store._replace(dead, self._deadline)
+            return await call(self._c)
+        except _WRAPPED as exc:
+            raise _wrap(exc) from exc
 
     async def execute(self, sql: str, args: Sequence[Any]) -> None:
-        try:
-            await self._c.execute(sql, *args)
-        except _WRAPPED as exc:
-            raise _wrap(exc) from exc
+        await self._run(sql, lambda c: c.execute(sql, *args))
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        try:
-            await self._c.executemany(sql, rows)
-        except _WRAPPED as exc:
-            raise _wrap(exc) from exc
+        await self._run(sql, lambda c: c.executemany(sql, rows))
 
     async def fetchone(self, sql: str, args: Sequence[Any]) -> Row | None:
-        try:
-            return cast("Row | None", await self._c.fetchrow(sql, *args))
-        except _WRAPPED as exc:
-            raise _wrap(exc) from exc
+        return cast("Row | None", await self._run(sql, lambda c: c.fetchrow(sql, *args)))
 
     async def fetchall(self, sql: str, args: Sequence[Any]) -> list[Row]:
-        try:
-            return cast("list[Row]", await self._c.fetch(sql, *args))
-        except _WRAPPED as exc:
-            raise _wrap(exc) from exc
+        return cast("list[Row]", await self._run(sql, lambda c: c.fetch(sql, *args)))
 
 
 class PostgresStore(SqlStore):
@@ -215,6 +248,7 @@ class PostgresStore(SqlStore):
                 timeout=timeout_s,  # connecting
                 command_timeout=timeout_s,
                 init=_init_connection,
+                reset=_keep_session,
                 server_settings=settings,
             ), timeout_s)
         except _WRAPPED as exc:
@@ -243,41 +277,29 @@ class PostgresStore(SqlStore):
         if self._closed:
             raise StoreUnavailable("postgresql store is closed")
         deadline = asyncio.get_running_loop().time() + self.timeout_s
-        try:
-            async with asyncio.timeout_at(deadline):
-                conn = await self._pool.acquire()
-        except TimeoutError:
-            raise _late() from None
-        except _WRAPPED as exc:
-            raise _wrap(exc) from exc
+        conn = await self._acquire(deadline)
         # Whether the connection may go back to the pool as it is (else it is dropped).
         healthy = False
         if single:
             # No transaction, no BEGIN/COMMIT round trips: one read statement sees one snapshot
             # by itself; writes each commit on their own (``SqlStore._statements``).
+            held = _Conn(conn, self, deadline)
             try:
                 async with asyncio.timeout_at(deadline) as bound:
-                    yield _Conn(conn)
+                    yield held
                 healthy = True
             except BaseException:
                 if bound.expired():
                     raise _late() from None
                 raise
             finally:
-                await self._release(conn, deadline, healthy)
+                if held._c is not None:  # None: found dead and no other could be had
+                    await self._release(held._c, deadline, healthy)
             return
+        # Reads get one snapshot (a ticket and its reviews agree); writes rely on row locks.
+        # On failure _begin has given the connection back.
+        tr, conn = await self._begin(conn, deadline, write=write)
         try:
-            # Reads get one snapshot (a ticket and its reviews agree); writes rely on row locks.
-            tr = conn.transaction(
-                isolation="read_committed" if write else "repeatable_read", readonly=not write
-            )
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await tr.start()
-            except TimeoutError:
-                raise _late() from None
-            except _WRAPPED as exc:
-                raise _wrap(exc) from exc
             try:
                 async with asyncio.timeout_at(deadline) as bound:
                     yield _Conn(conn)
@@ -298,14 +320,55 @@ class PostgresStore(SqlStore):
         finally:
             await self._release(conn, deadline, healthy)
 
+    async def _acquire(self, deadline: float) -> Any:
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._pool.acquire()
+        except TimeoutError:
+            raise _late() from None
+        except _WRAPPED as exc:
+            raise _wrap(exc) from exc
+
+    async def _begin(self, conn: Any, deadline: float, *, write: bool) -> tuple[Any, Any]:
+        """BEGIN on ``conn``; on a new connection instead if ``conn`` is found dead (BEGIN
+        changes nothing, so it can always be sent again). The transaction and its connection;
+        on failure the connection has been given back."""
+        for attempt in (1, 2):
+            tr = conn.transaction(
+                isolation="read_committed" if write else "repeatable_read", readonly=not write
+            )
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await tr.start()
+                return tr, conn
+            except _DEAD as exc:
+                if attempt == 2:
+                    await self._release(conn, deadline, False)
+                    raise _wrap(exc) from exc
+                conn = await self._replace(conn, deadline)
+            except TimeoutError:
+                await self._release(conn, deadline, False)
+                raise _late() from None
+            except _WRAPPED as exc:
+                await self._release(conn, deadline, False)
+                raise _wrap(exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _replace(self, dead: Any, deadline: float) -> Any:
+        """Drop a connection found dead and take another from the pool (a new one, as the
+        dead one's slot is the pool's most recent)."""
+        log.info("postgresql pooled connection found dead; using another")
+        await self._release(dead, deadline, False)
+        return await self._acquire(deadline)
+
     async def _release(self, conn: Any, deadline: float, healthy: bool) -> None:
         """Give the connection back to the pool; never raises: the transaction has ended.
 
-        asyncpg resets a connection on release (a round trip, kept on purpose: a connection that
-        died right after its COMMIT fails that reset here, and is dropped, instead of failing
-        the next request that takes it; tests/store/test_faults.py). A connection that is
-        unhealthy, out of time, or whose reset fails or stalls is dropped instead; the pool
-        opens another.
+        No reset round trip (the pool's ``reset`` is ``_keep_session``): no unit changes the
+        session's state, and a connection that died after its COMMIT is found by the next
+        unit that uses it, which then runs its BEGIN or first read on a new connection
+        (``_begin``, ``_Conn``; tests/store/test_faults.py). A connection that is unhealthy
+        or out of time is dropped instead; the pool opens another.
         """
         remaining = deadline - asyncio.get_running_loop().time()
         try:

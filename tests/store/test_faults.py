@@ -18,6 +18,8 @@ from aiohttp.test_utils import TestClient
 from service import storelink
 from service.appkeys import AUDIT, STORE
 from service.store import open_store
+from service.store.base import StoreUnavailable
+from service.store.postgres import PostgresStore
 from tests.auth import bearer, login
 from tests.problems import assert_problem
 
@@ -191,3 +193,43 @@ async def test_schema_newer_than_this_build_is_said_once_and_stays_not_ready(
     lines = [r.getMessage() for r in caplog.records if r.name == "controlplane.store"]
     assert len(lines) == 1, lines
     assert "9999" in lines[0] and "newer than this build" in lines[0]
+
+
+async def test_a_connection_dead_in_the_pool_is_replaced_for_a_begin_and_a_first_read(
+        schema, proxy):
+    """The pool sends no reset on release, so a connection that died right after its COMMIT is
+    found by the next unit that takes it: its BEGIN, or its first (reading) statement, runs
+    again on a new connection, and the caller never sees the dead one."""
+    fault, dsn = proxy
+    store = await PostgresStore.open(dsn, schema=schema[1], max_size=1)
+    try:
+        fault.reset_after_commit(b"INSERT INTO tasks")
+        await store.ensure_task("t-1", "alice", 1.0)
+        assert fault.resets == 1
+        task = await store.get_task("t-1")  # BEGIN on the dead connection first
+        assert task is not None and task.created_by == "alice"
+        fault.reset_after_commit(b"INSERT INTO tasks")
+        await store.ensure_task("t-2", "alice", 1.0)
+        assert fault.resets == 2
+        await store.ping()  # a single read, no BEGIN: its SELECT on the dead connection first
+    finally:
+        await store.close()
+
+
+async def test_a_write_that_found_its_connection_dead_is_not_sent_again(schema, proxy):
+    """Whether a write reached the server before its connection died is unknown, so it is never
+    re-sent: the caller is told the store is unavailable, and the write happened at most once."""
+    fault, dsn = proxy
+    store = await PostgresStore.open(dsn, schema=schema[1], max_size=1)
+    try:
+        fault.reset_after_commit(b"INSERT INTO tasks")
+        await store.ensure_task("t-1", "alice", 1.0)
+        assert fault.resets == 1
+        with pytest.raises(StoreUnavailable):
+            async with store._statements() as q:  # autocommit: each statement commits alone
+                assert q is not None
+                await q.exec("UPDATE tasks SET progress = progress + 1 WHERE id = ?", "t-1")
+        task = await store.get_task("t-1")
+        assert task is not None and task.progress == 0
+    finally:
+        await store.close()
