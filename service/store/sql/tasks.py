@@ -12,6 +12,23 @@ _TASK_COLUMNS = "id, state, progress, result, created_by, created_at, updated_at
 _EVENT_COLUMNS = "task_id, seq, kind, at, actor, data"
 
 
+# Incrementing last_seq on the task row locks it until commit, so concurrent writers in any
+# process queue up here and seqs come out gap-free: a rolled-back append rolls back its
+# increment too.
+_BUMP = (
+    "UPDATE tasks SET last_seq = last_seq + 1, updated_at = ?, "
+    "state = COALESCE(?, state), progress = COALESCE(?, progress), "
+    "result = COALESCE(?, result) WHERE id = ? RETURNING last_seq"
+)
+# PostgreSQL: the same UPDATE and the event's INSERT in one statement (no row: no such task).
+# The casts give the SELECT list's parameters the columns' types.
+_BUMP_AND_APPEND = (
+    f"WITH bumped AS ({_BUMP}) INSERT INTO task_events ({_EVENT_COLUMNS}) "
+    "SELECT ?::text, last_seq, ?::text, ?::double precision, ?::text, ?::jsonb FROM bumped "
+    "RETURNING seq"
+)
+
+
 def _task(q: Query, row: Row) -> TaskRecord:
     result = row["result"]
     return TaskRecord(
@@ -49,13 +66,13 @@ class TaskSql(Unit):
 
     async def ensure_task(self, id: str, created_by: str, at: float) -> TaskRecord:
         async with self._unit(write=True) as q:
-            await q.exec(
-                "INSERT INTO tasks (id, state, progress, result, created_by, created_at, "
-                "updated_at, last_seq) VALUES (?, 'pending', 0, NULL, ?, ?, ?, 0) "
-                "ON CONFLICT (id) DO NOTHING",
+            # A new task comes back from the INSERT itself; only an existing one is read.
+            row = await q.one(
+                f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES (?, 'pending', 0, NULL, ?, ?, ?, 0) "
+                f"ON CONFLICT (id) DO NOTHING RETURNING {_TASK_COLUMNS}",
                 id, created_by, at, at,
             )  # fmt: skip
-            task = await _get(q, id)
+            task = _task(q, row) if row is not None else await _get(q, id)
         if task is None:  # pragma: no cover - the row was just inserted or already there
             raise StoreError("task vanished")
         return task
@@ -80,22 +97,22 @@ class TaskSql(Unit):
             raise ValueError(f"invalid task state {state!r}")
         async with self._unit(write=True) as q:
             d = q.dialect
-            # Incrementing last_seq on the task row locks it until commit, so concurrent writers
-            # in any process queue up here and seqs come out gap-free: a rolled-back append rolls
-            # back its increment too.
-            row = await q.one(
-                "UPDATE tasks SET last_seq = last_seq + 1, updated_at = ?, "
-                "state = COALESCE(?, state), progress = COALESCE(?, progress), "
-                "result = COALESCE(?, result) WHERE id = ? RETURNING last_seq",
-                at, state, progress, None if result is None else d.json_in(result), task_id,
-            )  # fmt: skip
-            if row is None:
-                raise NotFound("task", task_id)
-            seq = int(row["last_seq"])
-            await q.exec(
-                f"INSERT INTO task_events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-                task_id, seq, kind, at, actor, d.json_in(data),
-            )  # fmt: skip
+            bump = (at, state, progress, None if result is None else d.json_in(result), task_id)
+            if d.writes_in_cte:  # both writes in one round trip
+                row = await q.one(_BUMP_AND_APPEND, *bump, task_id, kind, at, actor,
+                                  d.json_in(data))
+                if row is None:
+                    raise NotFound("task", task_id)
+                seq = int(row["seq"])
+            else:
+                row = await q.one(_BUMP, *bump)
+                if row is None:
+                    raise NotFound("task", task_id)
+                seq = int(row["last_seq"])
+                await q.exec(
+                    f"INSERT INTO task_events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                    task_id, seq, kind, at, actor, d.json_in(data),
+                )  # fmt: skip
         return EventRecord(task_id=task_id, seq=seq, kind=kind, at=float(at), actor=actor,
                            data=data)  # fmt: skip
 

@@ -27,6 +27,42 @@ _COLUMNS = (
 )
 
 
+# A ticket with its reviews in one statement (one row per review, or one with NULL reviews):
+# ``source`` is the table or a CTE of ticket rows, named t.
+_WITH_REVIEWS = (
+    "SELECT " + ", ".join(f"t.{c.strip()}" for c in _COLUMNS.split(",")) + ", "
+    "r.reviewer AS r_reviewer, r.decision AS r_decision, r.group_name AS r_group_name, "
+    "r.reason AS r_reason, r.at AS r_at "
+    "FROM {source} t LEFT JOIN ticket_reviews r ON r.ticket_id = t.id{where} ORDER BY r.pos"
+)
+_GET = _WITH_REVIEWS.format(source="tickets", where=" WHERE t.id = ?")
+
+_CONSUME_SET = (
+    "UPDATE tickets SET state = 'consumed', consumed_at = ?, consumed_correlation_id = ? "
+    "WHERE id = ? AND state = 'approved' AND expires_at > ? AND nonce_hash = ? "
+    "AND subject_id = ? AND env = ? AND action = ? AND resource_hash = ? "
+    # A ticket that binds no command accepts any (approvals.binding.mismatched).
+    "AND (command_hash IS NULL OR command_hash = ?) "
+    f"RETURNING {_COLUMNS}"
+)
+# PostgreSQL: the consuming UPDATE and the reviews of the ticket it consumed, in one round trip.
+_CONSUME_WITH_REVIEWS = (
+    f"WITH consumed AS ({_CONSUME_SET}) " + _WITH_REVIEWS.format(source="consumed", where="")
+)
+
+
+def _joined(q: Query, rows: Sequence[Row]) -> TicketRecord | None:
+    """The ticket of ``_WITH_REVIEWS`` rows (all of one ticket), or None for no rows."""
+    if not rows:
+        return None
+    reviews = tuple(
+        ReviewRecord(reviewer=r["r_reviewer"], decision=r["r_decision"], group=r["r_group_name"],
+                     reason=r["r_reason"], at=float(r["r_at"]))
+        for r in rows if r["r_reviewer"] is not None
+    )  # fmt: skip
+    return _ticket(q, rows[0], reviews)
+
+
 def _review(row: Row) -> ReviewRecord:
     return ReviewRecord(
         reviewer=row["reviewer"],
@@ -143,9 +179,9 @@ class TicketSql(Unit):
                                                at=rec.created_at))
 
     async def get_ticket(self, id: str) -> TicketRecord | None:
-        async with self._unit(write=False) as q:
-            row = await q.one(f"SELECT {_COLUMNS} FROM tickets WHERE id = ?", id)
-            return None if row is None else (await _tickets(q, [row]))[0]
+        # One statement, so one snapshot without a transaction (the ticket and its reviews agree).
+        async with self._unit(write=False, single=True) as q:
+            return _joined(q, await q.all(_GET, id))
 
     async def list_tickets(
         self,
@@ -275,19 +311,15 @@ class TicketSql(Unit):
         async with self._unit(write=True) as q:
             # The decision is this one conditional UPDATE: of any number of concurrent attempts
             # on any number of processes or replicas, the database lets exactly one match the row.
-            row = await q.one(
-                "UPDATE tickets SET state = 'consumed', consumed_at = ?, "
-                "consumed_correlation_id = ? "
-                "WHERE id = ? AND state = 'approved' AND expires_at > ? AND nonce_hash = ? "
-                "AND subject_id = ? AND env = ? AND action = ? AND resource_hash = ? "
-                # A ticket that binds no command accepts any (approvals.binding.mismatched).
-                "AND (command_hash IS NULL OR command_hash = ?) "
-                f"RETURNING {_COLUMNS}",
-                now, correlation_id, id, now, nonce_hash, subject_id, env, action, resource_hash,
-                command_hash,
-            )  # fmt: skip
-            if row is not None:
-                ticket = (await _tickets(q, [row]))[0]
+            args = (now, correlation_id, id, now, nonce_hash, subject_id, env, action,
+                    resource_hash, command_hash)  # fmt: skip
+            ticket: TicketRecord | None
+            if q.dialect.writes_in_cte:
+                ticket = _joined(q, await q.all(_CONSUME_WITH_REVIEWS, *args))
+            else:
+                row = await q.one(_CONSUME_SET, *args)
+                ticket = None if row is None else (await _tickets(q, [row]))[0]
+            if ticket is not None:
                 await insert_event(q, ticket_event("consumed", ticket, actor=subject_id, at=now,
                                                    correlation_id=correlation_id))
                 return ticket
