@@ -180,6 +180,32 @@ def cpu_seconds(pids: Sequence[int], *, main_thread: bool = False) -> float:
     return total
 
 
+def postgres_pids() -> list[int]:
+    """The local PostgreSQL server's processes (postmaster, backends, its helpers)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "comm").read_text().strip() == "postgres":
+                    pids.append(int(entry.name))
+    return pids
+
+
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds so far of each local PostgreSQL process."""
+    return {pid: cpu_seconds([pid]) for pid in postgres_pids()}
+
+
+def postgres_cpu_since(before: Mapping[int, float]) -> float | None:
+    """CPU seconds the local PostgreSQL used since ``before`` (``postgres_cpu()``): processes
+    that started meanwhile (new connections) count whole; ones that ended are lost. None when
+    no local server runs."""
+    now = postgres_cpu()
+    if not now and not before:
+        return None
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in now.items())
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -231,6 +231,8 @@ class Bench:
                     max_requests=max_requests, tmp=self.tmp, use_wrk=self.use_wrk)
         pids = server.worker_pids() if server is not None else []
         counters0 = service_counters(base) if label.get("target") == "service" else None
+        # The database's own CPU (its local server processes), for the PostgreSQL rows.
+        db0 = h.postgres_cpu() if label.get("backend") == "postgres" else None
         cpu0, t0 = h.cpu_seconds(pids), time.monotonic()
         result = h.drive(base, req, connections=conns, duration=duration,
                          max_requests=max_requests, tmp=self.tmp, use_wrk=self.use_wrk)
@@ -238,13 +240,16 @@ class Bench:
         # time the requests took (a count-bound wrk run idles after its list until -d ends),
         # and per request.
         cpu = h.cpu_seconds(pids) - cpu0 if pids else None
+        db_cpu = h.postgres_cpu_since(db0) if db0 is not None else None
         active = min(time.monotonic() - t0, result.seconds or float("inf"))
         cores = cpu / active if cpu is not None and active > 0 else None
         row = {"server_cores": cores,
                "cpu_ms_per_req": 1000 * cpu / result.requests if cpu and result.requests else None,
                **label, "conns": conns, "rps": result.rps, "p50_ms": result.p50_ms,
                "p99_ms": result.p99_ms, "requests": result.requests, "errors": result.errors,
-               "seconds": result.seconds, "generator": result.generator}
+               "seconds": result.seconds, "generator": result.generator,
+               "db_cpu_ms_per_req": 1000 * db_cpu / result.requests
+               if db_cpu is not None and result.requests else None}
         if counters0 is not None:
             counters1 = service_counters(base)
             # Store transactions over the run (every worker's), less the closing /metrics
@@ -252,7 +257,10 @@ class Bench:
             tx = counters1["store_tx"] - counters0["store_tx"] - counters1["scrape_tx"]
             hits = counters1["decisions_cached"] - counters0["decisions_cached"]
             misses = counters1["decisions_uncached"] - counters0["decisions_uncached"]
+            trips = counters1["store_trips"] - counters0["store_trips"]
             row.update({"store_tx": tx, "store_tx_per_req": tx / max(1, result.requests),
+                        "store_trips_per_req": trips / max(1, result.requests)
+                        if label.get("backend") == "postgres" else None,
                         "decisions": hits + misses,
                         "decision_hit_rate": hits / (hits + misses) if hits + misses else None})
         self.rows.append(row)
@@ -420,13 +428,17 @@ def markdown(doc: dict[str, Any]) -> str:
                f"fresh approved tickets each, one request per ticket. Ratio: req/s over the "
                f"bare aiohttp app's at the same workers and connections. Server CPU: cores the server "
                f"processes used while the requests ran (this box has {doc['machine']['nproc']}; the "
-               f"generator uses the rest) and their CPU time per request. Wall time "
+               f"generator uses the rest) and their CPU time per request; DB CPU: the local "
+               f"PostgreSQL server processes' CPU time per request. Round trips: the service's "
+               f"own count (`controlplane_store_round_trips_total`: statements, BEGIN, COMMIT, "
+               f"ROLLBACK) per request, background work included. Wall time "
                f"{doc['elapsed_s']:.0f} s.")
     out.append("")
     out.append("| target | store | workers | scenario | conns | req/s | p50 ms | p99 ms | "
-               "requests | errors | x baseline | server CPU | CPU ms/req | store tx/req | "
-               "decision cache hits |")
-    out.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+               "requests | errors | x baseline | server CPU | CPU ms/req | DB CPU ms/req | "
+               "store tx/req | round trips/req | decision cache hits |")
+    out.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+               "---:|")
     order = {s: i for i, s in enumerate(("info", *SCENARIOS))}
     rows_sorted = sorted(rows, key=lambda r: (r["target"] != "baseline", r["backend"],
                                               order.get(r["scenario"], 9), r["workers"],
@@ -439,8 +451,12 @@ def markdown(doc: dict[str, Any]) -> str:
                    f"{r['conns']} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
                    f"{r['requests']:,} | {r['errors']} | {ratio} | {cores} | "
                    + (f"{r['cpu_ms_per_req']:.2f}" if r.get("cpu_ms_per_req") else "-") + " | "
+                   + (f"{r['db_cpu_ms_per_req']:.2f}" if r.get("db_cpu_ms_per_req") else "-")
+                   + " | "
                    + (f"{r['store_tx_per_req']:.3f} ({r['store_tx']:,.0f})"
                       if r.get("store_tx") is not None else "-") + " | "
+                   + (f"{r['store_trips_per_req']:.2f}"
+                      if r.get("store_trips_per_req") is not None else "-") + " | "
                    + (f"{r['decision_hit_rate']:.1%} of {int(r['decisions']):,}"
                       if r.get("decision_hit_rate") is not None else "-") + " |")
     if doc["tickets"]:
@@ -487,6 +503,14 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             out.append(f"- prod chain >= 1,000/s, p99 < {p99} ms ({r['backend']}, {r['conns']} "
                        f"conns): {r['rps']:,.0f}/s, p99 {r['p99_ms']:.1f} ms, {r['errors']} "
                        f"errors — {'holds' if ok else 'does NOT hold'}")
+            trips, db = r.get("store_trips_per_req"), r.get("db_cpu_ms_per_req")
+            if trips is not None:
+                # Where the CPU of a run goes, and how much of the box 1,000 runs/s would take.
+                cpu = (r.get("cpu_ms_per_req") or 0.0) + (db or 0.0)
+                out.append(f"- round trips per chain run ({r['backend']}, {r['conns']} conns): "
+                           f"{trips:.2f}; CPU per run: service {r.get('cpu_ms_per_req') or 0:.2f} "
+                           f"ms + database {db or 0:.2f} ms = {cpu:.2f} ms, so 1,000 runs/s "
+                           f"would need {cpu:.2f} cores before the load generator's share")
             rate = r.get("decision_hit_rate")
             if rate is not None:
                 out.append(f"- decision cache hits >= 95% on the chain ({r['backend']}, "
@@ -507,11 +531,14 @@ def service_counters(base: str) -> dict[str, float]:
 
     with urllib.request.urlopen(base + "/metrics", timeout=30) as response:  # noqa: S310 (loopback)
         text = response.read().decode()
-    out = {"store_tx": 0.0, "decisions_cached": 0.0, "decisions_uncached": 0.0, "scrape_tx": 0.0}
+    out = {"store_tx": 0.0, "store_trips": 0.0, "decisions_cached": 0.0,
+           "decisions_uncached": 0.0, "scrape_tx": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "controlplane_store_transactions_total":
                 out["store_tx"] += sample.value
+            elif sample.name == "controlplane_store_round_trips_total":
+                out["store_trips"] += sample.value
             elif sample.name == "controlplane_decisions_total":
                 key = "decisions_cached" if sample.labels.get("cached") == "true" \
                     else "decisions_uncached"

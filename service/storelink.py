@@ -52,6 +52,8 @@ class StoreLink:
         self.checks = 0
         #: Told of every store transaction this worker opens (``write``): the metrics hook.
         self.on_transaction: Callable[[bool], None] | None = None
+        #: Told how many round trips each store transaction made: the metrics hook.
+        self.on_round_trips: Callable[[int], None] | None = None
 
     @property
     def timeout_s(self) -> float:
@@ -95,6 +97,7 @@ class StoreLink:
                                       "backend": self._config.store.backend}})
             return False
         store.on_transaction = self.on_transaction
+        store.on_round_trips = self.on_round_trips
         self.store, self.error = store, None
         self.status = {"status": "ready", "describe": await store.describe()}
         log.info("store connected", extra={"fields": {
@@ -171,6 +174,7 @@ def setup_store(app: web.Application) -> None:
     async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         link = app[STORE] = StoreLink(app[CONFIG])
         link.on_transaction = app[METRICS].store_transaction
+        link.on_round_trips = app[METRICS].store_round_trips_made
         retrying: asyncio.Task[None] | None = None
         if link.configured and not await link.connect():
             if app[CONFIG].store.required:

@@ -78,6 +78,7 @@ EXPORTED = (
     "controlplane_store_up",
     "controlplane_policy_shadow_divergence_total",
     "controlplane_store_transactions_total",
+    "controlplane_store_round_trips_total",
 )
 
 
@@ -97,6 +98,7 @@ class Metrics:
     audit_append_failures: Counter
     login_failures: Counter
     store_transactions: Counter
+    store_round_trips: Counter
     shadow_divergence: Counter
     #: Per process (a ``pid`` label with several workers): the revision it serves, and whether
     #: that is the fleet's active one; an operator sees convergence across workers and replicas.
@@ -170,6 +172,10 @@ class Metrics:
     def store_transaction(self, write: bool) -> None:
         """One store transaction opened by this worker (a store call or a chain's transaction)."""
         self.store_transactions.labels("write" if write else "read").inc()
+
+    def store_round_trips_made(self, count: int) -> None:
+        """One store transaction of this worker ended after ``count`` round trips."""
+        self.store_round_trips.inc(count)
 
     @classmethod
     def create(cls, *, multiprocess: bool = False) -> Metrics:
@@ -268,6 +274,12 @@ class Metrics:
                 "controlplane_store_transactions",
                 "Store transactions opened, by kind (read or write).",
                 ["kind"],
+                registry=registry,
+            ),
+            store_round_trips=Counter(
+                "controlplane_store_round_trips",
+                "Round trips to the store's server (statements, BEGIN, COMMIT, ROLLBACK); "
+                "PostgreSQL only.",
                 registry=registry,
             ),
             multiprocess=multiprocess,

@@ -158,7 +158,7 @@ class _Conn:
     never re-sent, since whether it reached the server is unknown.
     """
 
-    __slots__ = ("_c", "_deadline", "_store")
+    __slots__ = ("_c", "_deadline", "_store", "trips")
 
     def __init__(self, conn: asyncpg.Connection, store: PostgresStore | None = None,
                  deadline: float = 0.0) -> None:
@@ -166,9 +166,12 @@ class _Conn:
         # Until the first statement has run: the store that can replace a dead connection.
         self._store = store
         self._deadline = deadline
+        #: Statements sent so far (a re-sent one counts twice).
+        self.trips = 0
 
     async def _run(self, sql: str, call: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
         store, self._store = self._store, None
+        self.trips += 1
         try:
             try:
                 return await call(self._c)
@@ -177,6 +180,7 @@ class _Conn:
                     raise
             dead, self._c = self._c, None
             self._c = await store._replace(dead, self._deadline)
+            self.trips += 1
             return await call(self._c)
         except _WRAPPED as exc:
             raise _wrap(exc) from exc
@@ -295,19 +299,23 @@ class PostgresStore(SqlStore):
             finally:
                 if held._c is not None:  # None: found dead and no other could be had
                     await self._release(held._c, deadline, healthy)
+                self._count(held.trips)
             return
         # Reads get one snapshot (a ticket and its reviews agree); writes rely on row locks.
         # On failure _begin has given the connection back.
-        tr, conn = await self._begin(conn, deadline, write=write)
+        tr, conn, trips = await self._begin(conn, deadline, write=write)
+        held = _Conn(conn)
         try:
             try:
                 async with asyncio.timeout_at(deadline) as bound:
-                    yield _Conn(conn)
+                    yield held
             except BaseException as exc:
                 if bound.expired():
                     raise _late() from None
+                trips += 1
                 healthy = await _rollback(tr, deadline) and not isinstance(exc, StoreUnavailable)
                 raise
+            trips += 1
             try:
                 async with asyncio.timeout_at(deadline):
                     await tr.commit()
@@ -319,6 +327,11 @@ class PostgresStore(SqlStore):
             healthy = True
         finally:
             await self._release(conn, deadline, healthy)
+            self._count(trips + held.trips)
+
+    def _count(self, trips: int) -> None:
+        if self.on_round_trips is not None and trips:
+            self.on_round_trips(trips)
 
     async def _acquire(self, deadline: float) -> Any:
         try:
@@ -329,10 +342,10 @@ class PostgresStore(SqlStore):
         except _WRAPPED as exc:
             raise _wrap(exc) from exc
 
-    async def _begin(self, conn: Any, deadline: float, *, write: bool) -> tuple[Any, Any]:
+    async def _begin(self, conn: Any, deadline: float, *, write: bool) -> tuple[Any, Any, int]:
         """BEGIN on ``conn``; on a new connection instead if ``conn`` is found dead (BEGIN
-        changes nothing, so it can always be sent again). The transaction and its connection;
-        on failure the connection has been given back."""
+        changes nothing, so it can always be sent again). The transaction, its connection and
+        the BEGINs sent; on failure the connection has been given back."""
         for attempt in (1, 2):
             tr = conn.transaction(
                 isolation="read_committed" if write else "repeatable_read", readonly=not write
@@ -340,18 +353,19 @@ class PostgresStore(SqlStore):
             try:
                 async with asyncio.timeout_at(deadline):
                     await tr.start()
-                return tr, conn
+                return tr, conn, attempt
             except _DEAD as exc:
-                if attempt == 2:
-                    await self._release(conn, deadline, False)
-                    raise _wrap(exc) from exc
-                conn = await self._replace(conn, deadline)
+                if attempt == 1:
+                    conn = await self._replace(conn, deadline)
+                    continue
+                failure, cause = _wrap(exc), exc
             except TimeoutError:
-                await self._release(conn, deadline, False)
-                raise _late() from None
+                failure, cause = _late(), None
             except _WRAPPED as exc:
-                await self._release(conn, deadline, False)
-                raise _wrap(exc) from exc
+                failure, cause = _wrap(exc), exc
+            await self._release(conn, deadline, False)
+            self._count(attempt)
+            raise failure from cause
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _replace(self, dead: Any, deadline: float) -> Any:

@@ -93,6 +93,8 @@ class SqlStore(_Operations):
     timeout_s: float = 5.0
     #: Told of every transaction opened (``write``): the worker's metrics count store calls.
     on_transaction: Callable[[bool], None] | None = None
+    #: See ``base.Store.on_round_trips`` (PostgreSQL's transactions call it).
+    on_round_trips: Callable[[int], None] | None = None
     #: See ``base.Store.stages_audit``; SQLite's writers already share one lock per file.
     stages_audit: bool = False
 

@@ -1,0 +1,74 @@
+"""Round trips per store call on PostgreSQL, counted by the store itself (the
+``controlplane_store_round_trips_total`` metric): the production chain's own calls are pinned
+here, so a change that adds a round trip to them is seen."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from service.store import Conflict, Store, open_store
+from service.store.base import TaskOps
+
+from . import pg
+from .helpers import T0, approved_ticket, binding
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def counted() -> AsyncIterator[tuple[Store, list[int]]]:
+    async with pg.temp_schema("cp_trips") as (dsn, schema):
+        store = await open_store(dsn, schema=schema)
+        trips: list[int] = []
+        store.on_round_trips = trips.append
+        try:
+            yield store, trips
+        finally:
+            await store.close()
+
+
+async def test_a_ticket_with_its_reviews_is_one_statement_without_begin_or_commit(counted):
+    store, trips = counted
+    await approved_ticket(store)
+    trips.clear()
+    ticket = await store.get_ticket("t-1")
+    assert ticket is not None and len(ticket.reviews) == 1
+    assert trips == [1]
+    assert await store.get_ticket("t-unknown") is None
+    assert trips == [1, 1]
+
+
+async def test_the_chain_run_transaction_makes_one_round_trip_per_step(counted):
+    store, trips = counted
+    rec = await approved_ticket(store)
+    trips.clear()
+    async with store.transaction() as tx:
+        consumed = await tx.consume_ticket("t-1", **binding(rec))
+        task = await tx.ensure_task("task-1", "alice", T0 + 30)
+        event = await tx.append_event("task-1", "installer.run.requested", "alice", {}, T0 + 30)
+    assert consumed.state == "consumed" and len(consumed.reviews) == 1
+    assert task.last_seq == 0 and event.seq == 1
+    # BEGIN; consume with its reviews; the outbox event; the task; its seq and event; COMMIT.
+    assert trips == [6]
+
+
+async def test_one_call_outside_a_chain_is_begin_its_statements_and_commit(counted):
+    store, trips = counted
+    ops: TaskOps = store
+    await ops.ensure_task("task-1", "alice", T0)
+    await ops.ensure_task("task-1", "alice", T0)  # exists: the INSERT returns nothing, one read
+    await ops.append_event("task-1", "step", "alice", {"n": 1}, T0)
+    assert trips == [3, 4, 3]
+
+
+async def test_a_refused_write_counts_its_rollback(counted):
+    store, trips = counted
+    rec = await approved_ticket(store)
+    await store.consume_ticket("t-1", **binding(rec))
+    trips.clear()
+    with pytest.raises(Conflict):
+        await store.consume_ticket("t-1", **binding(rec))
+    # BEGIN; the UPDATE that matches nothing; the re-read that says why; ROLLBACK.
+    assert trips == [4]
