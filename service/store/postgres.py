@@ -158,8 +158,6 @@ class _Conn:
     never re-sent, since whether it reached the server is unknown.
     """
 
-    __slots__ = ("_c", "_deadline", "_store", "trips")
-
     def __init__(self, conn: asyncpg.Connection, store: PostgresStore | None = None,
                  deadline: float = 0.0) -> None:
         self._c: Any = conn
