@@ -451,7 +451,8 @@ def markdown(doc: dict[str, Any]) -> str:
                    f"{r['conns']} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
                    f"{r['requests']:,} | {r['errors']} | {ratio} | {cores} | "
                    + (f"{r['cpu_ms_per_req']:.2f}" if r.get("cpu_ms_per_req") else "-") + " | "
-                   + (f"{r['db_cpu_ms_per_req']:.2f}" if r.get("db_cpu_ms_per_req") else "-")
+                   + (f"{r['db_cpu_ms_per_req']:.2f}"
+                      if r.get("db_cpu_ms_per_req") is not None else "-")
                    + " | "
                    + (f"{r['store_tx_per_req']:.3f} ({r['store_tx']:,.0f})"
                       if r.get("store_tx") is not None else "-") + " | "
