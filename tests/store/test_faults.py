@@ -195,41 +195,47 @@ async def test_schema_newer_than_this_build_is_said_once_and_stays_not_ready(
     assert "9999" in lines[0] and "newer than this build" in lines[0]
 
 
+@pytest.fixture
+async def one_connection(schema, proxy) -> AsyncIterator[tuple[PostgresStore, Any]]:
+    """A store with a pool of one connection (the next unit always takes the same one) behind
+    the fault proxy, and a function that creates a task and has that connection die right after
+    the task's COMMIT."""
+    fault, dsn = proxy
+    store = await PostgresStore.open(dsn, schema=schema[1], max_size=1)
+
+    async def task_then_dead_connection(task_id: str) -> None:
+        resets = fault.resets
+        fault.reset_after_commit(b"INSERT INTO tasks")
+        await store.ensure_task(task_id, "alice", 1.0)
+        assert fault.resets == resets + 1
+
+    try:
+        yield store, task_then_dead_connection
+    finally:
+        await store.close()
+
+
 async def test_a_connection_dead_in_the_pool_is_replaced_for_a_begin_and_a_first_read(
-        schema, proxy):
+        one_connection):
     """The pool sends no reset on release, so a connection that died right after its COMMIT is
     found by the next unit that takes it: its BEGIN, or its first (reading) statement, runs
     again on a new connection, and the caller never sees the dead one."""
-    fault, dsn = proxy
-    store = await PostgresStore.open(dsn, schema=schema[1], max_size=1)
-    try:
-        fault.reset_after_commit(b"INSERT INTO tasks")
-        await store.ensure_task("t-1", "alice", 1.0)
-        assert fault.resets == 1
-        task = await store.get_task("t-1")  # BEGIN on the dead connection first
-        assert task is not None and task.created_by == "alice"
-        fault.reset_after_commit(b"INSERT INTO tasks")
-        await store.ensure_task("t-2", "alice", 1.0)
-        assert fault.resets == 2
-        await store.ping()  # a single read, no BEGIN: its SELECT on the dead connection first
-    finally:
-        await store.close()
+    store, task_then_dead_connection = one_connection
+    await task_then_dead_connection("t-1")
+    task = await store.get_task("t-1")  # BEGIN on the dead connection first
+    assert task is not None and task.created_by == "alice"
+    await task_then_dead_connection("t-2")
+    await store.ping()  # a single read, no BEGIN: its SELECT on the dead connection first
 
 
-async def test_a_write_that_found_its_connection_dead_is_not_sent_again(schema, proxy):
+async def test_a_write_that_found_its_connection_dead_is_not_sent_again(one_connection):
     """Whether a write reached the server before its connection died is unknown, so it is never
     re-sent: the caller is told the store is unavailable, and the write happened at most once."""
-    fault, dsn = proxy
-    store = await PostgresStore.open(dsn, schema=schema[1], max_size=1)
-    try:
-        fault.reset_after_commit(b"INSERT INTO tasks")
-        await store.ensure_task("t-1", "alice", 1.0)
-        assert fault.resets == 1
-        with pytest.raises(StoreUnavailable):
-            async with store._statements() as q:  # autocommit: each statement commits alone
-                assert q is not None
-                await q.exec("UPDATE tasks SET progress = progress + 1 WHERE id = ?", "t-1")
-        task = await store.get_task("t-1")
-        assert task is not None and task.progress == 0
-    finally:
-        await store.close()
+    store, task_then_dead_connection = one_connection
+    await task_then_dead_connection("t-1")
+    with pytest.raises(StoreUnavailable):
+        async with store._statements() as q:  # autocommit: each statement commits alone
+            assert q is not None
+            await q.exec("UPDATE tasks SET progress = progress + 1 WHERE id = ?", "t-1")
+    task = await store.get_task("t-1")
+    assert task is not None and task.progress == 0
