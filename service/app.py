@@ -302,7 +302,8 @@ async def _notifications(app: web.Application) -> AsyncIterator[None]:
         return
     link, authenticator = app[STORE], app[AUTHENTICATOR]
     dispatcher = Dispatcher(lambda: link.store, config.notifications,
-                            reviewers_of(app[ENGINE], config, lambda: authenticator.identities))
+                            reviewers_of(app[ENGINE], config, lambda: authenticator.identities),
+                            app[METRICS])
     app[NOTIFICATIONS] = dispatcher
     async with dispatching(dispatcher, config.notifications):
         yield

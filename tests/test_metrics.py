@@ -5,36 +5,21 @@ from __future__ import annotations
 import asyncio
 import re
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from service.appkeys import AUDIT, ENGINE, METRICS
 from service.middleware.metrics import (
     APPROVAL_OUTCOMES,
     DECISION_RESULTS,
     EXPORTED,
     LOGIN_FAILURE_REASONS,
+    NOTIFICATION_OUTCOMES,
     RELOAD_RESULTS,
     STORE_GAUGES_TTL_S,
 )
 from tests.auth import PASSWORDS, bearer, login, step_up
+from tests.metrics import scrape, value
 from tests.test_chain import RESOURCE, installer_body, ticket_headers
 
 SUBJECTS = ("alice", "bob", "carol", "ci-bot", "agent-7")
-
-
-async def _scrape(client) -> dict[str, list[tuple[str, dict[str, str], float]]]:
-    response = await client.get("/metrics")
-    assert response.status == 200
-    families: dict[str, list[tuple[str, dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(await response.text()):
-        families.setdefault(family.name, []).extend(
-            (s.name, s.labels, s.value) for s in family.samples)
-    return families
-
-
-def _value(families, family: str, sample: str | None = None, **labels: str) -> float:
-    return sum(v for name, lab, v in families[family]
-               if name == (sample or family) and all(lab.get(k) == x for k, x in labels.items()))
 
 
 async def test_metrics_exposes_every_operator_metric(client):
@@ -63,33 +48,33 @@ async def test_metrics_exposes_every_operator_metric(client):
     assert (await client.post("/api/v1/authn/sessions", json={
         "subject_id": "carol", "password": PASSWORDS["carol"] + "x"})).status == 401
 
-    families = await _scrape(client)
+    families = await scrape(client)
     for name in EXPORTED:
         family = name.removesuffix("_total")
         assert family in families, name
 
-    assert _value(families, "controlplane_policy_revision_info",
+    assert value(families, "controlplane_policy_revision_info",
                   revision=app[ENGINE].revision) == 1.0
-    assert _value(families, "controlplane_policy_reload", "controlplane_policy_reload_total",
+    assert value(families, "controlplane_policy_reload", "controlplane_policy_reload_total",
                   result="ok") == 1.0
-    assert _value(families, "controlplane_policy_last_reload_success_timestamp_seconds") > 0
-    assert _value(families, "controlplane_decisions", "controlplane_decisions_total",
+    assert value(families, "controlplane_policy_last_reload_success_timestamp_seconds") > 0
+    assert value(families, "controlplane_decisions", "controlplane_decisions_total",
                   result="require_approval") >= 2
-    assert _value(families, "controlplane_decision_duration_seconds",
+    assert value(families, "controlplane_decision_duration_seconds",
                   "controlplane_decision_duration_seconds_count") >= 2
-    assert _value(families, "controlplane_approvals_pending") == 1.0
-    assert _value(families, "controlplane_approval_oldest_pending_age_seconds") >= 0
+    assert value(families, "controlplane_approvals_pending") == 1.0
+    assert value(families, "controlplane_approval_oldest_pending_age_seconds") >= 0
     for outcome in ("created", "approved", "consumed"):
-        assert _value(families, "controlplane_approvals", "controlplane_approvals_total",
+        assert value(families, "controlplane_approvals", "controlplane_approvals_total",
                       outcome=outcome) >= 1, outcome
-    assert _value(families, "controlplane_approvals", "controlplane_approvals_total",
+    assert value(families, "controlplane_approvals", "controlplane_approvals_total",
                   outcome="created") == 2
-    assert _value(families, "controlplane_audit_head_seq") >= 4
-    assert _value(families, "controlplane_audit_append_failures",
+    assert value(families, "controlplane_audit_head_seq") >= 4
+    assert value(families, "controlplane_audit_append_failures",
                   "controlplane_audit_append_failures_total") == 0
-    assert _value(families, "controlplane_login_failures", "controlplane_login_failures_total",
+    assert value(families, "controlplane_login_failures", "controlplane_login_failures_total",
                   reason="bad_password") == 1.0
-    assert _value(families, "controlplane_store_up") == 1.0
+    assert value(families, "controlplane_store_up") == 1.0
 
     # Fixed label sets, and never a subject id, token or resource value.
     allowed = {
@@ -97,27 +82,29 @@ async def test_metrics_exposes_every_operator_metric(client):
         "controlplane_decisions": {"result": set(DECISION_RESULTS), "cached": {"true", "false"}},
         "controlplane_approvals": {"outcome": set(APPROVAL_OUTCOMES)},
         "controlplane_login_failures": {"reason": set(LOGIN_FAILURE_REASONS)},
+        "controlplane_notification_events": {"outcome": set(NOTIFICATION_OUTCOMES)},
     }
     for family, samples in families.items():
         for _, labels, _ in samples:
-            for key, value in labels.items():
+            for key, label_value in labels.items():
                 if family in allowed and key in allowed[family]:
-                    assert value in allowed[family][key], (family, key, value)
-                assert value not in SUBJECTS and value != ticket["id"], (family, key, value)
-                assert not re.search(r"web|1\.2\.3|Bearer|eyJ", value), (family, key, value)
+                    assert label_value in allowed[family][key], (family, key, label_value)
+                where = (family, key, label_value)
+                assert label_value not in SUBJECTS and label_value != ticket["id"], where
+                assert not re.search(r"web|1\.2\.3|Bearer|eyJ", label_value), where
 
 
 async def test_audit_append_failures_are_counted(client):
     client.server.app[AUDIT].append_failed()  # what recording does when a record is not written
-    families = await _scrape(client)
-    assert _value(families, "controlplane_audit_append_failures",
+    families = await scrape(client)
+    assert value(families, "controlplane_audit_append_failures",
                   "controlplane_audit_append_failures_total") == 1.0
 
 
 async def test_store_down_reports_zero(make_client):
     client = await make_client({"store": {"backend": "none"}})
-    families = await _scrape(client)
-    assert _value(families, "controlplane_store_up") == 0.0
+    families = await scrape(client)
+    assert value(families, "controlplane_store_up") == 0.0
     assert "controlplane_approvals_pending" in families  # declared, no sample
 
 
@@ -126,12 +113,12 @@ async def test_login_failure_reasons_are_a_fixed_set(client):
     metrics.login_failed("token_replayed")
     metrics.login_failed("token_expired")
     metrics.login_failed("alice")  # an unexpected value never becomes a label
-    families = await _scrape(client)
-    assert _value(families, "controlplane_login_failures", "controlplane_login_failures_total",
+    families = await scrape(client)
+    assert value(families, "controlplane_login_failures", "controlplane_login_failures_total",
                   reason="assertion_replayed") == 1.0
-    assert _value(families, "controlplane_login_failures", "controlplane_login_failures_total",
+    assert value(families, "controlplane_login_failures", "controlplane_login_failures_total",
                   reason="invalid_assertion") == 1.0
-    assert _value(families, "controlplane_login_failures", "controlplane_login_failures_total",
+    assert value(families, "controlplane_login_failures", "controlplane_login_failures_total",
                   reason="other") == 1.0
 
 
@@ -139,15 +126,15 @@ async def test_scrapes_share_one_store_reading_a_second(client):
     """/metrics is public: its store reads (pending approvals, audit head) are made at most once
     per STORE_GAUGES_TTL_S per process, whatever the number of scrapes, and are fresh after it."""
     reads = ("controlplane_store_transactions", "controlplane_store_transactions_total")
-    first = await _scrape(client)
-    before = _value(first, *reads, kind="read")
-    head = _value(first, "controlplane_audit_head_seq")
+    first = await scrape(client)
+    before = value(first, *reads, kind="read")
+    head = value(first, "controlplane_audit_head_seq")
     token = await login(client, "alice")
     read = await client.get("/api/v1/databases", headers=bearer(token))  # audited: the head moves
     assert read.status == 200
-    scrapes = await asyncio.gather(*(_scrape(client) for _ in range(20)))
+    scrapes = await asyncio.gather(*(scrape(client) for _ in range(20)))
     # 20 uncached scrapes would be 40+ reads; background checks may add one or two
-    assert max(_value(f, *reads, kind="read") for f in scrapes) - before <= 3
-    assert {_value(f, "controlplane_audit_head_seq") for f in scrapes} == {head}  # one reading
+    assert max(value(f, *reads, kind="read") for f in scrapes) - before <= 3
+    assert {value(f, "controlplane_audit_head_seq") for f in scrapes} == {head}  # one reading
     await asyncio.sleep(STORE_GAUGES_TTL_S + 0.1)
-    assert _value(await _scrape(client), "controlplane_audit_head_seq") > head
+    assert value(await scrape(client), "controlplane_audit_head_seq") > head

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,10 @@ _TICKET_EVENT_OUTCOMES = {
     "approval.ticket_revoked": "revoked",
     "approval.ticket_consumed": "consumed",
 }
+#: What became of a notification event in a dispatcher round (``notifications.dispatcher``):
+#: every matching sink accepted it, it is due again after a failure, it failed past its window,
+#: the round's lease ended before its attempts were recorded, or there are no sinks at all.
+NOTIFICATION_OUTCOMES = ("delivered", "retried", "dead", "lease_lost", "settled")
 LOGIN_FAILURE_REASONS = (
     "bad_password", "unknown_subject", "subject_disabled", "not_a_human", "invalid_assertion",
     "assertion_replayed", "otp_wrong", "otp_replayed", "throttled", "other",
@@ -79,6 +83,8 @@ EXPORTED = (
     "controlplane_policy_shadow_divergence_total",
     "controlplane_store_transactions_total",
     "controlplane_store_round_trips_total",
+    "controlplane_notification_events_total",
+    "controlplane_notification_deliveries_total",
 )
 
 
@@ -99,6 +105,8 @@ class Metrics:
     login_failures: Counter
     store_transactions: Counter
     store_round_trips: Counter
+    notification_events: Counter
+    notification_deliveries: Counter
     shadow_divergence: Counter
     #: Per process (a ``pid`` label with several workers): the revision it serves, and whether
     #: that is the fleet's active one; an operator sees convergence across workers and replicas.
@@ -172,6 +180,20 @@ class Metrics:
     def store_transaction(self, write: bool) -> None:
         """One store transaction opened by this worker (a store call or a chain's transaction)."""
         self.store_transactions.labels("write" if write else "read").inc()
+
+    def notification_sinks(self, names: Sequence[str]) -> None:
+        """The configured sinks: their delivery series exist (at 0) from the start."""
+        for name in names:
+            for result in ("delivered", "failed"):
+                self.notification_deliveries.labels(name, result)
+
+    def notification_delivery(self, sink: str, delivered: bool) -> None:
+        """One delivery attempt of one event to one sink."""
+        self.notification_deliveries.labels(sink, "delivered" if delivered else "failed").inc()
+
+    def notification_events_ended(self, outcome: str, count: int = 1) -> None:
+        """``count`` events' round ended with ``outcome`` (``NOTIFICATION_OUTCOMES``)."""
+        self.notification_events.labels(outcome).inc(count)
 
     def store_round_trips_made(self, count: int) -> None:
         """One store transaction of this worker ended after ``count`` round trips."""
@@ -276,6 +298,21 @@ class Metrics:
                 ["kind"],
                 registry=registry,
             ),
+            notification_events=Counter(
+                "controlplane_notification_events",
+                "Notification events by what their dispatcher round ended in: delivered, "
+                "retried (due again after a failure), dead (failed past its window), "
+                "lease_lost, settled (no sinks configured).",
+                ["outcome"],
+                registry=registry,
+            ),
+            notification_deliveries=Counter(
+                "controlplane_notification_deliveries",
+                "Delivery attempts of notification events, by sink and result (delivered: a "
+                "2xx; failed: any other answer, a timeout, a refused redirect).",
+                ["sink", "result"],
+                registry=registry,
+            ),
             store_round_trips=Counter(
                 "controlplane_store_round_trips",
                 "Round trips to the store's server (statements, BEGIN, COMMIT, ROLLBACK); "
@@ -296,6 +333,8 @@ class Metrics:
             metrics.login_failures.labels(reason)
         for kind in ("read", "write"):
             metrics.store_transactions.labels(kind)
+        for outcome in NOTIFICATION_OUTCOMES:
+            metrics.notification_events.labels(outcome)
         return metrics
 
 

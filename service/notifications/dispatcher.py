@@ -28,7 +28,7 @@ import secrets
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -45,6 +45,16 @@ log = logging.getLogger("controlplane.notifications")
 
 #: Who may review a requested ticket (None: not a request, nothing to suggest).
 ReviewersOf = Callable[[Store, OutboxEvent, float], Awaitable[Sequence[str] | None]]
+
+
+class Observer(Protocol):
+    """Told what each round did (the worker's metrics: ``Metrics.notification_*``)."""
+
+    def notification_sinks(self, names: Sequence[str]) -> None: ...
+    def notification_delivery(self, sink: str, delivered: bool) -> None: ...
+    def notification_events_ended(self, outcome: str, count: int = 1) -> None: ...
+
+
 #: How often delivered events past their retention are deleted.
 PURGE_INTERVAL_S = 3600.0
 
@@ -55,11 +65,14 @@ class Dispatcher:
     """Claims and delivers due outbox events (``round``), in a loop while ``dispatching``."""
 
     def __init__(self, store: Callable[[], Store | None], config: NotificationsConfig,
-                 reviewers: ReviewersOf) -> None:
+                 reviewers: ReviewersOf, observer: Observer | None = None) -> None:
         self._store = store
         self._config = config
         self._reviewers = reviewers
         self.sinks = [make_sink(s, config.source) for s in config.sinks]
+        self._observer = observer
+        if observer is not None:
+            observer.notification_sinks([s.name for s in self.sinks])
         #: This dispatcher's lease owner id (host, pid and a random part: unique per process).
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._last_purge = 0.0
@@ -85,7 +98,10 @@ class Dispatcher:
         if not self.sinks:
             # Nothing to deliver to: every due event is finished in one statement, instead of
             # a claim and a record per event (each a write transaction beside the requests').
-            return await store.settle_outbox(now, self._config.batch_size)
+            settled = await store.settle_outbox(now, self._config.batch_size)
+            if self._observer is not None and settled:
+                self._observer.notification_events_ended("settled", settled)
+            return settled
         events = await store.claim_outbox(self.owner, now, self._config.lease_s,
                                           self._config.batch_size)
         results = await asyncio.gather(*(self._deliver(store, session, e) for e in events),
@@ -125,8 +141,14 @@ class Dispatcher:
         else:
             state, due = "pending", min(now + self.backoff(event.attempts + 1), end_of_window)
             error = "; ".join(failed)
+        if self._observer is not None:
+            for record in records:
+                self._observer.notification_delivery(record.sink, record.state == "delivered")
         finished = await store.finish_outbox(event.id, self.owner, records, state=state,
                                              next_attempt_at=due, error=error, now=now)
+        if self._observer is not None:
+            self._observer.notification_events_ended(
+                "lease_lost" if not finished else "retried" if state == "pending" else state)
         fields: dict[str, Any] = {"event_id": event.id, "type": event.type,
                                   "ticket_id": event.ticket_id, "attempt": event.attempts + 1}
         if not finished:

@@ -16,6 +16,7 @@ import pytest
 
 from service.appkeys import STORE
 from tests.auth import bearer, login, step_up
+from tests.metrics import Families, scrape, value
 from tests.notifications.receiver import Receiver
 
 KEY_OLD, KEY_NEW = b"o" * 32, b"n" * 32
@@ -46,6 +47,19 @@ def notifications(url: str, **extra: Any) -> dict[str, Any]:
     }
     base.update(extra)
     return {"notifications": base}
+
+
+async def events_ended(client, outcome: str, count: float) -> Families:
+    """/metrics once ``count`` events have ended a round with ``outcome`` (the dispatcher counts
+    an event just after the store has recorded it, so a reader of the store can be first)."""
+    name = "controlplane_notification_events"
+    deadline = time.monotonic() + 10
+    while True:
+        families = await scrape(client)
+        if value(families, name, name + "_total", outcome=outcome) >= count \
+                or time.monotonic() > deadline:
+            return families
+        await asyncio.sleep(0.02)
 
 
 def verify_signature(received, key: bytes) -> bool:
@@ -163,6 +177,16 @@ async def test_retried_after_500s_and_delivered_once_per_id(make_client, receive
     (delivery,) = await store.outbox_deliveries(first.id)
     assert delivery.state == "delivered" and delivery.attempts == 4
     assert ticket["id"] == first.ticket_id
+    # /metrics: each attempt per sink, and what each round did with its event.
+    families = await events_ended(client, "delivered", 3)
+    deliveries = "controlplane_notification_deliveries"
+    assert value(families, deliveries, deliveries + "_total", sink="hook", result="failed") == 3
+    assert value(families, deliveries, deliveries + "_total", sink="hook",
+                 result="delivered") == 3
+    events = "controlplane_notification_events"
+    assert value(families, events, events + "_total", outcome="retried") == 3
+    assert value(families, events, events + "_total", outcome="delivered") == 3
+    assert value(families, events, events + "_total", outcome="dead") == 0
 
 
 async def test_redirects_are_refused_and_dead_lettered(make_client, receiver):
@@ -184,6 +208,9 @@ async def test_redirects_are_refused_and_dead_lettered(make_client, receiver):
     while not await dead() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     (event,) = await dead()
+    events = "controlplane_notification_events"
+    assert value(await events_ended(client, "dead", 1), events, events + "_total",
+                 outcome="dead") == 1
     assert "redirect refused" in (event.last_error or "")
     assert str(receiver.url) not in (event.last_error or "")  # the URL is a secret
     # Nothing followed the redirect: every request reached the sink's own path.
@@ -240,3 +267,8 @@ async def test_without_sinks_events_are_settled_with_no_deliveries(make_client):
     for event in events:
         assert event.state == "delivered" and event.attempts == 1 and event.finished_at
         assert await store.outbox_deliveries(event.id) == []
+    families = await events_ended(client, "settled", 3)
+    events_family = "controlplane_notification_events"
+    assert value(families, events_family, events_family + "_total", outcome="settled") == 3
+    assert value(families, "controlplane_notification_deliveries",
+                 "controlplane_notification_deliveries_total") == 0
