@@ -343,28 +343,34 @@ class PostgresStore(SqlStore):
     async def _begin(self, conn: Any, deadline: float, *, write: bool) -> tuple[Any, Any, int]:
         """BEGIN on ``conn``; on a new connection instead if ``conn`` is found dead (BEGIN
         changes nothing, so it can always be sent again). The transaction, its connection and
-        the BEGINs sent; on failure the connection has been given back."""
-        for attempt in (1, 2):
-            tr = conn.transaction(
-                isolation="read_committed" if write else "repeatable_read", readonly=not write
-            )
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await tr.start()
-                return tr, conn, attempt
-            except _DEAD as exc:
-                if attempt == 1:
-                    conn = await self._replace(conn, deadline)
-                    continue
-                failure, cause = _wrap(exc), exc
-            except TimeoutError:
-                failure, cause = _late(), None
-            except _WRAPPED as exc:
-                failure, cause = _wrap(exc), exc
-            await self._release(conn, deadline, False)
+        the BEGINs sent. On any failure, cancellation included, the connection has been given
+        back."""
+        attempt = 1
+        try:
+            while True:
+                tr = conn.transaction(
+                    isolation="read_committed" if write else "repeatable_read",
+                    readonly=not write,
+                )
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await tr.start()
+                    return tr, conn, attempt
+                except _DEAD:
+                    if attempt == 2:
+                        raise
+                attempt = 2
+                dead, conn = conn, None
+                conn = await self._replace(dead, deadline)
+        except BaseException as exc:
+            if conn is not None:
+                await self._release(conn, deadline, False)
             self._count(attempt)
-            raise failure from cause
-        raise AssertionError("unreachable")  # pragma: no cover
+            if isinstance(exc, TimeoutError):
+                raise _late() from None
+            if isinstance(exc, _WRAPPED):
+                raise _wrap(exc) from exc
+            raise
 
     async def _replace(self, dead: Any, deadline: float) -> Any:
         """Drop a connection found dead and take another from the pool (a new one, as the

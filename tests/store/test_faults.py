@@ -201,7 +201,7 @@ async def one_connection(schema, proxy) -> AsyncIterator[tuple[PostgresStore, An
     the fault proxy, and a function that creates a task and has that connection die right after
     the task's COMMIT."""
     fault, dsn = proxy
-    store = await PostgresStore.open(dsn, schema=schema[1], max_size=1)
+    store = await PostgresStore.open(dsn, schema=schema[1], max_size=1, timeout_s=DEADLINE_S)
 
     async def task_then_dead_connection(task_id: str) -> None:
         resets = fault.resets
@@ -239,3 +239,22 @@ async def test_a_write_that_found_its_connection_dead_is_not_sent_again(one_conn
             await q.exec("UPDATE tasks SET progress = progress + 1 WHERE id = ?", "t-1")
     task = await store.get_task("t-1")
     assert task is not None and task.progress == 0
+
+
+async def test_a_call_cancelled_in_its_begin_gives_its_connection_back(one_connection, proxy):
+    """A caller cancelled while its BEGIN waits on the server (a client that went away) must not
+    keep the pooled connection: with a pool of one, the next call would wait for it until its
+    deadline."""
+    store, _ = one_connection
+    fault, _ = proxy
+    await store.ensure_task("t-1", "alice", 1.0)
+    fault.stall()
+    call = asyncio.create_task(store.get_task("t-1"))  # a transaction: BEGIN first
+    await asyncio.sleep(0.2)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    fault.flow()
+    started = time.monotonic()
+    task = await store.get_task("t-1")
+    assert task is not None and time.monotonic() - started < DEADLINE_S
