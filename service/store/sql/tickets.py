@@ -55,21 +55,18 @@ def _joined(q: Query, rows: Sequence[Row]) -> TicketRecord | None:
     """The ticket of ``_WITH_REVIEWS`` rows (all of one ticket), or None for no rows."""
     if not rows:
         return None
-    reviews = tuple(
-        ReviewRecord(reviewer=r["r_reviewer"], decision=r["r_decision"], group=r["r_group_name"],
-                     reason=r["r_reason"], at=float(r["r_at"]))
-        for r in rows if r["r_reviewer"] is not None
-    )  # fmt: skip
+    reviews = tuple(_review(r, "r_") for r in rows if r["r_reviewer"] is not None)
     return _ticket(q, rows[0], reviews)
 
 
-def _review(row: Row) -> ReviewRecord:
+def _review(row: Row, prefix: str = "") -> ReviewRecord:
+    """A review from ``row``'s ``ticket_reviews`` columns (named with ``prefix``)."""
     return ReviewRecord(
-        reviewer=row["reviewer"],
-        decision=row["decision"],
-        group=row["group_name"],
-        reason=row["reason"],
-        at=float(row["at"]),
+        reviewer=row[prefix + "reviewer"],
+        decision=row[prefix + "decision"],
+        group=row[prefix + "group_name"],
+        reason=row[prefix + "reason"],
+        at=float(row[prefix + "at"]),
     )
 
 
