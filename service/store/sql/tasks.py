@@ -18,13 +18,13 @@ _EVENT_COLUMNS = "task_id, seq, kind, at, actor, data"
 _BUMP = (
     "UPDATE tasks SET last_seq = last_seq + 1, updated_at = ?, "
     "state = COALESCE(?, state), progress = COALESCE(?, progress), "
-    "result = COALESCE(?, result) WHERE id = ? RETURNING last_seq"
+    "result = COALESCE(?, result) WHERE id = ? RETURNING last_seq AS seq"
 )
 # PostgreSQL: the same UPDATE and the event's INSERT in one statement (no row: no such task).
 # The casts give the SELECT list's parameters the columns' types.
 _BUMP_AND_APPEND = (
     f"WITH bumped AS ({_BUMP}) INSERT INTO task_events ({_EVENT_COLUMNS}) "
-    "SELECT ?::text, last_seq, ?::text, ?::double precision, ?::text, ?::jsonb FROM bumped "
+    "SELECT ?::text, seq, ?::text, ?::double precision, ?::text, ?::jsonb FROM bumped "
     "RETURNING seq"
 )
 
@@ -101,14 +101,12 @@ class TaskSql(Unit):
             if d.writes_in_cte:  # both writes in one round trip
                 row = await q.one(_BUMP_AND_APPEND, *bump, task_id, kind, at, actor,
                                   d.json_in(data))
-                if row is None:
-                    raise NotFound("task", task_id)
-                seq = int(row["seq"])
             else:
                 row = await q.one(_BUMP, *bump)
-                if row is None:
-                    raise NotFound("task", task_id)
-                seq = int(row["last_seq"])
+            if row is None:
+                raise NotFound("task", task_id)
+            seq = int(row["seq"])
+            if not d.writes_in_cte:
                 await q.exec(
                     f"INSERT INTO task_events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
                     task_id, seq, kind, at, actor, d.json_in(data),
