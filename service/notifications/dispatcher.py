@@ -146,24 +146,24 @@ class Dispatcher:
                 self._observer.notification_delivery(record.sink, record.state == "delivered")
         finished = await store.finish_outbox(event.id, self.owner, records, state=state,
                                              next_attempt_at=due, error=error, now=now)
+        # What became of the event: one classification for the metric and the log line.
+        outcome = "lease_lost" if not finished else "retried" if state == "pending" else state
         if self._observer is not None:
-            self._observer.notification_events_ended(
-                "lease_lost" if not finished else "retried" if state == "pending" else state)
+            self._observer.notification_events_ended(outcome)
         fields: dict[str, Any] = {"event_id": event.id, "type": event.type,
                                   "ticket_id": event.ticket_id, "attempt": event.attempts + 1}
-        if not finished:
+        if outcome == "lease_lost":
             log.warning("notification lease lost before its attempts were recorded",
                         extra={"fields": {"event": "notification.lease_lost", **fields}})
-        elif state == "dead":
+        elif outcome == "dead":
             log.error("notification dead-lettered after %s", error,
                       extra={"fields": {"event": "notification.dead", **fields}})
-        elif failed:
+        elif outcome == "retried":
             log.warning("notification delivery failed (retried): %s", error,
                         extra={"fields": {"event": "notification.failed", **fields}})
         elif records:
             log.info("notification delivered", extra={"fields": {
                 "event": "notification.delivered", **fields, "sinks": [r.sink for r in records]}})
-
 
 @contextlib.asynccontextmanager
 async def dispatching(dispatcher: Dispatcher, config: NotificationsConfig) -> AsyncIterator[None]:
