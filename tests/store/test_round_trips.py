@@ -10,6 +10,8 @@ import pytest
 
 from service.store import Conflict, Store, open_store
 from service.store.base import TaskOps
+from tests.auth import bearer, login
+from tests.metrics import scrape, value
 
 from . import pg
 from .helpers import T0, approved_ticket, binding
@@ -72,3 +74,19 @@ async def test_a_refused_write_counts_its_rollback(counted):
         await store.consume_ticket("t-1", **binding(rec))
     # BEGIN; the UPDATE that matches nothing; the re-read that says why; ROLLBACK.
     assert trips == [4]
+
+
+async def test_the_metric_counts_the_round_trips_of_a_request(make_client):
+    """``controlplane_store_round_trips_total`` on a scraped /metrics of an app on PostgreSQL:
+    an authenticated read adds at least its session check and its audit record's writes."""
+    async with pg.temp_schema("cp_trips_http") as (dsn, schema):
+        client = await make_client({"store": {"backend": "postgres",
+                                              "postgres": {"dsn": dsn, "schema": schema}}})
+        alice = await login(client, "alice")
+        name = "controlplane_store_round_trips"
+        before = value(await scrape(client), name, name + "_total")
+        assert before > 0  # the login's writes
+        response = await client.get("/api/v1/tasks/t-unknown", headers=bearer(alice))
+        assert response.status == 404
+        after = value(await scrape(client), name, name + "_total")
+        assert after - before >= 2  # the session check, then the refusal's audit record
