@@ -5,7 +5,8 @@ the ``sql`` package. The operations come in one protocol per record kind (``Sess
 ``TicketOps``, ``TaskOps``, ``AuditOps``, ``OutboxOps``); ``Tx`` and ``Store`` are those kinds composed, so a
 caller calls ``store.get_ticket(...)`` or ``tx.consume_ticket(...)`` alike. Nothing here knows
 about HTTP: ``service/errors.py`` maps the errors to problem+json
-(``NotFound`` -> 404, ``Conflict`` -> 409, ``StoreUnavailable`` -> 503).
+(``NotFound`` -> 404, ``Conflict`` -> 409, ``StoreOutcomeUnknown`` -> 503 ``outcome_unknown``,
+``StoreUnavailable`` -> 503 ``store_unavailable``).
 
 Rules every method follows:
 
@@ -19,7 +20,7 @@ Rules every method follows:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
@@ -56,6 +57,7 @@ __all__ = [
     "SessionRecord",
     "Store",
     "StoreError",
+    "StoreOutcomeUnknown",
     "StoreUnavailable",
     "TaskOps",
     "TaskRecord",
@@ -131,6 +133,22 @@ class StoreUnavailable(StoreError):
     SQLite path, or the PostgreSQL host:port/database) and the driver's or server's message.
     Never the DSN's user info or password.
     """
+
+
+class StoreOutcomeUnknown(StoreUnavailable):
+    """A write transaction's COMMIT was sent but its answer never came (the connection died or
+    the deadline passed while it was in flight): it may or may not have committed.
+
+    Only a backend that talks to its database over a network raises it (PostgreSQL). A caller
+    must not claim the write did not happen: ``committed()`` tells once the store answers again
+    (True, False, or None while it cannot tell yet); it is None when the backend could not
+    name the transaction (nothing to ask about).
+    """
+
+    def __init__(self, message: str,
+                 committed: Callable[[], Awaitable[bool | None]] | None = None) -> None:
+        super().__init__(message)
+        self.committed = committed
 
 
 # -------------------------------------------------------------------------------------- records

@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import asyncpg
 
 from ..limits import JSONValueRefused
-from .base import StoreError, StoreUnavailable
+from .base import StoreError, StoreOutcomeUnknown, StoreUnavailable
 from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
 
 __all__ = ["Listener", "PostgresStore"]
@@ -42,6 +42,8 @@ DIALECT = Dialect(
     json_in=_identity,
     json_out=_identity,
     writes_in_cte=True,
+    # Assigns the transaction its id if it has none yet; pg_xact_status tells its fate later.
+    xact_id="pg_current_xact_id()::text",
 )
 
 # One cluster-wide key: concurrent starters (any schema) apply migrations one at a time.
@@ -76,6 +78,19 @@ async def _rollback(tr: Any, deadline: float) -> bool:
         log.warning("postgresql rollback failed", exc_info=True)
         return False
     return True
+
+
+def _commit_failed(exc: BaseException, committed: Callable[[], Awaitable[bool | None]] | None
+                   ) -> Exception:
+    """What a write's failed COMMIT raises. The server's own error answer means it rolled back;
+    anything else (the connection died, the deadline passed, the server was stopping) leaves
+    the outcome unknown: COMMIT may have been applied and only its answer lost."""
+    answered = isinstance(exc, asyncpg.PostgresError) and not isinstance(
+        exc, asyncpg.PostgresConnectionError | asyncpg.exceptions.OperatorInterventionError)
+    if answered:
+        return _wrap(exc)
+    cause = "deadline exceeded" if isinstance(exc, TimeoutError) else type(exc).__name__
+    return StoreOutcomeUnknown(f"postgresql commit outcome unknown: {cause}", committed)
 
 
 def _wrap(exc: BaseException) -> Exception:
@@ -166,6 +181,11 @@ class _Conn:
         self._deadline = deadline
         #: Statements sent so far (a re-sent one counts twice).
         self.trips = 0
+        #: The transaction's id, once a statement named it (``sql.Query.note_xact``).
+        self.xact: str | None = None
+
+    def note_xact(self, xact: str) -> None:
+        self.xact = xact
 
     async def _run(self, sql: str, call: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
         store, self._store = self._store, None
@@ -202,6 +222,8 @@ class PostgresStore(SqlStore):
     Every transaction runs under one deadline (``timeout_s``, from ``store.timeout_s``): acquiring
     a connection, BEGIN, the caller's statements and COMMIT together. Past it the connection is
     dropped (the server rolls back what did not commit) and the call raises ``StoreUnavailable``.
+    A write whose COMMIT was sent but not answered raises ``StoreOutcomeUnknown`` instead (with
+    a way to ask later, when the transaction staged an audit record and so named its id).
     Once COMMIT has answered, the transaction is committed whatever happens to the connection
     afterwards: giving it back to the pool never fails the call.
     """
@@ -320,12 +342,27 @@ class PostgresStore(SqlStore):
             except (TimeoutError, *_WRAPPED) as exc:
                 if not write:
                     return  # a read is complete once its rows are in: how it ends changes nothing
-                # Whether COMMIT reached the server is unknown: the caller must not claim it did.
-                raise (_late() if isinstance(exc, TimeoutError) else _wrap(exc)) from None
+                # Whether COMMIT reached the server is unknown: the caller must claim neither.
+                raise _commit_failed(exc, self._resolver(held.xact)) from None
             healthy = True
         finally:
             await self._release(conn, deadline, healthy)
             self._count(trips + held.trips)
+
+    def _resolver(self, xact: str | None) -> Callable[[], Awaitable[bool | None]] | None:
+        """Whether transaction ``xact`` committed, asked of the server (``pg_xact_status``):
+        None while it is still in progress (the server has not yet seen its connection end)
+        or too old for the server to know."""
+        if xact is None:
+            return None
+
+        async def committed() -> bool | None:
+            async with self._unit(write=False, single=True) as q:
+                row = await q.one("SELECT pg_xact_status(?::xid8) AS status", int(xact))
+            status = None if row is None else row["status"]
+            return {"committed": True, "aborted": False}.get(str(status))
+
+        return committed
 
     def _count(self, trips: int) -> None:
         if self.on_round_trips is not None and trips:

@@ -10,6 +10,11 @@ every connection to the upstream server (loopback only). Faults:
   passed back to the client; then that connection forwards nothing more and both sides are
   closed abruptly (RST): the transaction is committed and the client knows it, but whatever the
   client sends next on that connection (asyncpg resets a pooled connection on release) fails.
+* ``lose_commit_answer(marker, delivered=True)``: the next transaction whose client bytes
+  contain ``marker`` has its ``COMMIT`` forwarded (``delivered``) or not, and the server's answer
+  never reaches the client: both sides are closed abruptly once the server answered (or at once,
+  when the COMMIT was not forwarded). The client cannot know whether the transaction committed;
+  with ``delivered`` it did, without it the server rolls it back.
 * ``refuse()``: reset every new connection at once (the server is down).
 * ``reset_all()``: close every open connection abruptly.
 
@@ -41,6 +46,7 @@ class _Pair:
         self.server = server
         self.txn = b""  # client bytes since the last BEGIN (bounded)
         self.commit_armed = False  # a marked transaction sent COMMIT: reset after its answer
+        self.answer_lost = False  # the server's answers are dropped; reset after COMMIT's
         self.doomed = False  # forwards nothing more
 
     def abort(self) -> None:
@@ -65,9 +71,14 @@ class FaultProxy:
         self._pairs: set[_Pair] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._marker: bytes | None = None
+        # What a marked transaction's COMMIT meets: "reset" after its answer, or its answer
+        # "lost" (COMMIT forwarded) / "unsent" (COMMIT not forwarded).
+        self._fault = "reset"
         self._refusing = False
         #: Connections reset after a COMMIT so far.
         self.resets = 0
+        #: COMMITs whose answer never reached the client so far.
+        self.lost_answers = 0
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -93,7 +104,10 @@ class FaultProxy:
         self._flowing.set()
 
     def reset_after_commit(self, marker: bytes) -> None:
-        self._marker = marker
+        self._marker, self._fault = marker, "reset"
+
+    def lose_commit_answer(self, marker: bytes, *, delivered: bool = True) -> None:
+        self._marker, self._fault = marker, "lost" if delivered else "unsent"
 
     def refuse(self) -> None:
         """Reset every new connection at once (the server is down)."""
@@ -138,7 +152,20 @@ class FaultProxy:
             if pair.doomed:
                 return
             if upstream:
-                self._watch_client(pair, data)
+                fault = self._watch_client(pair, data)
+                if fault == "unsent":
+                    self.lost_answers += 1
+                    pair.doomed = True
+                    pair.abort()
+                    return
+                pair.answer_lost = fault == "lost"
+            elif pair.answer_lost:
+                if _READY in data:  # the server answered the COMMIT: the client never hears it
+                    self.lost_answers += 1
+                    pair.doomed = True
+                    pair.abort()
+                    return
+                continue
             writer.write(data)
             await writer.drain()
             if not upstream and pair.commit_armed and _READY in data:
@@ -150,15 +177,20 @@ class FaultProxy:
                 pair.abort()
                 return
 
-    def _watch_client(self, pair: _Pair, data: bytes) -> None:
+    def _watch_client(self, pair: _Pair, data: bytes) -> str | None:
+        """The fault this client data meets, once it is a marked transaction's COMMIT."""
         if self._marker is None:
-            return
+            return None
         if b"BEGIN" in data:
             pair.txn = b""
         pair.txn = (pair.txn + data)[-65536:]
         if b"COMMIT" in data and self._marker in pair.txn:
-            pair.commit_armed = True
             self._marker = None  # one shot
+            if self._fault == "reset":
+                pair.commit_armed = True
+                return None
+            return self._fault
+        return None
 
 
 def with_proxy(dsn: str, port: int) -> str:

@@ -94,7 +94,13 @@ class AuditSql(Unit):
 
     async def stage_audit(self, entry: dict[str, Any], at: float) -> int:
         async with self._unit(write=True) as q:
-            row = await q.one(_STAGE, at, dump_json(entry))
+            # A run's record is staged in the run's transaction: naming that transaction here
+            # (no extra round trip) lets the store resolve a COMMIT whose answer is lost.
+            xact = q.dialect.xact_id
+            row = await q.one(_STAGE if xact is None else f"{_STAGE}, {xact} AS xact",
+                              at, dump_json(entry))
+            if row is not None and xact is not None:
+                q.note_xact(str(row["xact"]))
         if row is None:
             raise StoreError("audit record not staged")
         return int(row["id"])

@@ -85,6 +85,9 @@ class Dialect:
     json_out: Callable[[Any], Any]
     # Data-modifying statements inside WITH (PostgreSQL): two writes in one round trip.
     writes_in_cte: bool = False
+    # An expression naming the current transaction (PostgreSQL: its id, forcing one), for a
+    # backend that can lose COMMIT's answer to ask later whether it committed; None: no need.
+    xact_id: str | None = None
 
     def sql(self, text: str) -> str:
         return _numbered(text) if self.numbered_params else text
@@ -149,6 +152,13 @@ class Query:
     async def all(self, sql: str, *args: Any) -> list[Row]:
         self.check()
         return await self._conn.fetchall(self.dialect.sql(sql), args)
+
+    def note_xact(self, xact: str) -> None:
+        """Tell the connection the id of its transaction (``Dialect.xact_id``): if COMMIT's
+        answer is lost, the backend asks the database with it whether the transaction committed."""
+        note = getattr(self._conn, "note_xact", None)
+        if note is not None:
+            note(xact)
 
 
 class Unit:
