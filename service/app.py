@@ -260,6 +260,7 @@ async def _audit(app: web.Application) -> AsyncIterator[None]:
     app[AUDIT] = AuditLog(app[STORE].require, app[CONFIG].audit.jsonl_path)
     app[AUDIT].append_failed = app[METRICS].audit_append_failed
     yield
+    await app[AUDIT].resolver.close()  # logs the unknown outcomes it could not resolve
 
 
 async def _audit_checkpoints(app: web.Application) -> AsyncIterator[None]:

@@ -27,8 +27,9 @@ Problem                              status  code
 │   └── TooManyStreams               429     too_many_streams (+ Retry-After)
 ├── RequestHeaderFieldsTooLarge      431     header_fields_too_large (answered by the HTTP edge)
 ├── InternalError                    500     internal_error
-└── ServiceUnavailable               503     service_unavailable
-    └── ApprovalRepositoryUnavailable 503    approval_repository_unavailable
+└── ServiceUnavailable               503     service_unavailable (store_unavailable, ...)
+    ├── ApprovalRepositoryUnavailable 503    approval_repository_unavailable
+    └── OutcomeUnknown               503     outcome_unknown (may have executed; + how to check)
 
 Every body carries ``type``, ``title``, ``status``, ``detail``, ``code`` and ``correlation_id``.
 ``detail`` is written for people and never contains exception text from a library, a path, a DSN
@@ -66,6 +67,7 @@ __all__ = [
     "MalformedJSON",
     "MethodNotAllowed",
     "NotFound",
+    "OutcomeUnknown",
     "PayloadTooLarge",
     "PolicyDenied",
     "Problem",
@@ -263,6 +265,17 @@ class ApprovalRepositoryUnavailable(ServiceUnavailable):
     code, title = "approval_repository_unavailable", "Approval Repository Unavailable"
 
 
+class OutcomeUnknown(ServiceUnavailable):
+    """The store lost the answer to a write's COMMIT: the action may have executed.
+
+    Unlike ``store_unavailable`` (nothing was executed) this is not a plain "retry later": the
+    caller checks what it asked for (the ids in the body) before repeating it. The chain adds
+    those ids (``ticket_id``, ``task_id``, ...) and ``check``, where to look.
+    """
+
+    code, title = "outcome_unknown", "Outcome Unknown"
+
+
 # aiohttp's own HTTP exceptions (raised by the router and the body reader) mapped to problems.
 _HTTP_EXCEPTIONS: dict[int, type[Problem]] = {
     400: BadRequest,
@@ -336,9 +349,12 @@ def _domain_problem(exc: BaseException) -> Problem | None:
             errors=[{"pointer": "/resource", "message": "must be I-JSON: integers within "
                      "+-(2**53 - 1), finite numbers, no unpaired surrogates"}],
         )
+    if isinstance(exc, store.StoreOutcomeUnknown):
+        # COMMIT was sent and its answer lost: the answer claims neither outcome.
+        return OutcomeUnknown("the store did not confirm the outcome: the action may have been "
+                              "executed; check its result before repeating it")
     if isinstance(exc, store.StoreUnavailable):
-        # Whether a COMMIT in flight when the store went away took effect cannot be known, so
-        # the answer does not claim either; clients retry (ticket consumption is single-use).
+        # Nothing was executed (a COMMIT in flight is OutcomeUnknown above): clients retry.
         return ServiceUnavailable("the store is unavailable; retry later",
                                   code="store_unavailable",
                                   headers={"Retry-After": str(STORE_RETRY_AFTER_S)})

@@ -94,6 +94,9 @@ class Outcome:
     #: ``body`` already serialised (``json.dumps(body)``, e.g. kept with a cached report): sent
     #: as it is instead of serialising ``body`` again.
     text: str | None = None
+    #: Run (in the background) if the run committed but its answer was lost with the answer to
+    #: its COMMIT: undoes what only that answer made usable (a ticket whose nonce nobody got).
+    if_unanswered: Callable[[], Awaitable[None]] | None = None
 
 
 #: Reads a request's target; may await the store (e.g. the ticket a review is about).

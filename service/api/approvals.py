@@ -6,12 +6,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import AUTHENTICATOR, CONFIG, ENGINE, STORE
+from ..appkeys import AUDIT, AUTHENTICATOR, CONFIG, ENGINE, STORE
 from ..approvals.binding import resource_hash
 from ..approvals.command import Command
 from ..approvals.command import command_hash as bound_command_hash
 from ..approvals.policy import review_target, reviewer_facts, ticket_requirements
 from ..approvals.tickets import decide_review, new_ticket, ticket_view
+from ..approvals.withdrawal import withdraw_unanswered
 from ..authn import stepup
 from ..authz import actions
 from ..chain import Outcome, Run, Target, Write, protected
@@ -98,12 +99,18 @@ async def create_approval(run: Write) -> Outcome:
         requested_by=run.principal.subject_id, req=req, now=run.now, command=command,
     )
     await run.tx.create_ticket(ticket)
+    store, audit = run.store, run.request.app[AUDIT]
+
+    async def withdraw() -> None:  # the nonce was in the lost answer: nobody can redeem it
+        await withdraw_unanswered(store, audit, ticket.id, run.correlation_id)
+
     return Outcome(
         201,
         ticket_view(ticket, nonce=nonce),
         headers={"Location": f"/api/v1/approvals/{ticket.id}"},
         audit={"ticket_id": ticket.id, "ticket_event": "created",
                "ticket_action": ticket.action, "ticket_subject": ticket.subject_id},
+        if_unanswered=withdraw,
     )
 
 

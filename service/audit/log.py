@@ -46,6 +46,7 @@ from ..store.base import (
 )
 from .checkpoint import Verification, signature_ok, to_doc
 from .record import Break, scrub, seal, verify
+from .resolution import Resolver
 
 __all__ = ["AuditLog"]
 
@@ -86,6 +87,8 @@ class AuditLog:
         self._sealer: asyncio.Task[None] | None = None
         #: Set by the checkpointer of a serving worker; tools and tests leave it None.
         self.observer: CommitObserver | None = None
+        #: Runs whose COMMIT went unanswered, resolved once the store answers (the app closes it).
+        self.resolver = Resolver()
 
     @property
     def store(self) -> Store:

@@ -9,13 +9,19 @@ any transaction (the transaction rolled back). A record that cannot be written a
 a mutation that means it did not happen. The JSON-lines mirror is written after commit.
 Where the store stages records (PostgreSQL, ``AuditLog.stage``), the run's transaction stages
 its record instead, and after COMMIT the answer waits until it is sealed into the chain.
+
+A run whose COMMIT went unanswered (``StoreOutcomeUnknown``) may have executed: it is answered
+503 ``outcome_unknown`` with the ids to check, and no record is written then. The worker's
+resolver (``resolution.py``) asks the store, once it answers, whether the transaction committed:
+if it did, the run's own record (committed with it) is its one record and the outcome's
+``if_unanswered`` runs; if not, the record of the failed run is written then.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal, overload
 
@@ -23,10 +29,11 @@ from .. import clock
 from ..authn.principal import Principal
 from ..authz.actions import Action
 from ..authz.decision import Decision
-from ..errors import Problem, ServiceUnavailable, to_problem
+from ..errors import OutcomeUnknown, Problem, ServiceUnavailable, to_problem
 from ..run import Outcome, Target
-from ..store.base import AuditRecord, StoreError, StoreUnavailable, Tx
+from ..store.base import AuditRecord, StoreError, StoreOutcomeUnknown, StoreUnavailable, Tx
 from .log import AuditLog
+from .resolution import Unresolved
 
 __all__ = ["Recording", "recording", "settle_committed"]
 
@@ -48,6 +55,7 @@ class Recording:
         self._staged: int | None = None  # the staging id, when the run's transaction staged it
         #: The ticket events of this run, set once it committed (``approval.ticket_*``).
         self.ticket_events: tuple[str, ...] = ()
+        self._outcome: Outcome | None = None  # what the run executed, until it committed
 
     def target(self, target: Target, action: Action) -> None:
         self.entry.update(env=target.env, resource_hash=target.hash,
@@ -72,6 +80,7 @@ class Recording:
     async def executed(self, outcome: Outcome, tx: Tx | None) -> None:
         """Append the record of a run that executed (in ``tx`` when given: it commits with it)."""
         self.entry.update(outcome.audit, outcome="executed", status=outcome.status)
+        self._outcome = outcome
         if tx is not None and self._audit.stages:
             self._staged = await _append(self._audit, self.entry, tx, stage=True)
         else:
@@ -108,6 +117,14 @@ async def recording(
     })
     try:
         yield rec
+    except StoreOutcomeUnknown as exc:
+        # COMMIT went unanswered: the run may have executed. No record now (its own may have
+        # committed with it); the resolver records the outcome once the store tells it.
+        log.error("chain run outcome unknown: COMMIT went unanswered", extra={"fields": {
+            "event": "chain.outcome_unknown", "correlation_id": correlation_id,
+            "action": action.name, "error": str(exc)}})
+        audit.resolver.add(Unresolved(correlation_id, action.name, _resolution(audit, rec, exc)))
+        raise _unknown_problem(rec.entry) from None
     except Exception as exc:
         problem = to_problem(exc)
         if problem.status >= 500 and not isinstance(exc, Problem):
@@ -129,6 +146,62 @@ async def recording(
         await settle_committed(audit, rec._staged, rec.entry)  # the sealer mirrors it
     else:
         await _mirror(audit, rec)
+
+
+#: The ids of a run's entry an unknown outcome is answered with, and where each is checked.
+_CHECKS = (("task_id", "/api/v1/tasks/{}"), ("ticket_id", "/api/v1/approvals/{}"))
+
+
+def _unknown_problem(entry: dict[str, Any]) -> OutcomeUnknown:
+    """503 ``outcome_unknown`` with the ids of what the run touched and where to check them."""
+    ids = {key: entry[key] for key, _ in _CHECKS if isinstance(entry.get(key), str)}
+    check = [path.format(ids[key]) for key, path in _CHECKS if key in ids]
+    detail = ("the store did not confirm the outcome: the action may have been executed. "
+              "Check " + (" and ".join(check) if check else "its result") + " before repeating it")
+    if entry.get("ticket_event") == "created":
+        # Its nonce was in the lost answer: if the ticket was created, the service withdraws it.
+        detail = ("the store did not confirm whether the ticket was created; if it was, it is "
+                  "revoked as soon as the store answers (its nonce was never delivered): "
+                  "request a new ticket")
+    return OutcomeUnknown(detail, **ids, check=check)
+
+
+def _resolution(audit: AuditLog, rec: Recording, exc: StoreOutcomeUnknown
+                ) -> Callable[[], Awaitable[bool]]:
+    """The resolver's attempt for ``rec``'s run: True once its outcome is known and recorded."""
+    committed_of = exc.committed
+    outcome, rec._outcome = rec._outcome, None
+    known: list[bool] = []  # the answer, once had (so a retry only finishes the recording)
+
+    async def attempt() -> bool:
+        if not known:
+            if committed_of is None:  # not a run that staged its record: nothing to ask
+                log.error("unknown outcome cannot be resolved: the transaction was not named",
+                          extra={"fields": {"event": "chain.outcome_unresolved",
+                                            "correlation_id": rec.entry["correlation_id"],
+                                            "action": rec.entry["action"]}})
+                return True
+            committed = await committed_of()
+            if committed is None:
+                return False  # the server has not seen the transaction end yet
+            known.append(committed)
+            if committed:
+                rec.ticket_events = _log_ticket_events(rec.entry)
+        if known[0]:
+            if rec._staged is not None:
+                await settle_committed(audit, rec._staged, rec.entry)
+                rec._staged = None
+            if outcome is not None and outcome.if_unanswered is not None:
+                await outcome.if_unanswered()
+        else:
+            await rec._failed(_unknown_problem(rec.entry), None)
+            await _mirror(audit, rec)
+        log.info("unknown outcome resolved", extra={"fields": {
+            "event": "chain.outcome_resolved", "correlation_id": rec.entry["correlation_id"],
+            "action": rec.entry["action"], "committed": known[0]}})
+        return True
+
+    return attempt
 
 
 async def settle_committed(audit: AuditLog, staged: int, entry: dict[str, Any]) -> None:
@@ -236,6 +309,10 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
         log.error("audit record could not be written: store unavailable",
                   extra={"fields": {"event": "audit.write_failed", "error": type(exc).__name__,
                                     "action": entry.get("action")}})
+        if isinstance(exc, StoreOutcomeUnknown):
+            # Only this record's own commit went unanswered (a group commit, outside the run's
+            # transaction): the run itself executed nothing.
+            raise to_problem(StoreUnavailable("audit record not confirmed")) from None
         raise to_problem(exc) from None
     except StoreError as exc:
         audit.append_failed()

@@ -95,6 +95,9 @@ MESSAGES: Mapping[str, str] = {
     "ticket_not_found": "There is no such ticket.",
     "schema_validation_failed": "The form was not filled in correctly.",
     "store_unavailable": "The service cannot reach its store right now. Try again shortly.",
+    # Not "refused": the store lost the answer, so the action may have taken effect.
+    "outcome_unknown": "The service could not confirm whether this took effect. Check the "
+                       "ticket's state below before trying again.",
 }
 
 
