@@ -140,6 +140,9 @@ _HINTS = {
     "ticket_not_approved": "wait for the reviewers: `cpctl approval wait ID`",
     "too_many_streams": "other live streams of yours are open (waits, consoles); close one or "
                         "retry shortly",
+    "outcome_unknown": "the store lost its answer, so the action may have run: check the ids "
+                       "above (`cpctl approval show ID`) before repeating it; a ticket request "
+                       "whose answer was lost is revoked by the service, so request again",
 }
 
 
