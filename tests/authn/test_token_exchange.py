@@ -7,6 +7,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import os
 import sys
 import time
@@ -85,6 +86,44 @@ async def test_github_token_becomes_a_service_principal_once(client, issuer):
         "ci:github:org/repo", "service", "token_exchange")
     # The same foreign token again: refused (jti replay cache in the store).
     await refused(await exchange(client, token))
+
+
+P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def malleated(token: str) -> str:
+    """The same ES256 token with its signature's ``s`` replaced by ``n - s``: still valid."""
+    signing_input, _, signature = token.rpartition(".")
+    raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+    r, s = raw[:32], int.from_bytes(raw[32:], "big")
+    return signing_input + "." + b64url(r + (P256_ORDER - s).to_bytes(32, "big"))
+
+
+def replay_reasons(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [getattr(r, "fields", {}).get("reason", "") for r in caplog.records
+            if getattr(r, "fields", {}).get("event") == "authn.federation_refused"]
+
+
+async def test_a_malleated_signature_does_not_make_a_token_new(client, issuer, caplog):
+    """Without ``jti`` the one-use key is the signed content, not the signature's encoding:
+    an ES256 signature with ``s`` flipped to ``n - s`` (valid too) is the same token again."""
+    caplog.set_level(logging.INFO, "controlplane.authn")
+    now = int(time.time())
+    token = issuer.mint({"iss": issuer.url + "/k8s", "aud": [AUD], "iat": now, "nbf": now,
+                         "exp": now + 600, "sub": "system:serviceaccount:deploy:runner"},
+                        alg="ES256")
+    twin = malleated(token)
+    assert twin != token and jwt.decode(twin, issuer.ec).claims == jwt.decode(token, issuer.ec).claims
+    assert (await exchange(client, token)).status == 200
+    first_replay = await refused(await exchange(client, token))
+    second = await refused(await exchange(client, twin))
+    del first_replay["correlation_id"], second["correlation_id"]
+    assert second == first_replay
+    assert replay_reasons(caplog) == ["token_replayed", "token_replayed"]
 
 
 async def test_status_names_the_issuers_only(client):

@@ -6,8 +6,9 @@ its algorithms, the audience it must have minted the token for, a maximum age, a
 on claims (``repository``, ``ref``, ``environment``, ``sub``, ...) that every token must meet.
 The subject it becomes is the issuer's template filled from the claims
 (``ci:github:{repository}``). Each foreign token is accepted once: its ``jti`` (or, without
-one, its hash) is claimed in the store's one-time claims, which every worker and replica
-shares, until the token could no longer pass the freshness check.
+one, the hash of its signing input, never of its signature) is claimed in the store's one-time
+claims, which every worker and replica shares, until the token could no longer pass the
+freshness check.
 """
 
 from __future__ import annotations
@@ -80,6 +81,18 @@ def subject_for(template: str, claims: Mapping[str, Any]) -> str:
     return subject
 
 
+def one_use_key(token: str, claims: Mapping[str, Any]) -> str:
+    """What makes a verified token "the same token": its ``jti``, or without one the hash of
+    its signing input (header and claims as signed). Never the signature: an ECDSA signature
+    has a twin (``s`` -> ``n - s``) that verifies as well, so a key over the whole compact
+    string would let the twin pass as a new token."""
+    jti = claims.get("jti")
+    if isinstance(jti, str):
+        return jti
+    signing_input = token.rpartition(".")[0]
+    return "sha256:" + hashlib.sha256(signing_input.encode("ascii")).hexdigest()
+
+
 def unmet_conditions(issuer: WorkloadIssuer, claims: Mapping[str, Any]) -> list[str]:
     """The names of the conditions ``claims`` do not meet (exact string match, any of a list)."""
     return [
@@ -140,8 +153,7 @@ class WorkloadExchange:
     ) -> tuple[IssuedToken, str, str]:
         """Our access token for a fresh, unused workload token: ``(issued, subject, kind)``."""
         issuer, claims, subject = await self.verify(token, now)
-        jti = claims.get("jti")
-        once_key = jti if isinstance(jti, str) else "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+        once_key = one_use_key(token, claims)
         # Remembered until the token could no longer pass: its expiry, and its maximum age.
         until = min(float(claims["exp"]), float(claims["iat"]) + issuer.max_token_age_s)
         fresh = await authenticator.store.claim_once(
