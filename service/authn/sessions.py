@@ -256,15 +256,17 @@ class Authenticator:
             raise SessionInactive()
         if kind not in KINDS:  # tokens and sessions only carry these; anything else fails closed
             raise SessionInactive()
+        # Federated subjects need no entry in the identities file (just-in-time); anyone
+        # else without one is refused.
+        if identity is None and session.authn_method not in FEDERATED_METHODS:
+            raise SubjectDisabled()
         groups: tuple[str, ...] = ()
-        if identity is None:
-            # Federated subjects need no entry in the identities file (just-in-time); anyone
-            # else without one is refused.
-            if session.authn_method not in FEDERATED_METHODS:
-                raise SubjectDisabled()
-            if session.authn_method == METHOD_OIDC:
-                facts = await self.store.get_federated_session(session.id)
-                groups = facts.groups if facts is not None else ()
+        if session.authn_method == METHOD_OIDC:
+            # (also for a person an explicit link signed in as a local subject)
+            facts = await self.store.get_federated_session(session.id)
+            if facts is not None:
+                # A group belongs to the provider that asserted it: ``corp:sre``.
+                groups = tuple(f"{facts.provider}:{g}" for g in facts.groups)
         return Principal(
             subject_id=subject,
             kind=kind,

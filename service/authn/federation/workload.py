@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from ..errors import ClaimsInvalid, InvalidToken, IssuerMismatch, TokenReplayed
 from ..sessions import Authenticator, IssuedToken
 from ..stepup import METHOD_TOKEN_EXCHANGE
 from .remote import Fetcher, FetchError, RemoteKeys
+from .subjects import fill
 from .verify import peek, verify_foreign
 
 __all__ = [
@@ -39,7 +39,6 @@ GRANT_TYPE = "urn:ietf:params:oauth:grant-type:token-exchange"
 JWT_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:jwt"  # noqa: S105
 ID_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:id_token"  # noqa: S105
 ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"  # noqa: S105
-_MAX_SUBJECT = 200  # the policy input's subject_id bound
 
 log = logging.getLogger("controlplane.authn")
 
@@ -63,20 +62,9 @@ class _Issuer:
 
 
 def subject_for(template: str, claims: Mapping[str, Any]) -> str:
-    """Fill ``template`` from string claims; a missing or non-string claim refuses the token."""
-    out: list[str] = []
-    for literal, name, spec, conv in string.Formatter().parse(template):
-        out.append(literal)
-        if name is None:
-            continue
-        if spec or conv:
-            raise ClaimsInvalid()
-        value = claims.get(name)
-        if not isinstance(value, str) or not value:
-            raise ClaimsInvalid()
-        out.append(value)
-    subject = "".join(out)
-    if len(subject) > _MAX_SUBJECT or any(ord(c) < 0x20 for c in subject):
+    """Fill ``template`` from plain string claims; anything else refuses the token."""
+    subject = fill(template, claims)
+    if subject is None:
         raise ClaimsInvalid()
     return subject
 
