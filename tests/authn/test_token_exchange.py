@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from joserfc import jwt
 
+from service.appkeys import CONFIG, STORE
 from service.authn import stepup
 from service.authn.principal import Principal
 from tests.conftest import REPO
@@ -103,7 +104,7 @@ def malleated(token: str) -> str:
     return signing_input + "." + b64url(r + (P256_ORDER - s).to_bytes(32, "big"))
 
 
-def replay_reasons(caplog: pytest.LogCaptureFixture) -> list[str]:
+def refusal_reasons(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [getattr(r, "fields", {}).get("reason", "") for r in caplog.records
             if getattr(r, "fields", {}).get("event") == "authn.federation_refused"]
 
@@ -123,7 +124,35 @@ async def test_a_malleated_signature_does_not_make_a_token_new(client, issuer, c
     second = await refused(await exchange(client, twin))
     del first_replay["correlation_id"], second["correlation_id"]
     assert second == first_replay
-    assert replay_reasons(caplog) == ["token_replayed", "token_replayed"]
+    assert refusal_reasons(caplog) == ["token_replayed", "token_replayed"]
+
+
+async def test_an_exchanged_token_never_outlives_the_subject_token(client, issuer):
+    """Lifetime = min(configured token ttl, what the subject token has left)."""
+    now = int(time.time())
+    token = issuer.github(AUD, iat=now, nbf=now, exp=now + 45)
+    response = await exchange(client, token)
+    body = await response.json()
+    assert response.status == 200, body
+    assert body["expires_in"] <= 45
+    payload = body["access_token"].split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert claims["exp"] <= now + 45
+    session = await client.app[STORE].require().get_session(body["session_id"])
+    assert session is not None and session.expires_at <= now + 45
+    # A subject token with longer to live gets the configured ttl, no more.
+    long_lived = await (await exchange(client, issuer.github(AUD, exp=now + 3000))).json()
+    assert 45 < long_lived["expires_in"] <= client.app[CONFIG].authn.token_ttl_s
+
+
+async def test_a_workload_subject_never_becomes_a_local_identity(make_client, issuer, caplog):
+    """A template that fills to a local identity's name (here ``{workflow}`` = ``alice``)."""
+    caplog.set_level(logging.INFO, "controlplane.authn")
+    client = await make_client(federation(issuer.url, subject="{workflow}"))
+    await refused(await exchange(client, issuer.github(AUD, workflow="alice")))
+    assert refusal_reasons(caplog) == ["subject_collision"]
+    response = await exchange(client, issuer.github(AUD, workflow="deploy"))
+    assert response.status == 200, await response.text()
 
 
 async def test_status_names_the_issuers_only(client):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...config import FederationConfig, WorkloadIssuer
-from ..errors import ClaimsInvalid, InvalidToken, IssuerMismatch, TokenReplayed
+from ..errors import ClaimsInvalid, InvalidToken, IssuerMismatch, TokenExpired, TokenReplayed
 from ..sessions import Authenticator, IssuedToken
 from ..stepup import METHOD_TOKEN_EXCHANGE
 from .remote import Fetcher, FetchError, RemoteKeys
@@ -141,6 +141,13 @@ class WorkloadExchange:
     ) -> tuple[IssuedToken, str, str]:
         """Our access token for a fresh, unused workload token: ``(issued, subject, kind)``."""
         issuer, claims, subject = await self.verify(token, now)
+        # Never longer than the subject token had to live (nor than the configured ttl): a
+        # token inside the clock-skew leeway past its expiry has nothing left to give.
+        if float(claims["exp"]) <= now:
+            raise ExchangeRefused(TokenExpired.code)
+        if authenticator.identities.get(subject) is not None:
+            # A template that fills to a local identity's name must not become that identity.
+            raise ExchangeRefused("subject_collision")
         once_key = one_use_key(token, claims)
         # Remembered until the token could no longer pass: its expiry, and its maximum age.
         until = min(float(claims["exp"]), float(claims["iat"]) + issuer.max_token_age_s)
@@ -150,7 +157,7 @@ class WorkloadExchange:
         if not fresh:
             raise ExchangeRefused(TokenReplayed.code)
         issued = await authenticator.open_federated_session(
-            subject, issuer.kind, METHOD_TOKEN_EXCHANGE, now
+            subject, issuer.kind, METHOD_TOKEN_EXCHANGE, now, not_after=float(claims["exp"])
         )
         await authenticator.store.record_federated_subject(
             subject, issuer.kind, f"workload:{issuer.name}", now
