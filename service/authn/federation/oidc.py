@@ -6,9 +6,17 @@ by a random cookie whose hash the row holds. ``callback`` takes the row once (a 
 the state or of the code finds nothing), checks the cookie, redeems the code at the token
 endpoint with the verifier, and verifies the ID token strictly (``verify.verify_foreign``:
 issuer, audience, algorithm allow-list, signature against the provider's JWKS, expiry) plus the
-nonce and ``azp``. The subject is the configured claim (``email`` must be verified), and the
-allow-lists (domains, groups) decide who may sign in at all. Then **our** session opens
-(``authn_method: oidc``) and the IdP groups are recorded on it server-side, never in a token.
+nonce and ``azp``. The allow-lists (domains, groups) decide who may sign in at all. The subject
+is the provider's template filled from the claims, by default ``<provider>:{<subject_claim>}``
+(``corp:alice@example.com``): a local subject_id has no colon, so a federated person never
+becomes a local one or another provider's. A template without that prefix is refused when it
+fills to a local identity, a subject named in the serving policy data, or anything with a colon;
+only an explicit per-provider link (``links``: the verified ``sub``, or a verified ``email`` ->
+a local subject) signs a person in as a local subject. An e-mail counts (for the subject, a link
+or the domain) only with ``email_verified: true`` and as one plain addr-spec; every claim that
+becomes part of the subject, and every group, must be plain text (``subjects.py``). Then **our**
+session opens (``authn_method: oidc``) and the IdP groups are recorded on it server-side, never
+in a token; the principal carries them as ``<provider>:<group>``.
 
 Step-up asks the IdP for a fresh login (``prompt=login``, ``max_age=0``, ``acr_values``); it is
 accepted when the same IdP subject comes back with an ``auth_time`` newer than the request and
