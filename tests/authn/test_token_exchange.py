@@ -155,6 +155,26 @@ async def test_a_workload_subject_never_becomes_a_local_identity(make_client, is
     assert response.status == 200, await response.text()
 
 
+DEPLOY_WORKFLOW = "org/repo/.github/workflows/deploy.yaml@refs/heads/main"
+
+
+async def test_the_documented_github_conditions_refuse_a_pull_request_target_job(
+    make_client, issuer
+):
+    """A ``pull_request_target`` job runs on the base branch (``ref: refs/heads/main``) with
+    the repository's secrets: binding ``event_name`` and ``job_workflow_ref`` (README: CI
+    without keys) keeps it from the identity of a push to main."""
+    client = await make_client(federation(issuer.url, conditions={
+        "repository": "org/repo", "ref": "refs/heads/main", "environment": "prod",
+        "event_name": "push", "job_workflow_ref": DEPLOY_WORKFLOW}))
+    push = {"event_name": "push", "job_workflow_ref": DEPLOY_WORKFLOW}
+    assert (await exchange(client, issuer.github(AUD, **push))).status == 200
+    await refused(await exchange(client, issuer.github(
+        AUD, **{**push, "event_name": "pull_request_target"})))
+    await refused(await exchange(client, issuer.github(AUD, **{
+        **push, "job_workflow_ref": "org/repo/.github/workflows/pr.yaml@refs/heads/main"})))
+
+
 async def test_status_names_the_issuers_only(client):
     body = await (await client.get("/api/v1/authn/status")).json()
     assert body["federation"] == {"oidc_providers": [], "workload_issuers": ["github", "cluster"]}
