@@ -318,7 +318,8 @@ async def _federation(app: web.Application) -> AsyncIterator[None]:
     leeway = float(config.authn.clock_skew_s)
     app[FEDERATION] = Federation(
         fetcher,
-        OidcSignIn(config.federation, fetcher, leeway, float(config.authn.session_ttl_s)),
+        OidcSignIn(config.federation, fetcher, leeway, float(config.authn.session_ttl_s),
+                   policy_names=app[ENGINE].names_subject),
         WorkloadExchange(config.federation, fetcher, leeway),
     )
     try:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import os
+import re
+import string
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -662,6 +664,15 @@ class OidcProvider:
     display_name: str
     scopes: tuple[str, ...] = ("openid", "email", "profile")
     subject_claim: str = "email"
+    #: The subject_id template, filled from ID-token claims; by default the provider's name,
+    #: a colon and ``subject_claim`` (``corp:{email}``), so it never equals a local name. A
+    #: template without that prefix may not map onto a local identity or a subject named in
+    #: policy data (the sign-in is refused) unless ``links`` says so.
+    subject: str = ""
+    #: Explicit links to local subjects: the value of ``link_claim`` (``sub``, or a verified
+    #: ``email``) -> the local subject_id that person signs in as.
+    link_claim: str = "sub"
+    links: tuple[tuple[str, str], ...] = ()
     groups_claim: str | None = "groups"
     #: Who may sign in at all: the subject's e-mail domain (when the subject is an address)
     #: and IdP groups; empty means no restriction on that axis.
@@ -669,6 +680,25 @@ class OidcProvider:
     allowed_groups: tuple[str, ...] = ()
     algorithms: tuple[str, ...] = ("RS256", "ES256", "EdDSA")
     step_up: OidcStepUp = field(default_factory=OidcStepUp)
+
+    @property
+    def namespaced(self) -> bool:
+        """The subject template starts with ``<name>:``: every subject it makes is this
+        provider's own (a local subject_id has no colon)."""
+        return self.subject.startswith(self.name + ":")
+
+    @property
+    def uses_email(self) -> bool:
+        """An e-mail address decides the subject, a link or the domain allow-list."""
+        return (
+            "email" in template_fields(self.subject)
+            or (self.link_claim == "email" and bool(self.links))
+            or bool(self.allowed_domains)
+        )
+
+    def linked(self, value: str) -> str | None:
+        """The local subject ``links`` maps a ``link_claim`` value to, if any."""
+        return next((local for claim, local in self.links if claim == value), None)
 
 
 @dataclass(frozen=True)
@@ -718,12 +748,59 @@ class FederationConfig:
                             ("authn.workload.issuers", [i.name for i in issuers])):
             if len(set(names)) != len(names):
                 raise ConfigError(f"{kind}: names must be unique")
+        _check_namespaces(providers, issuers)
         base = str(oidc.get("redirect_base_url", "http://127.0.0.1:8700")).rstrip("/")
         if urlsplit(base).scheme not in ("http", "https") or not urlsplit(base).hostname:
             raise ConfigError("authn.oidc.redirect_base_url must be an http(s) URL")
         return cls(providers=providers, workload_issuers=issuers, redirect_base_url=base,
                    allow_http_loopback=bool(oidc.get("allow_http_loopback", False)),
                    login_ttl_s=int(oidc.get("login_ttl_s", 600)))
+
+
+#: A local subject_id (schemas/identities.schema.json): never a colon, so never a federated one.
+_LOCAL_SUBJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
+
+
+def template_fields(template: str) -> list[str]:
+    """The claim names a subject template reads (``{claim}``); ``ValueError`` when it is not a
+    plain template (a format spec, a conversion, an unbalanced brace, an empty name)."""
+    names: list[str] = []
+    for _, name, spec, conv in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if not name or spec or conv or not name.replace("_", "").replace(".", "").replace(
+            "-", ""
+        ).isalnum():
+            raise ValueError(f"{{{name}}} is not a plain claim name")
+        names.append(name)
+    return names
+
+
+def _literals(template: str) -> str:
+    return "".join(literal for literal, *_ in string.Formatter().parse(template))
+
+
+def _check_namespaces(
+    providers: tuple[OidcProvider, ...], issuers: tuple[WorkloadIssuer, ...]
+) -> None:
+    """Each provider mints subjects in its own namespace only: a template either starts with
+    ``<name>:`` or has no colon of its own (then it cannot write another provider's prefix);
+    a workload issuer's template never starts with a sign-in provider's ``<name>:``."""
+    bare = [p.name for p in providers if not p.namespaced]
+    if len(bare) > 1:
+        raise ConfigError(f"authn.oidc.providers: {bare} all have a subject template without "
+                          "their '<name>:' prefix, so one could sign in as the other's person; "
+                          "at most one provider may")
+    for p in providers:
+        where = f"authn.oidc.providers[{p.name}].subject"
+        if not p.namespaced and ":" in _literals(p.subject):
+            raise ConfigError(f"{where}: {p.subject!r} writes a colon outside this provider's "
+                              f"namespace; start it with '{p.name}:' or use no colon")
+    for i in issuers:
+        for p in providers:
+            if i.subject.startswith(p.name + ":"):
+                raise ConfigError(f"authn.workload.issuers[{i.name}].subject: {i.subject!r} "
+                                  f"is in the namespace of sign-in provider {p.name!r}")
 
 
 def _algorithms(raw: Any, where: str) -> tuple[str, ...]:
@@ -746,13 +823,26 @@ def _oidc_provider(raw: Mapping[str, Any], resolve: _Resolve) -> OidcProvider:
         raise ConfigError(f"{where}: private_key_jwt needs private_key_file")
     secret = raw.get("client_secret")
     key_file = raw.get("private_key_file")
+    subject_claim = raw.get("subject_claim", "email")
+    template = raw.get("subject") or f"{raw['name']}:{{{subject_claim}}}"
+    try:
+        template_fields(template)
+    except ValueError as exc:
+        raise ConfigError(f"{where}.subject: {exc}") from None
+    link_claim = raw.get("link_claim", "sub")
+    if link_claim not in ("sub", "email"):
+        raise ConfigError(f"{where}.link_claim: must be 'sub' or 'email' (a verified claim)")
+    links = tuple((str(k), str(v)) for k, v in sorted((raw.get("links") or {}).items()))
+    for claim, local in links:
+        if not _LOCAL_SUBJECT.fullmatch(local):
+            raise ConfigError(f"{where}.links[{claim!r}]: {local!r} is not a local subject_id")
     return OidcProvider(
         name=raw["name"], issuer=raw["issuer"], client_id=raw["client_id"],
         client_auth=client_auth, client_secret=Secret(secret) if secret else None,
         private_key_file=resolve(key_file) if key_file else None,
         display_name=raw.get("display_name") or raw["name"],
         scopes=tuple(raw.get("scopes") or ("openid", "email", "profile")),
-        subject_claim=raw.get("subject_claim", "email"),
+        subject_claim=subject_claim, subject=template, link_claim=link_claim, links=links,
         groups_claim=raw.get("groups_claim", "groups"),
         allowed_domains=tuple(d.lower() for d in raw.get("allowed_domains") or ()),
         allowed_groups=tuple(raw.get("allowed_groups") or ()),

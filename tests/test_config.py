@@ -113,3 +113,41 @@ def test_example_config_is_valid_and_complete():
     for section in ("server:", "store:", "policies:", "environments:", "authn:", "approvals:",
                     "audit:", "logging:", "inventory:", "state_dir:", "mode:"):
         assert section in text, section
+
+
+def _providers(tmp_path: Path, *providers: str, issuers: str = "") -> Path:
+    path = tmp_path / "c.yaml"
+    common = "issuer: https://idp.test, client_id: cp, client_secret: s"
+    text = "authn:\n  oidc:\n    providers:\n" + "".join(
+        f"      - {{name: {name}, {common}{extra}}}\n" for name, extra in
+        (p.split("|", 1) for p in providers))
+    if issuers:
+        text += "  workload:\n    issuers:\n" + issuers
+    path.write_text(text)
+    return path
+
+
+def test_federated_subjects_are_namespaced_by_default(tmp_path):
+    config = load(_providers(tmp_path, "corp|", "partner|, subject_claim: sub"), {},
+                  base_dir=tmp_path)
+    corp, partner = config.federation.providers
+    assert (corp.subject, corp.namespaced) == ("corp:{email}", True)
+    assert (partner.subject, partner.namespaced) == ("partner:{sub}", True)
+
+
+@pytest.mark.parametrize(("providers", "issuers", "fragment"), [
+    pytest.param(("corp|, subject: '{email}'", "partner|, subject: '{sub}'"), "",
+                 "at most one provider may", id="two-bare-templates"),
+    pytest.param(("partner|, subject: 'corp:{email}'",), "",
+                 "writes a colon outside this provider's namespace", id="another-namespace"),
+    pytest.param(("corp|, subject: '{email!r}'",), "", "not a plain claim name", id="conversion"),
+    pytest.param(("corp|, link_claim: name",), "", "/link_claim: must be one of", id="link-claim"),
+    pytest.param(("corp|, links: {abc: 'x:y'}",), "", "/links/abc", id="link-target"),
+    pytest.param(("corp|",), "      - {name: gh, issuer: https://gh.test, audience: a, "
+                 "subject: 'corp:{sub}', conditions: {sub: x}}\n",
+                 "in the namespace of sign-in provider 'corp'", id="workload-in-namespace"),
+])
+def test_federated_namespaces_cannot_overlap(tmp_path, providers, issuers, fragment):
+    with pytest.raises(ConfigError) as err:
+        load(_providers(tmp_path, *providers, issuers=issuers), {}, base_dir=tmp_path)
+    assert fragment in str(err.value)

@@ -256,15 +256,17 @@ class Authenticator:
             raise SessionInactive()
         if kind not in KINDS:  # tokens and sessions only carry these; anything else fails closed
             raise SessionInactive()
+        # Federated subjects need no entry in the identities file (just-in-time); anyone
+        # else without one is refused.
+        if identity is None and session.authn_method not in FEDERATED_METHODS:
+            raise SubjectDisabled()
         groups: tuple[str, ...] = ()
-        if identity is None:
-            # Federated subjects need no entry in the identities file (just-in-time); anyone
-            # else without one is refused.
-            if session.authn_method not in FEDERATED_METHODS:
-                raise SubjectDisabled()
-            if session.authn_method == METHOD_OIDC:
-                facts = await self.store.get_federated_session(session.id)
-                groups = facts.groups if facts is not None else ()
+        if session.authn_method == METHOD_OIDC:
+            # (also for a person an explicit link signed in as a local subject)
+            facts = await self.store.get_federated_session(session.id)
+            if facts is not None:
+                # A group belongs to the provider that asserted it: ``corp:sre``.
+                groups = tuple(f"{facts.provider}:{g}" for g in facts.groups)
         return Principal(
             subject_id=subject,
             kind=kind,
@@ -438,10 +440,12 @@ class Authenticator:
         return session
 
     async def open_federated_session(
-        self, subject_id: str, kind: str, method: str, now: float
+        self, subject_id: str, kind: str, method: str, now: float, not_after: float | None = None
     ) -> IssuedToken:
-        """A session for a subject a federation verified (OIDC sign-in, token exchange)."""
-        return await self._open_session(subject_id, kind, method, now)
+        """A session for a subject a federation verified (OIDC sign-in, token exchange); it
+        (and every token of it) ends by ``not_after`` when given (what the foreign credential
+        had left)."""
+        return await self._open_session(subject_id, kind, method, now, not_after)
 
     async def token_for_session(self, session_id: str, now: float, *, stepped_up: bool) -> IssuedToken:
         """A new access token for a still-active session (a federation handoff redeems one)."""
@@ -449,10 +453,12 @@ class Authenticator:
         return self._issue(session, now, stepped_up=stepped_up and session.step_up_at is not None)
 
     async def _open_session(
-        self, subject_id: str, kind: str, method: str, now: float
+        self, subject_id: str, kind: str, method: str, now: float, not_after: float | None = None
     ) -> IssuedToken:
         # Keyholders can sign a new assertion at any time: their session lives as long as one token.
-        ttl = self.settings.session_ttl_s if kind == "human" else self.settings.token_ttl_s
+        ttl: float = self.settings.session_ttl_s if kind == "human" else self.settings.token_ttl_s
+        if not_after is not None:
+            ttl = min(ttl, max(0.0, not_after - now))
         session = SessionRecord(
             id=secrets.token_urlsafe(24),
             subject_id=subject_id,

@@ -280,6 +280,12 @@ class PolicyEngine:
             return {"roles": [], "groups": [], "grants": []}
         return current.projection.facts(subject_id, action, idp_groups)
 
+    def names_subject(self, subject_id: str) -> bool:
+        """Does the serving revision's policy data name ``subject_id`` (in ``bindings`` or a
+        ``groups`` member list)? True with no revision loaded: nobody can tell, so fail closed."""
+        current = self._current
+        return current is None or subject_id in current.projection.subjects
+
     def decide(self, input_doc: Mapping[str, Any]) -> Decision:
         """One decision; never raises for a bad policy or input (fails closed to deny)."""
         started = time.perf_counter_ns()

@@ -9,6 +9,7 @@ the code-owned action catalogue, forms the (small) Rego data document.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,8 @@ __all__ = ["PROJECTED_KEYS", "Projection", "build_projection"]
 #: Top-level data keys resolved in Python and projected into input.principal, never in Rego data.
 PROJECTED_KEYS = ("roles", "bindings", "groups", "group_bindings")
 _GRANT_KEYS = {"actions", "envs", "kinds", "scope"}
+#: A ``group_bindings`` key: ``<provider name>:<group>`` (provider names as in the config).
+_PROVIDER_GROUP = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}:.+", re.DOTALL)
 _KINDS = {"human", "service", "agent"}
 _EMPTY: tuple[tuple[str, ...], tuple[str, ...], Mapping[str, tuple[dict[str, Any], ...]]] = (
     (),
@@ -38,7 +41,8 @@ class Projection:
     ]
     rego_data: Mapping[str, Any]
     role_count: int
-    #: IdP group -> (roles, grants by action): ``group_bindings``, for federated sign-ins.
+    #: ``<provider>:<IdP group>`` -> (roles, grants by action): ``group_bindings``, for
+    #: federated sign-ins (the session's groups carry the provider that asserted them).
     idp_groups: Mapping[str, tuple[tuple[str, ...], Mapping[str, tuple[dict[str, Any], ...]]]] = (
         field(default_factory=dict)
     )
@@ -126,6 +130,13 @@ def build_projection(
 
     idp_groups: dict[str, tuple[tuple[str, ...], Mapping[str, tuple[dict[str, Any], ...]]]] = {}
     for group, entry in group_bindings.items():
+        if not _PROVIDER_GROUP.fullmatch(str(group)):
+            # A group belongs to the provider that asserted it: a bare name would bind every
+            # provider's group of that name (a partner's "sre" would get the corporate one's).
+            raise SourceError(
+                f"group_bindings.{group}: a bare group name binds nothing; name the sign-in "
+                f"provider that asserts it, as '<provider>:{group}' (e.g. 'corp:{group}')"
+            )
         bound = _mapping(entry, f"group_bindings.{group}").get("roles", [])
         names = sorted(set(_strings(bound, f"group_bindings.{group}.roles")))
         for name in names:

@@ -46,7 +46,8 @@ MARKER_COOKIE = "cp_oidc_console"
 log = logging.getLogger("controlplane.console")
 #: Refusals the sign-in page names; any other is shown as ``sso_failed`` (the details are in the
 #: service's log, with the correlation id).
-SHOWN_ERRORS = frozenset({"identity_provider_unavailable", "idp_refused", "subject_not_allowed"})
+SHOWN_ERRORS = frozenset({"identity_provider_unavailable", "idp_refused", "subject_not_allowed",
+                          "subject_collision", "subject_invalid"})
 
 
 def _tag(browser_secret: str) -> str:

@@ -89,6 +89,9 @@ MESSAGES: Mapping[str, str] = {
     "identity_provider_unavailable": "The sign-in provider cannot be reached. Try again shortly.",
     "idp_refused": "The sign-in provider did not sign you in.",
     "subject_not_allowed": "This account may not sign in here.",
+    "subject_collision": "This account's name belongs to someone else here. An administrator "
+                         "must link the account before it can sign in.",
+    "subject_invalid": "The sign-in provider sent a name that cannot be used here.",
     "sso_failed": "The single sign-on did not complete. Start it again.",
     "denied": "The policy does not allow you to do this.",
     "state_conflict": "The ticket is no longer pending.",

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import os
 import shutil
 import sys
@@ -56,6 +57,22 @@ ACCOUNTS = {
     "alice": {"email": "alice@example.com", "email_verified": True, "groups": ["sre", "staff"]},
     "bob": {"email": "bob@example.com", "email_verified": True, "groups": ["staff"]},
     "mallory": {"email": "mallory@evil.test", "email_verified": True, "groups": ["sre"]},
+    # Partner accounts whose names are those of local people or of subjects in policy data.
+    "partner-bob": {"preferred_username": "bob", "email": "bob@partner.test",
+                    "email_verified": True, "groups": ["sre"]},
+    "partner-erin": {"preferred_username": "erin", "email": "erin@partner.test",
+                     "email_verified": True, "groups": []},
+    "partner-frank": {"preferred_username": "frank", "email": "frank@partner.test",
+                      "email_verified": True, "groups": []},
+    # E-mail addresses that must not decide who signs in.
+    "unverified": {"email": "carol@example.com", "groups": []},
+    "verified-string": {"email": "dan@example.com", "email_verified": "false", "groups": []},
+    "two-ats": {"email": "x@evil.example@example.com", "email_verified": True, "groups": []},
+    # Names that are not plain text.
+    "crlf": {"preferred_username": "eve\r\nadmin", "email_verified": True, "groups": []},
+    "nul": {"preferred_username": "eve\u0000", "email_verified": True, "groups": []},
+    "rlo": {"preferred_username": "eve\u202egpj.exe", "email_verified": True, "groups": []},
+    "surrogate": {"preferred_username": "eve\ud800", "email_verified": True, "groups": []},
 }
 
 
@@ -72,7 +89,8 @@ def issuer(ports, tmp_path_factory):
     keyed = {"client_id": "controlplane-keyed", "token_endpoint_auth_method": "private_key_jwt",
              "redirect_uris": [f"{base}/keyed/callback"],
              "jwks": {"keys": [CLIENT_KEY.as_dict(private=False)]}}
-    with openid_provider(op_port, [f"{base}/test/callback", f"{base}/strict/callback"], ACCOUNTS,
+    with openid_provider(op_port, [f"{base}/test/callback", f"{base}/strict/callback",
+                                   f"{base}/partner/callback"], ACCOUNTS,
                          tmp_path_factory.mktemp("op"), extra_clients=[keyed]) as url:
         yield url
 
@@ -125,14 +143,15 @@ async def test_browser_sign_in_opens_an_oidc_session(app_client, browser):
     status, _, body = await sign_in(app_client, browser)
     assert status == 201, body
     me = await whoami(browser, app_client, body["access_token"])
-    assert me["subject_id"] == "alice@example.com"
+    # Namespaced by the provider: never the local "alice", nor another provider's person.
+    assert me["subject_id"] == "test:alice@example.com"
     assert (me["kind"], me["authn_method"]) == ("human", "oidc")
     assert me["step_up"]["verified"] is False
     store = app_client.app[STORE].require()
     facts = await store.get_federated_session(body["session_id"])
     assert facts is not None and facts.groups == ("sre", "staff") and facts.provider == "test"
     seen = await store.list_federated_subjects()
-    assert [(s.subject_id, s.source) for s in seen] == [("alice@example.com", "oidc:test")]
+    assert [(s.subject_id, s.source) for s in seen] == [("test:alice@example.com", "oidc:test")]
     # The groups are on the server-side session only, never in our token.
     payload = body["access_token"].split(".")[1]
     claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
@@ -144,7 +163,7 @@ async def test_private_key_jwt_client_authentication(app_client, browser):
     status, _, body = await sign_in(app_client, browser, provider="keyed")
     assert status == 201, body
     me = await whoami(browser, app_client, body["access_token"])
-    assert (me["subject_id"], me["authn_method"]) == ("alice@example.com", "oidc")
+    assert (me["subject_id"], me["authn_method"]) == ("keyed:alice@example.com", "oidc")
 
 
 async def test_step_up_by_reauthentication_at_the_idp(app_client, browser):
@@ -337,11 +356,12 @@ async def test_id_token_attacks_are_refused(app_client, browser):
 
 @pytest.fixture
 async def group_client(aiohttp_client, make_config, ports, issuer, tmp_path):
-    """The app with policy data that binds the IdP group ``sre`` to the operator role."""
+    """The app with policy data that binds the group ``sre`` of provider ``test`` to the operator
+    role."""
     policies = tmp_path / "policies"
     shutil.copytree(REPO / "policies", policies)
     with (policies / "data" / "bindings.yaml").open("a") as data:
-        data.write("\ngroup_bindings:\n  sre: {roles: [operator]}\n")
+        data.write("\ngroup_bindings:\n  test:sre: {roles: [operator]}\n")
     app_port, _ = ports
     config = make_config({
         "policies": {"dir": str(policies)},
@@ -356,7 +376,7 @@ async def test_the_chain_story_for_an_sso_user(group_client, browser):
     _, _, signed_in = await sign_in(client, browser)
     alice = signed_in["access_token"]
     me = await whoami(browser, client, alice)
-    assert me["idp_groups"] == ["sre", "staff"]
+    assert me["idp_groups"] == ["test:sre", "test:staff"]
     action = {"task_id": "release-sso", "action": "installer.run.execute", "env": "prod",
               "resource": {"app": "web", "version": "1.2.3"}}
     # The operator role comes from the IdP group through policy data: the action needs approval
@@ -364,7 +384,7 @@ async def test_the_chain_story_for_an_sso_user(group_client, browser):
     response = await client.post("/api/v1/installer/actions", json=action, headers=bearer(alice))
     assert (response.status, (await response.json())["code"]) == (401, "step_up_required")
     assert "insufficient_user_authentication" in response.headers["WWW-Authenticate"]
-    # bob@example.com is only in "staff", which binds nothing: denied.
+    # test:bob@example.com is only in "test:staff", which binds nothing: denied.
     other = Browser()
     try:
         _, _, bob_sso = await sign_in(client, other, login="bob")
@@ -385,7 +405,7 @@ async def test_the_chain_story_for_an_sso_user(group_client, browser):
     assert (response.status, (await response.json())["code"]) == (403, "approval_required")
 
     response = await client.post("/api/v1/approvals", headers=bearer(alice), json={
-        "subject_id": "alice@example.com", "env": "prod", "action": "installer.run.execute",
+        "subject_id": "test:alice@example.com", "env": "prod", "action": "installer.run.execute",
         "resource": action["resource"], "reason": "release 1.2.3"})
     assert response.status == 201, await response.text()
     ticket = await response.json()
@@ -399,6 +419,166 @@ async def test_the_chain_story_for_an_sso_user(group_client, browser):
     assert response.status == 202, await response.text()
     response = await client.post("/api/v1/installer/actions", json=action, headers=with_ticket)
     assert (response.status, (await response.json())["code"]) == (409, "ticket_consumed")
+
+
+# ----------------------------------- federated subjects are scoped to the provider that asserted them
+
+
+def partner(issuer: str, **overrides: Any) -> dict[str, Any]:
+    """A partner's provider: anyone it vouches for may sign in; the name is preferred_username."""
+    return {"name": "partner", "issuer": issuer, "client_id": CLIENT_ID,
+            "client_secret": CLIENT_SECRET, "scopes": ["openid", "email", "profile", "groups"],
+            "subject_claim": "preferred_username", **overrides}
+
+
+@pytest.fixture
+def federated_app(aiohttp_client, make_config, ports, issuer, tmp_path):
+    """``make(partner_overrides, group_bindings)``: the app with the test and partner providers
+    and the repository's policies (plus ``group_bindings`` when given)."""
+    app_port, _ = ports
+
+    async def make(group_bindings: str = "", **overrides: Any):
+        policies = tmp_path / "policies"
+        shutil.copytree(REPO / "policies", policies)
+        if group_bindings:
+            with (policies / "data" / "bindings.yaml").open("a") as data:
+                data.write("\ngroup_bindings:\n" + group_bindings)
+        config = make_config({
+            "policies": {"dir": str(policies)},
+            "authn": {"oidc": {"allow_http_loopback": True,
+                               "redirect_base_url": f"http://127.0.0.1:{app_port}",
+                               "providers": [providers(issuer)[0], partner(issuer, **overrides)]}}})
+        return await aiohttp_client(EdgeTestServer(create_app(config), port=app_port))
+
+    return make
+
+
+async def refused_sign_in(client, login: str, provider: str = "partner") -> tuple[int, str]:
+    """A sign-in in a fresh browser: the status and the problem's code."""
+    other = Browser()
+    try:
+        status, _, body = await sign_in(client, other, login=login, provider=provider)
+    finally:
+        await other.close()
+    assert isinstance(body, dict), (status, body)
+    return status, body.get("code", "")
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.fields["reason"] for r in caplog.records  # type: ignore[attr-defined]
+            if getattr(r, "fields", {}).get("event") == "authn.federation_refused"]
+
+
+async def test_a_partner_account_named_bob_is_not_the_local_bob(federated_app, browser):
+    """The partner's ``bob`` signs in as ``partner:bob``: not the local approver bob, so its
+    review of alice's production ticket is denied; the partner's ``erin`` is not the admin
+    policy data binds to ``erin``, and cannot read the audit log."""
+    client = await federated_app()
+    status, _, signed_in = await sign_in(client, browser, login="partner-bob", provider="partner")
+    assert status == 201, signed_in
+    partner_bob = signed_in["access_token"]
+    assert (await whoami(browser, client, partner_bob))["subject_id"] == "partner:bob"
+    alice = await login(client, "alice")
+    response = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": {"app": "web", "version": "9.9.9"}, "reason": "release"})
+    assert response.status == 201, await response.text()
+    ticket = await response.json()
+    # The partner steps up at its own IdP (no assurance configured) and tries to approve.
+    async with browser.http.post(url(client, "/api/v1/authn/oidc/partner/step-up"),
+                                 headers=bearer(partner_bob)) as resp:
+        authorization_url = (await resp.json())["authorization_url"]
+    status, _, stepped = await browser.go(authorization_url, login="partner-bob")
+    assert status == 201, stepped
+    response = await client.post(f"/api/v1/approvals/{ticket['id']}/reviews",
+                                 headers=bearer(stepped["access_token"]),
+                                 json={"decision": "approve", "reason": "looks fine"})
+    assert (response.status, (await response.json())["code"]) == (403, "denied")
+    ticket_now = await (await client.get(f"/api/v1/approvals/{ticket['id']}",
+                                         headers=bearer(alice))).json()
+    assert ticket_now["state"] == "pending"
+
+    other = Browser()
+    try:
+        status, _, erin = await sign_in(client, other, login="partner-erin", provider="partner")
+    finally:
+        await other.close()
+    assert status == 201, erin
+    assert (await whoami(browser, client, erin["access_token"]))["subject_id"] == "partner:erin"
+    response = await client.get("/api/v1/audit/records", headers=bearer(erin["access_token"]))
+    assert (response.status, (await response.json())["code"]) == (403, "denied")
+
+
+async def test_a_name_outside_the_namespace_that_collides_is_refused(federated_app, caplog):
+    """A template without the provider's prefix: a name that is a local identity (bob) or a
+    subject of policy data (erin, no local account) is refused with one log event; a link on
+    the verified ``sub`` is the one way to become a local subject; other names pass as they
+    are."""
+    caplog.set_level(logging.INFO, "controlplane.authn")
+    client = await federated_app(subject="{preferred_username}",
+                                 links={"partner-frank": "carol"})
+    assert await refused_sign_in(client, "partner-bob") == (401, "subject_collision")
+    assert await refused_sign_in(client, "partner-erin") == (401, "subject_collision")
+    assert refusals(caplog) == ["subject_collision", "subject_collision"]
+    assert await client.app[STORE].require().list_federated_subjects() == []
+    # The linked partner account signs in as the local subject it was linked to.
+    browser = Browser()
+    try:
+        status, _, body = await sign_in(client, browser, login="partner-frank", provider="partner")
+        assert status == 201, body
+        assert (await whoami(browser, client, body["access_token"]))["subject_id"] == "carol"
+    finally:
+        await browser.close()
+
+
+@pytest.mark.parametrize("login, code", [
+    ("unverified", "subject_not_allowed"),       # email_verified absent
+    ("verified-string", "subject_not_allowed"),  # email_verified: "false" (a string)
+    ("two-ats", "subject_invalid"),              # x@evil.example@example.com
+])
+async def test_an_email_counts_only_verified_and_well_formed(app_client, login, code):
+    assert await refused_sign_in(app_client, login, provider="test") == (401, code)
+    await nothing_created(app_client)
+
+
+@pytest.mark.parametrize("login", ["crlf", "nul", "rlo", "surrogate"])
+async def test_a_subject_that_is_not_plain_text_is_refused(federated_app, login):
+    client = await federated_app()
+    assert await refused_sign_in(client, login) == (401, "subject_invalid")
+    await nothing_created(client)
+
+
+async def test_groups_bind_roles_only_for_the_provider_that_asserted_them(federated_app, browser):
+    """``group_bindings`` names ``test:sre``: the partner's ``sre`` is another group."""
+    client = await federated_app(group_bindings="  test:sre: {roles: [operator]}\n")
+    action = {"task_id": "groups", "action": "installer.run.execute", "env": "dev",
+              "resource": {"app": "web"}}
+    _, _, alice = await sign_in(client, browser)
+    assert (await whoami(browser, client, alice["access_token"]))["idp_groups"] == [
+        "test:sre", "test:staff"]
+    response = await client.post("/api/v1/installer/actions", json=action,
+                                 headers=bearer(alice["access_token"]))
+    assert response.status == 202, await response.text()
+    other = Browser()
+    try:
+        _, _, bob = await sign_in(client, other, login="partner-bob", provider="partner")
+        assert (await whoami(other, client, bob["access_token"]))["idp_groups"] == ["partner:sre"]
+    finally:
+        await other.close()
+    response = await client.post("/api/v1/installer/actions", json={**action, "task_id": "g2"},
+                                 headers=bearer(bob["access_token"]))
+    assert (response.status, (await response.json())["code"]) == (403, "denied")
+
+
+async def test_a_bare_group_binding_is_a_clear_error_at_start_up(federated_app, caplog):
+    """``group_bindings: {sre: ...}`` would bind every provider's ``sre``: the revision is
+    refused at start-up, the log says how to write it, and the service is not ready."""
+    caplog.set_level(logging.ERROR, "controlplane")
+    client = await federated_app(group_bindings="  sre: {roles: [operator]}\n")
+    rejected = [r.getMessage() for r in caplog.records if "policy revision rejected" in r.getMessage()]
+    assert len(rejected) == 1 and "a bare group name binds nothing" in rejected[0]
+    assert "'corp:sre'" in rejected[0]
+    assert (await client.get("/readyz")).status == 503
 
 
 # ------------------------------------------------------------------ cpctl login --sso (loopback)
@@ -434,9 +614,9 @@ async def test_cpctl_login_sso_completes_through_the_loopback_redirect(app_clien
     assert status == 200 and landed.startswith("http://127.0.0.1:") and "Signed in" in page
     out, err = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 0, err.decode()
-    assert "as alice@example.com through single sign-on (test)" in out.decode()
+    assert "as test:alice@example.com through single sign-on (test)" in out.decode()
     stored = json.loads((tmp_path / "credentials.json").read_text())["servers"][server]
-    assert stored["subject_id"] == "alice@example.com"
+    assert stored["subject_id"] == "test:alice@example.com"
     me = await whoami(browser, app_client, stored["access_token"])
     assert me["authn_method"] == "oidc"
     # The handoff code cannot be redeemed a second time, nor without the CLI's verifier.
@@ -472,7 +652,7 @@ async def test_device_authorization_grant(app_client, browser):
     response = await app_client.post("/api/v1/authn/oidc/test/device/token", json=poll)
     assert response.status == 201, await response.text()
     me = await whoami(browser, app_client, (await response.json())["access_token"])
-    assert (me["subject_id"], me["authn_method"]) == ("alice@example.com", "oidc")
+    assert (me["subject_id"], me["authn_method"]) == ("test:alice@example.com", "oidc")
     # The handle is spent.
     response = await app_client.post("/api/v1/authn/oidc/test/device/token", json=poll)
     assert (response.status, (await response.json())["code"]) == (400, "expired_token")

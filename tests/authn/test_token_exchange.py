@@ -7,6 +7,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import os
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from joserfc import jwt
 
+from service.appkeys import CONFIG, STORE
 from service.authn import stepup
 from service.authn.principal import Principal
 from tests.conftest import REPO
@@ -85,6 +87,92 @@ async def test_github_token_becomes_a_service_principal_once(client, issuer):
         "ci:github:org/repo", "service", "token_exchange")
     # The same foreign token again: refused (jti replay cache in the store).
     await refused(await exchange(client, token))
+
+
+P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def malleated(token: str) -> str:
+    """The same ES256 token with its signature's ``s`` replaced by ``n - s``: still valid."""
+    signing_input, _, signature = token.rpartition(".")
+    raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+    r, s = raw[:32], int.from_bytes(raw[32:], "big")
+    return signing_input + "." + b64url(r + (P256_ORDER - s).to_bytes(32, "big"))
+
+
+def refusal_reasons(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [getattr(r, "fields", {}).get("reason", "") for r in caplog.records
+            if getattr(r, "fields", {}).get("event") == "authn.federation_refused"]
+
+
+async def test_a_malleated_signature_does_not_make_a_token_new(client, issuer, caplog):
+    """Without ``jti`` the one-use key is the signed content, not the signature's encoding:
+    an ES256 signature with ``s`` flipped to ``n - s`` (valid too) is the same token again."""
+    caplog.set_level(logging.INFO, "controlplane.authn")
+    now = int(time.time())
+    token = issuer.mint({"iss": issuer.url + "/k8s", "aud": [AUD], "iat": now, "nbf": now,
+                         "exp": now + 600, "sub": "system:serviceaccount:deploy:runner"},
+                        alg="ES256")
+    twin = malleated(token)
+    assert twin != token and jwt.decode(twin, issuer.ec).claims == jwt.decode(token, issuer.ec).claims
+    assert (await exchange(client, token)).status == 200
+    first_replay = await refused(await exchange(client, token))
+    second = await refused(await exchange(client, twin))
+    del first_replay["correlation_id"], second["correlation_id"]
+    assert second == first_replay
+    assert refusal_reasons(caplog) == ["token_replayed", "token_replayed"]
+
+
+async def test_an_exchanged_token_never_outlives_the_subject_token(client, issuer):
+    """Lifetime = min(configured token ttl, what the subject token has left)."""
+    now = int(time.time())
+    token = issuer.github(AUD, iat=now, nbf=now, exp=now + 45)
+    response = await exchange(client, token)
+    body = await response.json()
+    assert response.status == 200, body
+    assert body["expires_in"] <= 45
+    payload = body["access_token"].split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert claims["exp"] <= now + 45
+    session = await client.app[STORE].require().get_session(body["session_id"])
+    assert session is not None and session.expires_at <= now + 45
+    # A subject token with longer to live gets the configured ttl, no more.
+    long_lived = await (await exchange(client, issuer.github(AUD, exp=now + 3000))).json()
+    assert 45 < long_lived["expires_in"] <= client.app[CONFIG].authn.token_ttl_s
+
+
+async def test_a_workload_subject_never_becomes_a_local_identity(make_client, issuer, caplog):
+    """A template that fills to a local identity's name (here ``{workflow}`` = ``alice``)."""
+    caplog.set_level(logging.INFO, "controlplane.authn")
+    client = await make_client(federation(issuer.url, subject="{workflow}"))
+    await refused(await exchange(client, issuer.github(AUD, workflow="alice")))
+    assert refusal_reasons(caplog) == ["subject_collision"]
+    response = await exchange(client, issuer.github(AUD, workflow="deploy"))
+    assert response.status == 200, await response.text()
+
+
+DEPLOY_WORKFLOW = "org/repo/.github/workflows/deploy.yaml@refs/heads/main"
+
+
+async def test_the_documented_github_conditions_refuse_a_pull_request_target_job(
+    make_client, issuer
+):
+    """A ``pull_request_target`` job runs on the base branch (``ref: refs/heads/main``) with
+    the repository's secrets: binding ``event_name`` and ``job_workflow_ref`` (README: CI
+    without keys) keeps it from the identity of a push to main."""
+    client = await make_client(federation(issuer.url, conditions={
+        "repository": "org/repo", "ref": "refs/heads/main", "environment": "prod",
+        "event_name": "push", "job_workflow_ref": DEPLOY_WORKFLOW}))
+    push = {"event_name": "push", "job_workflow_ref": DEPLOY_WORKFLOW}
+    assert (await exchange(client, issuer.github(AUD, **push))).status == 200
+    await refused(await exchange(client, issuer.github(
+        AUD, **{**push, "event_name": "pull_request_target"})))
+    await refused(await exchange(client, issuer.github(AUD, **{
+        **push, "job_workflow_ref": "org/repo/.github/workflows/pr.yaml@refs/heads/main"})))
 
 
 async def test_status_names_the_issuers_only(client):

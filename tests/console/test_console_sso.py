@@ -34,11 +34,12 @@ def issuer(ports, tmp_path_factory):
 
 @pytest.fixture
 async def app_client(aiohttp_client, make_config, ports, issuer, tmp_path):
-    # The IdP group ``sre`` gives the operator role (policy data, never the token).
+    # The group ``sre`` of provider ``test`` gives the operator role (policy data, never the
+    # token).
     policies = tmp_path / "policies"
     shutil.copytree(REPO / "policies", policies)
     with (policies / "data" / "bindings.yaml").open("a") as data:
-        data.write("\ngroup_bindings:\n  sre: {roles: [operator]}\n")
+        data.write("\ngroup_bindings:\n  test:sre: {roles: [operator]}\n")
     app_port, _ = ports
     config = make_config({"policies": {"dir": str(policies)}, "authn": {"oidc": {
         "allow_http_loopback": True, "redirect_base_url": f"http://127.0.0.1:{app_port}",
@@ -77,7 +78,7 @@ async def test_console_sign_in_through_the_provider_ends_in_a_console_session(ap
         set_cookies = resp.headers.getall("Set-Cookie")
     # No token page: a console page that moves on to where the sign-in started.
     assert "access_token" not in page and "eyJ" not in page
-    assert "alice@example.com" in page and headers["Refresh"] == "0; url=/console/requests"
+    assert "test:alice@example.com" in page and headers["Refresh"] == "0; url=/console/requests"
     assert "script-src 'self'" in headers["Content-Security-Policy"]
     jar = SimpleCookie()
     for header in set_cookies:
@@ -88,7 +89,7 @@ async def test_console_sign_in_through_the_provider_ends_in_a_console_session(ap
     # Bound to the store session the sign-in opened (an OIDC one, with the IdP's groups).
     payload = cookie.value.split(".")[1]
     claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    assert claims["sub"] == "alice@example.com" and "groups" not in claims
+    assert claims["sub"] == "test:alice@example.com" and "groups" not in claims
     store = app_client.app[STORE].require()
     facts = await store.get_federated_session(claims["sid"])
     assert facts is not None and facts.provider == "test" and facts.groups == ("sre",)
@@ -96,7 +97,7 @@ async def test_console_sign_in_through_the_provider_ends_in_a_console_session(ap
     # The browser follows the page on to the console, signed in.
     async with browser.http.get(urljoin(at, "/console/requests"), allow_redirects=False) as resp:
         assert resp.status == 200, await resp.text()
-        assert "alice@example.com" in await resp.text()
+        assert "test:alice@example.com" in await resp.text()
     # Ending the store session (a logout anywhere) ends the console session at once.
     assert await store.revoke_session(claims["sid"], clock.now())
     async with browser.http.get(url(app_client, "/console/"), allow_redirects=False) as resp:

@@ -4,8 +4,10 @@
     verify.py    foreign JWTs verified with joserfc (algorithm allow-list per issuer), claims
     workload.py  token exchange: issuer conditions, subject templates, one use per token (jti)
     oidc.py      authorization code + PKCE sign-in, IdP step-up, the CLI loopback handoff
+    subjects.py  plain-text claims, e-mail addresses, subject templates
 
-The identity library only authenticates; roles stay in policy data (``group_bindings``).
+The identity library only authenticates; roles stay in policy data (``bindings`` of the
+namespaced subjects, ``group_bindings`` of ``<provider>:<group>``).
 """
 
 from __future__ import annotations

@@ -6,9 +6,17 @@ by a random cookie whose hash the row holds. ``callback`` takes the row once (a 
 the state or of the code finds nothing), checks the cookie, redeems the code at the token
 endpoint with the verifier, and verifies the ID token strictly (``verify.verify_foreign``:
 issuer, audience, algorithm allow-list, signature against the provider's JWKS, expiry) plus the
-nonce and ``azp``. The subject is the configured claim (``email`` must be verified), and the
-allow-lists (domains, groups) decide who may sign in at all. Then **our** session opens
-(``authn_method: oidc``) and the IdP groups are recorded on it server-side, never in a token.
+nonce and ``azp``. The allow-lists (domains, groups) decide who may sign in at all. The subject
+is the provider's template filled from the claims, by default ``<provider>:{<subject_claim>}``
+(``corp:alice@example.com``): a local subject_id has no colon, so a federated person never
+becomes a local one or another provider's. A template without that prefix is refused when it
+fills to a local identity, a subject named in the serving policy data, or anything with a colon;
+only an explicit per-provider link (``links``: the verified ``sub``, or a verified ``email`` ->
+a local subject) signs a person in as a local subject. An e-mail counts (for the subject, a link
+or the domain) only with ``email_verified: true`` and as one plain addr-spec; every claim that
+becomes part of the subject, and every group, must be plain text (``subjects.py``). Then **our**
+session opens (``authn_method: oidc``) and the IdP groups are recorded on it server-side, never
+in a token; the principal carries them as ``<provider>:<group>``.
 
 Step-up asks the IdP for a fresh login (``prompt=login``, ``max_age=0``, ``acr_values``); it is
 accepted when the same IdP subject comes back with an ``auth_time`` newer than the request and
@@ -31,7 +39,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,9 +54,11 @@ from joserfc.jwk import import_key
 from ...config import FederationConfig, OidcProvider
 from ...store.base import Conflict, FederatedSession, HandoffRecord, NotFound, OidcLoginRecord
 from ..errors import InvalidToken
+from ..identities import IdentityDirectory
 from ..sessions import Authenticator, IssuedToken
 from ..stepup import METHOD_OIDC
 from .remote import Fetcher, FetchError, RemoteKeys, is_loopback
+from .subjects import fill, is_plain, parse_email
 from .verify import verify_foreign
 
 __all__ = ["BROWSER_COOKIE", "CallbackResult", "OidcSignIn", "ProviderUnavailable", "SignInRefused"]
@@ -107,9 +117,17 @@ def check_cli_redirect(url: str) -> None:
 
 class OidcSignIn:
     def __init__(
-        self, config: FederationConfig, fetcher: Fetcher, leeway_s: float, session_ttl_s: float
+        self,
+        config: FederationConfig,
+        fetcher: Fetcher,
+        leeway_s: float,
+        session_ttl_s: float,
+        policy_names: Callable[[str], bool] | None = None,
     ) -> None:
         self.config = config
+        #: Is this subject named in the serving policy data (bindings, groups)? Without an
+        #: answer every name counts as bound (fail closed).
+        self.policy_names: Callable[[str], bool] = policy_names or (lambda _name: True)
         self.fetcher = fetcher
         self.leeway_s = leeway_s
         self.session_ttl_s = session_ttl_s
@@ -366,7 +384,7 @@ class OidcSignIn:
     ) -> tuple[str, IssuedToken]:
         """Admit the person and open (or step up) our session; the subject and token."""
         store = authenticator.store
-        subject, groups = self._admit(provider, claims)
+        subject, groups = self._admit(provider, claims, authenticator.identities)
         if record.purpose == "step_up":
             issued = await self._step_up(authenticator, provider, record, claims, groups, now)
         else:
@@ -436,22 +454,50 @@ class OidcSignIn:
             "client_assertion": assertion,
         }, None
 
-    def _admit(self, provider: OidcProvider, claims: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
-        subject = claims.get(provider.subject_claim)
-        if not isinstance(subject, str) or not subject or len(subject) > 200:
-            raise SignInRefused("subject_not_allowed", "the ID token has no usable subject claim")
-        if provider.subject_claim == "email" and claims.get("email_verified") is False:
-            raise SignInRefused("subject_not_allowed", "the e-mail address is not verified")
+    def _admit(
+        self, provider: OidcProvider, claims: Mapping[str, Any], identities: IdentityDirectory
+    ) -> tuple[str, tuple[str, ...]]:
+        """Who the person becomes (``subject_id``) and their IdP groups; ``SignInRefused``
+        when the claims do not name them safely (see the module docstring)."""
+        if not is_plain(claims.get("sub"), 1024):
+            # The IdP's subject is kept on the session (step-up must return the same person).
+            raise SignInRefused("subject_invalid", "the ID token has no usable subject claim")
+        email: tuple[str, str] | None = None
+        if provider.uses_email:
+            # An e-mail decides the subject, a link or the domain: only a verified one does.
+            if claims.get("email_verified") is not True:
+                raise SignInRefused("subject_not_allowed", "the e-mail address is not verified",
+                                    "email_unverified")
+            email = parse_email(claims.get("email"))
+            if email is None:
+                raise SignInRefused("subject_invalid", "the e-mail address is not an address",
+                                    "email_invalid")
         groups = _groups(claims.get(provider.groups_claim) if provider.groups_claim else None)
-        email = claims.get("email") if isinstance(claims.get("email"), str) else subject
-        if provider.allowed_domains:
-            domain = str(email).rpartition("@")[2].lower() if "@" in str(email) else ""
-            if domain not in provider.allowed_domains:
-                raise SignInRefused("subject_not_allowed", "this account may not sign in here",
-                                    "domain_not_allowed")
+        if provider.allowed_domains and (email is None or email[1] not in provider.allowed_domains):
+            raise SignInRefused("subject_not_allowed", "this account may not sign in here",
+                                "domain_not_allowed")
         if provider.allowed_groups and not set(groups) & set(provider.allowed_groups):
             raise SignInRefused("subject_not_allowed", "this account may not sign in here",
                                 "group_not_allowed")
+        link_value = claims.get(provider.link_claim)
+        local = provider.linked(link_value) if isinstance(link_value, str) else None
+        if local is not None:
+            identity = identities.get(local)
+            if identity is not None and (identity.disabled or identity.kind != "human"):
+                raise SignInRefused("subject_not_allowed", "this account may not sign in here",
+                                    "link_target_disabled")
+            return local, groups
+        subject = fill(provider.subject, claims)
+        if subject is None:
+            raise SignInRefused("subject_invalid", "the ID token has no usable subject claim")
+        if not provider.namespaced and (
+            ":" in subject or identities.get(subject) is not None or self.policy_names(subject)
+        ):
+            # Outside the provider's namespace the name could be someone else's: a local
+            # identity, a subject policy data binds, or another namespace. Only a link says so.
+            raise SignInRefused("subject_collision", "this account's name belongs to another "
+                                "subject; an administrator must link the account explicitly",
+                                "subject_collision")
         return subject, groups
 
     async def _step_up(
@@ -537,6 +583,6 @@ def _groups(value: Any) -> tuple[str, ...]:
         return ()
     if not isinstance(value, list) or len(value) > _MAX_GROUPS:
         raise SignInRefused("token_claims_invalid", "the groups claim is not a list of names")
-    if not all(isinstance(g, str) and 0 < len(g) <= 256 for g in value):
+    if not all(is_plain(g, 256) for g in value):
         raise SignInRefused("token_claims_invalid", "the groups claim is not a list of names")
     return tuple(sorted(set(value)))

@@ -6,24 +6,25 @@ its algorithms, the audience it must have minted the token for, a maximum age, a
 on claims (``repository``, ``ref``, ``environment``, ``sub``, ...) that every token must meet.
 The subject it becomes is the issuer's template filled from the claims
 (``ci:github:{repository}``). Each foreign token is accepted once: its ``jti`` (or, without
-one, its hash) is claimed in the store's one-time claims, which every worker and replica
-shares, until the token could no longer pass the freshness check.
+one, the hash of its signing input, never of its signature) is claimed in the store's one-time
+claims, which every worker and replica shares, until the token could no longer pass the
+freshness check.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ...config import FederationConfig, WorkloadIssuer
-from ..errors import ClaimsInvalid, InvalidToken, IssuerMismatch, TokenReplayed
+from ..errors import ClaimsInvalid, InvalidToken, IssuerMismatch, TokenExpired, TokenReplayed
 from ..sessions import Authenticator, IssuedToken
 from ..stepup import METHOD_TOKEN_EXCHANGE
 from .remote import Fetcher, FetchError, RemoteKeys
+from .subjects import fill
 from .verify import peek, verify_foreign
 
 __all__ = [
@@ -38,7 +39,6 @@ GRANT_TYPE = "urn:ietf:params:oauth:grant-type:token-exchange"
 JWT_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:jwt"  # noqa: S105
 ID_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:id_token"  # noqa: S105
 ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"  # noqa: S105
-_MAX_SUBJECT = 200  # the policy input's subject_id bound
 
 log = logging.getLogger("controlplane.authn")
 
@@ -62,22 +62,23 @@ class _Issuer:
 
 
 def subject_for(template: str, claims: Mapping[str, Any]) -> str:
-    """Fill ``template`` from string claims; a missing or non-string claim refuses the token."""
-    out: list[str] = []
-    for literal, name, spec, conv in string.Formatter().parse(template):
-        out.append(literal)
-        if name is None:
-            continue
-        if spec or conv:
-            raise ClaimsInvalid()
-        value = claims.get(name)
-        if not isinstance(value, str) or not value:
-            raise ClaimsInvalid()
-        out.append(value)
-    subject = "".join(out)
-    if len(subject) > _MAX_SUBJECT or any(ord(c) < 0x20 for c in subject):
+    """Fill ``template`` from plain string claims; anything else refuses the token."""
+    subject = fill(template, claims)
+    if subject is None:
         raise ClaimsInvalid()
     return subject
+
+
+def one_use_key(token: str, claims: Mapping[str, Any]) -> str:
+    """What makes a verified token "the same token": its ``jti``, or without one the hash of
+    its signing input (header and claims as signed). Never the signature: an ECDSA signature
+    has a twin (``s`` -> ``n - s``) that verifies as well, so a key over the whole compact
+    string would let the twin pass as a new token."""
+    jti = claims.get("jti")
+    if isinstance(jti, str):
+        return jti
+    signing_input = token.rpartition(".")[0]
+    return "sha256:" + hashlib.sha256(signing_input.encode("ascii")).hexdigest()
 
 
 def unmet_conditions(issuer: WorkloadIssuer, claims: Mapping[str, Any]) -> list[str]:
@@ -140,8 +141,14 @@ class WorkloadExchange:
     ) -> tuple[IssuedToken, str, str]:
         """Our access token for a fresh, unused workload token: ``(issued, subject, kind)``."""
         issuer, claims, subject = await self.verify(token, now)
-        jti = claims.get("jti")
-        once_key = jti if isinstance(jti, str) else "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+        # Never longer than the subject token had to live (nor than the configured ttl): a
+        # token inside the clock-skew leeway past its expiry has nothing left to give.
+        if float(claims["exp"]) <= now:
+            raise ExchangeRefused(TokenExpired.code)
+        if authenticator.identities.get(subject) is not None:
+            # A template that fills to a local identity's name must not become that identity.
+            raise ExchangeRefused("subject_collision")
+        once_key = one_use_key(token, claims)
         # Remembered until the token could no longer pass: its expiry, and its maximum age.
         until = min(float(claims["exp"]), float(claims["iat"]) + issuer.max_token_age_s)
         fresh = await authenticator.store.claim_once(
@@ -150,7 +157,7 @@ class WorkloadExchange:
         if not fresh:
             raise ExchangeRefused(TokenReplayed.code)
         issued = await authenticator.open_federated_session(
-            subject, issuer.kind, METHOD_TOKEN_EXCHANGE, now
+            subject, issuer.kind, METHOD_TOKEN_EXCHANGE, now, not_after=float(claims["exp"])
         )
         await authenticator.store.record_federated_subject(
             subject, issuer.kind, f"workload:{issuer.name}", now
