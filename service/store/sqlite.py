@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..deadline import call_deadline
 from .base import StoreError, StoreUnavailable
 from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
 
@@ -441,8 +442,9 @@ class SqliteStore(SqlStore):
         try:
             try:
                 # Bounded: the batch's BEGIN waits for other processes' writers and for the
-                # batch ahead of it; past the deadline this member leaves without having run.
-                async with asyncio.timeout(self.timeout_s):
+                # batch ahead of it; past the deadline (this call's, or what is left of its
+                # request's: ``service.deadline``) this member leaves without having run.
+                async with asyncio.timeout_at(call_deadline(self.timeout_s)):
                     await asyncio.shield(batch.opened)
                     await batch.slot.acquire()
             except TimeoutError:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
+from ...deadline import charged
 from ..base import Tx
 from .audit import AuditSql
 from .core import (
@@ -116,23 +117,27 @@ class SqlStore(_Operations):
             return
         if self.on_transaction is not None:
             self.on_transaction(True)
-        async with self._transaction(write=True, single=True) as conn:
-            q = Query(conn, self.dialect)
-            try:
-                yield q
-            finally:
-                q.close()
+        with charged():
+            async with self._transaction(write=True, single=True) as conn:
+                q = Query(conn, self.dialect)
+                try:
+                    yield q
+                finally:
+                    q.close()
 
     @asynccontextmanager
     async def _unit(self, *, write: bool, single: bool = False) -> AsyncIterator[Query]:
         if self.on_transaction is not None:
             self.on_transaction(write)
-        async with self._transaction(write=write, single=single and not write) as conn:
-            q = Query(conn, self.dialect)
-            try:
-                yield q
-            finally:
-                q.close()
+        # The call's deadline (``_transaction``) and the time it took both count against the
+        # request's store deadline (``service.deadline``).
+        with charged():
+            async with self._transaction(write=write, single=single and not write) as conn:
+                q = Query(conn, self.dialect)
+                try:
+                    yield q
+                finally:
+                    q.close()
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
