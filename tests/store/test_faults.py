@@ -164,6 +164,27 @@ async def test_runs_in_flight_when_a_stall_begins_are_answered_within_one_deadli
             await assert_store_unavailable(response)
 
 
+async def test_readyz_answers_within_its_probe_bound_during_a_stall(make_client, schema, proxy):
+    """/readyz probes the store within ``store.probe_timeout_s`` (1 s by default), however
+    long each store call may wait (``store.timeout_s``, 5 s here)."""
+    fault, dsn = proxy
+    client = await make_client({"store": {"backend": "postgres", "timeout_s": 5,
+                                          "postgres": {"dsn": dsn, "schema": schema[1]}}})
+    assert (await client.get("/readyz")).status == 200
+    fault.stall()
+    try:
+        probes = [await timed(client.get("/readyz")) for _ in range(3)]
+    finally:
+        fault.flow()
+    elapsed = [round(s, 2) for _, s in probes]
+    print("/readyz answer times during the stall (s):", elapsed)
+    for response, _ in probes:
+        body = await assert_problem(response, 503, "not_ready")
+        assert body["components"] == {"store": "degraded"}
+        assert "127.0.0.1" not in await response.text()
+    assert max(elapsed) <= 1 + 1, elapsed
+
+
 async def test_reset_right_after_commit_answers_the_executed_run_once(app_client, proxy, schema):
     fault, _ = proxy
     alice = await login(app_client, "alice")

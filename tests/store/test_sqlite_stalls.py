@@ -13,7 +13,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from service.appkeys import CONFIG
+from service.appkeys import CONFIG, STORE
+from service.store.sqlite import SqliteStore
 from tests.auth import PASSWORDS, bearer, login
 from tests.problems import assert_problem
 
@@ -104,3 +105,64 @@ async def test_a_begin_past_its_deadline_leaves_no_transaction_open(make_client)
         assert task.status == 202, await task.text()
     # ... and another process can take the write lock and write the file.
     assert await other_process_writes(path) == (0, "written")
+
+
+async def test_readyz_is_not_ready_while_writes_wait_on_another_process(make_client):
+    """Reads go on while another process holds the write lock, so a ping alone says ready; the
+    writes that failed say otherwise, until one is served again."""
+    client = await make_client({"store": {"timeout_s": DEADLINE_S}})
+    path = client.server.app[CONFIG].store.sqlite_path
+    assert (await client.get("/readyz")).status == 200
+
+    async with write_lock_held(path, hold_s=3 * DEADLINE_S) as holder:
+        await assert_problem(await log_in(client, "bob"), 503, "store_unavailable")
+        body = await assert_problem(await client.get("/readyz"), 503, "not_ready")
+        assert body["components"] == {"store": "degraded"}
+        assert body["store_failures"]["writes"]["failed"] >= 1
+        assert "reads" not in body["store_failures"]
+        info = await (await client.get("/api/v1/system/info")).json()
+        assert info["components"]["store"]["status"] == "degraded"
+        assert str(path) not in await (await client.get("/readyz")).text()
+        await asyncio.wait_for(holder.wait(), 30)
+
+    response = await log_in(client, "bob")  # a write served again
+    assert response.status == 201, await response.text()
+    assert (await client.get("/readyz")).status == 200
+
+
+async def test_readyz_is_not_ready_on_a_full_database(make_client):
+    """SQLITE_FULL, the database's own "disk full", while reads still work. The file is made
+    full the way SQLite lets a connection cap it: ``PRAGMA max_page_count`` on the app's own
+    writer connection, at the pages the file has now."""
+    client = await make_client({"store": {"timeout_s": DEADLINE_S}})
+    alice = await login(client, "alice")
+    store = client.server.app[STORE].require()
+    assert isinstance(store, SqliteStore)
+
+    def cap(db: Any) -> int:
+        pages = int(db.execute("PRAGMA page_count").fetchone()[0])
+        return int(db.execute(f"PRAGMA max_page_count = {pages}").fetchone()[0])
+
+    await store._writer._call(cap)
+    refused = None
+    for n in range(500):  # until the free room in the last pages is used up
+        response = await client.post("/api/v1/installer/actions", json=installer_body(f"t-{n}"),
+                                     headers=bearer(alice))
+        if response.status != 202:
+            refused = response
+            break
+    assert refused is not None, "the capped database never filled up"
+    await assert_problem(refused, 503, "store_unavailable")
+    await store.ping()  # reads still work: a ping alone would say ready
+
+    body = await assert_problem(await client.get("/readyz"), 503, "not_ready")
+    assert body["components"] == {"store": "degraded"}
+    assert body["store_failures"]["writes"]["failed"] >= 1
+    text = await (await client.get("/readyz")).text()
+    assert "SQLITE_FULL" not in text and str(client.server.app[CONFIG].store.sqlite_path) not in text
+
+    await store._writer._call(lambda db: db.execute("PRAGMA max_page_count = 1073741823").close())
+    response = await client.post("/api/v1/installer/actions", json=installer_body("t-room"),
+                                 headers=bearer(alice))
+    assert response.status == 202, await response.text()
+    assert (await client.get("/readyz")).status == 200

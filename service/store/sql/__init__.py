@@ -22,11 +22,11 @@ connection, or a fresh transaction per operation. One body per operation, no for
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 
 from ...deadline import charged
-from ..base import Tx
+from ..base import StoreUnavailable, Tx
 from .audit import AuditSql
 from .core import (
     Conn,
@@ -96,6 +96,8 @@ class SqlStore(_Operations):
     on_transaction: Callable[[bool], None] | None = None
     #: See ``base.Store.on_round_trips`` (PostgreSQL's transactions call it).
     on_round_trips: Callable[[int], None] | None = None
+    #: See ``base.Store.on_outcome``.
+    on_outcome: Callable[[bool, bool], None] | None = None
     #: See ``base.Store.stages_audit``; SQLite's writers already share one lock per file.
     stages_audit: bool = False
 
@@ -117,7 +119,7 @@ class SqlStore(_Operations):
             return
         if self.on_transaction is not None:
             self.on_transaction(True)
-        with charged():
+        with charged(), self._observed(True):
             async with self._transaction(write=True, single=True) as conn:
                 q = Query(conn, self.dialect)
                 try:
@@ -131,13 +133,27 @@ class SqlStore(_Operations):
             self.on_transaction(write)
         # The call's deadline (``_transaction``) and the time it took both count against the
         # request's store deadline (``service.deadline``).
-        with charged():
+        with charged(), self._observed(write):
             async with self._transaction(write=write, single=single and not write) as conn:
                 q = Query(conn, self.dialect)
                 try:
                     yield q
                 finally:
                     q.close()
+
+    @contextmanager
+    def _observed(self, write: bool) -> Iterator[None]:
+        """Tell ``on_outcome`` whether the store served the block (other errors say nothing
+        about the store: a conflict, a caller's refusal)."""
+        if self.on_outcome is None:
+            yield
+            return
+        try:
+            yield
+        except StoreUnavailable:
+            self.on_outcome(write, False)
+            raise
+        self.on_outcome(write, True)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
