@@ -67,20 +67,25 @@ def call_deadline(timeout_s: float) -> float:
         timeout_s if left is None else max(0.0, min(timeout_s, left.left_s)))
 
 
-@contextmanager
-def charged() -> Iterator[None]:
+def charged() -> _Charged:
     """Charge the time this block takes (a store call, a wait for a group commit) to the
     request's budget, however the block ends."""
-    left = _BUDGET.get()
-    if left is None:
-        yield
-        return
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    try:
-        yield
-    finally:
-        left.left_s -= loop.time() - started
+    return _Charged()
+
+
+class _Charged:
+    """``charged()``: a class, not a generator, as it wraps every store call."""
+
+    __slots__ = ("_budget", "_started")
+
+    def __enter__(self) -> None:
+        self._budget = _BUDGET.get()
+        if self._budget is not None:
+            self._started = asyncio.get_running_loop().time()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._budget is not None:
+            self._budget.left_s -= asyncio.get_running_loop().time() - self._started
 
 
 def detached() -> contextvars.Context:

@@ -22,8 +22,8 @@ connection, or a fresh transaction per operation. One body per operation, no for
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from ...deadline import charged
 from ..base import StoreUnavailable, Tx
@@ -86,6 +86,22 @@ class SqlTx(_Operations):
         return self._q
 
 
+class _Observed:
+    """``SqlStore._observed``: a class, not a generator (it wraps every store call)."""
+
+    __slots__ = ("_hook", "_write")
+
+    def __init__(self, hook: Callable[[bool, bool], None] | None, write: bool) -> None:
+        self._hook, self._write = hook, write
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if self._hook is not None and (kind is None or issubclass(kind, StoreUnavailable)):
+            self._hook(self._write, kind is None)
+
+
 class SqlStore(_Operations):
     """The operations as a store: each unit is a fresh transaction, so each call is atomic."""
 
@@ -141,19 +157,10 @@ class SqlStore(_Operations):
                 finally:
                     q.close()
 
-    @contextmanager
-    def _observed(self, write: bool) -> Iterator[None]:
+    def _observed(self, write: bool) -> _Observed:
         """Tell ``on_outcome`` whether the store served the block (other errors say nothing
         about the store: a conflict, a caller's refusal)."""
-        if self.on_outcome is None:
-            yield
-            return
-        try:
-            yield
-        except StoreUnavailable:
-            self.on_outcome(write, False)
-            raise
-        self.on_outcome(write, True)
+        return _Observed(self.on_outcome, write)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
