@@ -55,6 +55,7 @@ from .edge import MAX_HEADER_FIELD_BYTES
 from .health import setup_health
 from .middleware.authn import setup_authn
 from .middleware.correlation import setup_correlation
+from .middleware.deadline import setup_deadline
 from .middleware.headers import setup_headers
 from .middleware.metrics import setup_metrics
 from .middleware.problems import setup_problems
@@ -99,11 +100,13 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     logs.install_scrubbing()  # aiohttp's own log records carry request data
 
     # Middleware order, outermost first. correlation first: everything inside logs with the id
-    # and every response echoes it. metrics and headers sit outside problems, so they see the
+    # and every response echoes it; deadline next: every store call of the request comes out
+    # of its one store deadline. metrics and headers sit outside problems, so they see the
     # final status of error responses (500s included) and decorate them too. problems is the
     # only catch-all. authn is innermost: it only attaches who is calling, and a store error
     # it meets is rendered by problems.
     setup_correlation(app)
+    setup_deadline(app)
     setup_metrics(app, multiprocess=shared_metrics)
     setup_headers(app)
     setup_problems(app)

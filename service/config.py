@@ -221,6 +221,11 @@ class StoreConfig:
     timeout_s: float = 5.0
     #: An unreachable store at start-up is fatal (exit 2) instead of degraded-and-retried.
     required: bool = False
+    #: The bound of /readyz's store probe (and of the background status check).
+    probe_timeout_s: float = 1.0
+    #: A store call that failed (unavailable) this recently, with no call of its kind (read or
+    #: write) succeeding since, makes the store degraded: /readyz 503.
+    failure_window_s: float = 10.0
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "backend": "sqlite",
@@ -228,6 +233,8 @@ class StoreConfig:
         "postgres": {"dsn": None, "schema": None},
         "timeout_s": 5,
         "required": False,
+        "probe_timeout_s": 1,
+        "failure_window_s": 10,
     }
 
     @classmethod
@@ -246,6 +253,8 @@ class StoreConfig:
             postgres_schema=raw["postgres"].get("schema"),
             timeout_s=float(raw["timeout_s"]),
             required=bool(raw["required"]),
+            probe_timeout_s=float(raw["probe_timeout_s"]),
+            failure_window_s=float(raw["failure_window_s"]),
         )
 
     @property

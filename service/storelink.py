@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -54,11 +55,46 @@ class StoreLink:
         self.on_transaction: Callable[[bool], None] | None = None
         #: Told how many round trips each store transaction made: the metrics hook.
         self.on_round_trips: Callable[[int], None] | None = None
+        # Per kind (write?): (failed calls, first failure, last failure) since the last call of
+        # that kind the store served (monotonic seconds). A read served does not clear write
+        # failures: a full disk or another process's lock fails writes while reads go on.
+        self._failing: dict[bool, tuple[int, float, float]] = {}
 
     @property
     def timeout_s(self) -> float:
         """The deadline of every store call (``store.timeout_s``)."""
         return self._config.store.timeout_s
+
+    @property
+    def probe_timeout_s(self) -> float:
+        """The bound of a readiness probe of the store (``store.probe_timeout_s``)."""
+        return self._config.store.probe_timeout_s
+
+    def observed(self, write: bool, served: bool) -> None:
+        """The store's ``on_outcome`` hook: whether it served a transaction of this kind."""
+        if served:
+            if self._failing:
+                self._failing.pop(write, None)
+            return
+        now = time.monotonic()
+        failed, first, _ = self._failing.get(write, (0, now, now))
+        self._failing[write] = (failed + 1, first, now)
+
+    def recent_failures(self) -> dict[str, Any] | None:
+        """The kinds of store call (reads, writes) that failed within ``store.failure_window_s``
+        with none of their kind served since: how many, for how long, how recently. Counts and
+        times only, never an error's text."""
+        window = self._config.store.failure_window_s
+        if window <= 0 or not self._failing:
+            return None
+        now = time.monotonic()
+        recent = {
+            "writes" if write else "reads": {"failed": failed, "for_s": round(now - first, 1),
+                                             "last_s_ago": round(now - last, 1)}
+            for write, (failed, first, last) in sorted(self._failing.items())
+            if now - last <= window
+        }
+        return {**recent, "window_s": window} if recent else None
 
     @property
     def configured(self) -> bool:
@@ -98,6 +134,7 @@ class StoreLink:
             return False
         store.on_transaction = self.on_transaction
         store.on_round_trips = self.on_round_trips
+        store.on_outcome = self.observed
         self.store, self.error = store, None
         self.status = {"status": "ready", "describe": await store.describe()}
         log.info("store connected", extra={"fields": {
@@ -107,23 +144,32 @@ class StoreLink:
         return True
 
     async def check(self) -> dict[str, Any]:
-        """Ping the store (within the deadline) and keep the result as ``status``: ``ready``
-        with the store's self-description, or ``degraded`` with why (never the DSN)."""
+        """Ping the store (within ``store.probe_timeout_s``) and keep the result as ``status``:
+        ``ready`` with the store's self-description, or ``degraded`` with why (never the DSN
+        or a path): the ping failed or was late, or calls of some kind failed recently with
+        none served since (``recent_failures``), e.g. every write on a full disk."""
         store = self.store
         if store is None:
             self.status = self.current_status()
             return self.status
         self.checks += 1
         try:
-            # The store bounds its own calls; this bounds the whole check (readiness answers
-            # promptly even if a call were to ignore its deadline).
-            async with asyncio.timeout(self.timeout_s):
+            # A probe answers promptly: a store that cannot answer a ping within this bound
+            # is not ready, whatever each call's own deadline (``store.timeout_s``).
+            async with asyncio.timeout(self.probe_timeout_s):
                 await store.ping()
-        except (StoreError, TimeoutError):
+        except (StoreError, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError):
+                self.observed(False, False)  # cancelled, the ping could not say so itself
             status = {"status": "degraded", "detail": "store unreachable",
                       "describe": await store.describe()}
         else:
             status = {"status": "ready", "describe": await store.describe()}
+        recent = self.recent_failures()
+        if recent is not None:
+            status["recent_failures"] = recent
+            if status["status"] == "ready":
+                status.update(status="degraded", detail="store calls failed recently")
         if self.store is store:  # not closed or replaced meanwhile
             self.status = status
         return status

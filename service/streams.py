@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from . import clock
+from . import clock, deadline
 from .appkeys import AUTHENTICATOR, CORRELATION_ID, STREAMS
 from .authn.errors import AuthnError
 from .config import StreamsConfig
@@ -162,6 +162,21 @@ async def pump(
     gone, the store fails (logged) or the server shuts down: an ``EventSource`` reconnects by
     itself. A comment line keeps a quiet stream open every ``heartbeat_s``. A client that goes
     away is normal: nothing is logged above debug."""
+    with deadline.unbounded():  # each poll has its own store deadline, for minutes on end
+        return await _pump(request, response, poll, label=label, poll_s=poll_s, max_s=max_s,
+                           alive=alive)
+
+
+async def _pump(
+    request: web.Request,
+    response: web.StreamResponse,
+    poll: Callable[[StreamWrite], Awaitable[bytes | None]],
+    *,
+    label: str,
+    poll_s: float,
+    max_s: float,
+    alive: Callable[[], Awaitable[bool]] | None,
+) -> web.StreamResponse:
     slots = request.app[STREAMS]
     heartbeat_s, check_s = slots.config.heartbeat_s, slots.config.session_check_s
     loop = asyncio.get_running_loop()

@@ -19,6 +19,8 @@ def test_defaults_need_nothing(tmp_path):
     assert config.policies.dir == tmp_path / "policies"
     assert config.is_production("prod") and not config.is_production("dev")
     assert config.server.max_body_bytes == 1024 * 1024
+    assert (config.store.timeout_s, config.store.probe_timeout_s) == (5.0, 1.0)
+    assert config.store.failure_window_s == 10.0
 
 
 def test_unknown_environment_counts_as_production(tmp_path):
@@ -46,6 +48,7 @@ def test_yaml_then_environment_override(tmp_path):
         pytest.param("server: [\n", "not valid YAML at line", id="bad-yaml"),
         pytest.param("- a\n", "top level must be a mapping", id="not-mapping"),
         pytest.param("store:\n  backend: postgres\n", "dsn is not set", id="postgres-no-dsn"),
+        pytest.param("store:\n  probe_timeout_s: 0\n", "/store/probe_timeout_s", id="no-probe-time"),
     ],
 )
 def test_bad_files_are_rejected_with_a_location(tmp_path, text, fragment):

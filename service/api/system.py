@@ -92,8 +92,10 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz")
 @public
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: 200 only when configuration, policies and store are loaded (the store is
-    pinged now, not read from the status surfaces' background check)."""
+    """Readiness: 200 only when configuration, policies and store are loaded and the store
+    serves: it is pinged now (within ``store.probe_timeout_s``, not read from the status
+    surfaces' background check) and no kind of store call failed recently without one
+    served since (``store.failure_window_s``; said in ``store_failures``)."""
     await request.app[STORE].check()
     statuses = await component_statuses(request.app)
     not_ready = sorted(
@@ -102,10 +104,12 @@ async def readyz(request: web.Request) -> web.Response:
         if name in statuses and statuses[name].get("status") != "ready"
     )
     if not_ready:
+        failures = statuses.get("store", {}).get("recent_failures")
         raise ServiceUnavailable(
             f"not ready: {', '.join(not_ready)}",
             code="not_ready",
             components={name: statuses[name].get("status") for name in not_ready},
+            **({"store_failures": failures} if failures else {}),
         )
     return web.json_response(
         {"status": "ready", "components": {k: v.get("status") for k, v in statuses.items()}}

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 
 from .. import clock
 from ..config import AuditConfig
+from ..deadline import detached
 from ..store.base import AuditCheckpoint, AuditRecord, StoreError
 from .checkpoint import sign
 from .keys import AuditKeys
@@ -48,7 +49,8 @@ class Checkpointer:
         if record.seq - self._covered >= self.every_records and (
             self._task is None or self._task.done()
         ):
-            self._task = asyncio.create_task(self._catch_up())
+            # Not bounded by the deadline of the run whose record triggered it.
+            self._task = asyncio.create_task(self._catch_up(), context=detached())
 
     async def checkpoint(self, now: float, *, force: bool = True) -> AuditCheckpoint | None:
         """Sign and store a checkpoint of this worker's newest record, unless a stored one

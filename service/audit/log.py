@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .. import clock
+from ..deadline import call_deadline, charged, detached
 from ..store.base import (
     AUDIT_GENESIS_HASH,
     AuditCheckpoint,
@@ -102,7 +103,8 @@ class AuditLog:
         future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()
         self._pending.append((scrub(entry), future))
         if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
+            # It commits every run's record: none of their deadlines is its own.
+            self._flusher = asyncio.create_task(self._flush(), context=detached())
         return await self._batched(future, "audit group commit")
 
     @property
@@ -124,16 +126,19 @@ class AuditLog:
             future = asyncio.get_running_loop().create_future()
             self._unsealed[staged] = future
         if self._sealer is None or self._sealer.done():
-            self._sealer = asyncio.create_task(self._seal())
+            self._sealer = asyncio.create_task(self._seal(), context=detached())
         return await self._batched(future, "audit sealing")
 
     async def _batched(self, future: asyncio.Future[_T], what: str) -> _T:
         # shield: a caller that goes away must not cancel the commit others are waiting for.
-        # Bounded by the store's deadline: a stalled batch (or one queued behind it) answers
-        # StoreUnavailable instead of hanging the caller.
+        # Bounded by the store's deadline (or what is left of the request's): a stalled batch
+        # (or one queued behind it) answers StoreUnavailable instead of hanging the caller.
+        timeout_s = getattr(self.store, "timeout_s", None)
         try:
-            async with asyncio.timeout(getattr(self.store, "timeout_s", None)):
-                return await asyncio.shield(future)
+            with charged():
+                async with asyncio.timeout_at(
+                        None if timeout_s is None else call_deadline(timeout_s)):
+                    return await asyncio.shield(future)
         except TimeoutError:
             future.add_done_callback(_retrieved)  # its outcome is no longer awaited
             raise StoreUnavailable(f"{what}: deadline exceeded") from None

@@ -130,8 +130,9 @@ async def recording(
         if problem.status >= 500 and not isinstance(exc, Problem):
             # The cause stays in our log under the correlation id; the client sees only the id.
             log.error("chain run failed", exc_info=exc)
-        # A run the store failed has already spent its store deadline: the record of its
-        # failure is queued, but the answer waits for it only briefly.
+        # The record of the failure comes out of what remains of the request's store deadline
+        # (``service.deadline``); a run the store failed waits for it only briefly (the record
+        # stays queued and commits once the store answers).
         store_failed = isinstance(exc, StoreUnavailable)
         await rec._failed(problem, FAILURE_RECORD_WAIT_S if store_failed else None)
         await _mirror(audit, rec)

@@ -658,6 +658,9 @@ class Store(SessionOps, TicketOps, TaskOps, FederationOps, AuditOps, OutboxOps, 
     #: Told, as each transaction ends, how many client/server round trips it made (statements,
     #: BEGIN, COMMIT or ROLLBACK); only stores with a server (PostgreSQL) call it.
     on_round_trips: Callable[[int], None] | None
+    #: Told as each transaction ends whether the store served it: ``(write, served)``, served
+    #: False when it raised ``StoreUnavailable``; the worker's readiness hook.
+    on_outcome: Callable[[bool, bool], None] | None
     #: True where runs should stage their audit records (``stage_audit``) and leave chaining
     #: them to batched ``seal_audit`` calls: stores shared by several writing processes, where
     #: a lock held until each run's COMMIT would serialise them all.

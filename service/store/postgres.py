@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
 
+from ..deadline import call_deadline
 from ..limits import JSONValueRefused
 from .base import StoreError, StoreOutcomeUnknown, StoreUnavailable
 from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
@@ -300,7 +301,7 @@ class PostgresStore(SqlStore):
     async def _transaction(self, *, write: bool, single: bool = False) -> AsyncIterator[_Conn]:
         if self._closed:
             raise StoreUnavailable("postgresql store is closed")
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        deadline = call_deadline(self.timeout_s)  # sooner if the request has less left
         conn = await self._acquire(deadline)
         # Whether the connection may go back to the pool as it is (else it is dropped).
         healthy = False

@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..deadline import call_deadline
 from .base import StoreError, StoreUnavailable
 from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
 
@@ -308,19 +309,39 @@ class _WriteBatch:
         await self.conn.begin(True)
 
     async def finish(self) -> None:
+        """Commit the batch, or end whatever it opened: never leaves the writer in a transaction.
+
+        Every member may have left before BEGIN returned (their deadline passed while another
+        process held the write lock). The BEGIN still runs on the writer's thread and may yet
+        take the lock: the batch then waits for it and rolls back what it opened, and the next
+        batch (which BEGINs only after this one has finished) finds no open transaction.
+        """
         try:
+            if not self.opened.done():
+                await asyncio.wait([self.opened])
             if self.opened.cancelled() or self.opened.exception() is not None:
                 raise StoreUnavailable("sqlite batch could not begin")
             if self.poisoned:
                 raise StoreError("sqlite batch rolled back")
             await self.conn.commit()
         except BaseException as exc:
-            if self.opened.done() and not self.opened.cancelled() and self.opened.exception() is None:
+            if not self.opened.done():  # cancelled while waiting for BEGIN (shutdown)
+                self.opened.add_done_callback(self._end_opened)
+            elif _began(self.opened):
                 self.conn.rollback_soon()
             self.committed.set_exception(exc)
             self.committed.exception()  # retrieved: members re-raise it themselves
         else:
             self.committed.set_result(None)
+
+    def _end_opened(self, opened: asyncio.Future[None]) -> None:
+        if _began(opened):
+            self.conn.rollback_soon()
+
+
+def _began(opened: asyncio.Future[None]) -> bool:
+    """Whether a finished BEGIN opened a transaction (its failure counts as retrieved)."""
+    return not opened.cancelled() and opened.exception() is None
 
 
 class _Held:
@@ -421,8 +442,9 @@ class SqliteStore(SqlStore):
         try:
             try:
                 # Bounded: the batch's BEGIN waits for other processes' writers and for the
-                # batch ahead of it; past the deadline this member leaves without having run.
-                async with asyncio.timeout(self.timeout_s):
+                # batch ahead of it; past the deadline (this call's, or what is left of its
+                # request's: ``service.deadline``) this member leaves without having run.
+                async with asyncio.timeout_at(call_deadline(self.timeout_s)):
                     await asyncio.shield(batch.opened)
                     await batch.slot.acquire()
             except TimeoutError:

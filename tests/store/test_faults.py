@@ -134,6 +134,57 @@ async def test_stall_answers_every_request_within_the_deadline(app_client, proxy
     assert await app_client.server.app[STORE].require().get_task("t-stall") is None
 
 
+async def test_runs_in_flight_when_a_stall_begins_are_answered_within_one_deadline(
+        app_client, proxy):
+    """A run makes several store calls in turn (its session check, its reads, its audit record
+    and, when the store failed, the record of that failure); the stall may begin between any two.
+    Each comes out of the one deadline of the request, never a fresh one of its own."""
+    fault, _ = proxy
+    alice = await login(app_client, "alice")
+    before = await app_client.post("/api/v1/installer/actions", json=installer_body("t-before"),
+                                   headers=bearer(alice))
+    assert before.status == 202, await before.text()
+
+    runs: list[asyncio.Future[tuple[ClientResponse, float]]] = []
+    try:
+        for n in range(16):  # one every 5 ms; the stall begins amid them
+            runs.append(asyncio.ensure_future(timed(app_client.get(
+                "/api/v1/tasks/t-before", headers=bearer(alice)))))
+            if n == 4:
+                fault.stall()
+            await asyncio.sleep(0.005)
+        results = await asyncio.gather(*runs)
+    finally:
+        fault.flow()
+    elapsed = [round(s, 2) for _, s in results]
+    print("answer times of runs in flight when the stall began (s):", elapsed)
+    assert max(elapsed) <= DEADLINE_S + 1, elapsed
+    for response, _ in results:
+        if response.status != 200:
+            await assert_store_unavailable(response)
+
+
+async def test_readyz_answers_within_its_probe_bound_during_a_stall(make_client, schema, proxy):
+    """/readyz probes the store within ``store.probe_timeout_s`` (1 s by default), however
+    long each store call may wait (``store.timeout_s``, 5 s here)."""
+    fault, dsn = proxy
+    client = await make_client({"store": {"backend": "postgres", "timeout_s": 5,
+                                          "postgres": {"dsn": dsn, "schema": schema[1]}}})
+    assert (await client.get("/readyz")).status == 200
+    fault.stall()
+    try:
+        probes = [await timed(client.get("/readyz")) for _ in range(3)]
+    finally:
+        fault.flow()
+    elapsed = [round(s, 2) for _, s in probes]
+    print("/readyz answer times during the stall (s):", elapsed)
+    for response, _ in probes:
+        body = await assert_problem(response, 503, "not_ready")
+        assert body["components"] == {"store": "degraded"}
+        assert "127.0.0.1" not in await response.text()
+    assert max(elapsed) <= 1 + 1, elapsed
+
+
 async def test_reset_right_after_commit_answers_the_executed_run_once(app_client, proxy, schema):
     fault, _ = proxy
     alice = await login(app_client, "alice")

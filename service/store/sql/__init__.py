@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-from ..base import Tx
+from ...deadline import charged
+from ..base import StoreUnavailable, Tx
 from .audit import AuditSql
 from .core import (
     Conn,
@@ -85,6 +86,22 @@ class SqlTx(_Operations):
         return self._q
 
 
+class _Observed:
+    """``SqlStore._observed``: a class, not a generator (it wraps every store call)."""
+
+    __slots__ = ("_hook", "_write")
+
+    def __init__(self, hook: Callable[[bool, bool], None] | None, write: bool) -> None:
+        self._hook, self._write = hook, write
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if self._hook is not None and (kind is None or issubclass(kind, StoreUnavailable)):
+            self._hook(self._write, kind is None)
+
+
 class SqlStore(_Operations):
     """The operations as a store: each unit is a fresh transaction, so each call is atomic."""
 
@@ -95,6 +112,8 @@ class SqlStore(_Operations):
     on_transaction: Callable[[bool], None] | None = None
     #: See ``base.Store.on_round_trips`` (PostgreSQL's transactions call it).
     on_round_trips: Callable[[int], None] | None = None
+    #: See ``base.Store.on_outcome``.
+    on_outcome: Callable[[bool, bool], None] | None = None
     #: See ``base.Store.stages_audit``; SQLite's writers already share one lock per file.
     stages_audit: bool = False
 
@@ -116,23 +135,32 @@ class SqlStore(_Operations):
             return
         if self.on_transaction is not None:
             self.on_transaction(True)
-        async with self._transaction(write=True, single=True) as conn:
-            q = Query(conn, self.dialect)
-            try:
-                yield q
-            finally:
-                q.close()
+        with charged(), self._observed(True):
+            async with self._transaction(write=True, single=True) as conn:
+                q = Query(conn, self.dialect)
+                try:
+                    yield q
+                finally:
+                    q.close()
 
     @asynccontextmanager
     async def _unit(self, *, write: bool, single: bool = False) -> AsyncIterator[Query]:
         if self.on_transaction is not None:
             self.on_transaction(write)
-        async with self._transaction(write=write, single=single and not write) as conn:
-            q = Query(conn, self.dialect)
-            try:
-                yield q
-            finally:
-                q.close()
+        # The call's deadline (``_transaction``) and the time it took both count against the
+        # request's store deadline (``service.deadline``).
+        with charged(), self._observed(write):
+            async with self._transaction(write=write, single=single and not write) as conn:
+                q = Query(conn, self.dialect)
+                try:
+                    yield q
+                finally:
+                    q.close()
+
+    def _observed(self, write: bool) -> _Observed:
+        """Tell ``on_outcome`` whether the store served the block (other errors say nothing
+        about the store: a conflict, a caller's refusal)."""
+        return _Observed(self.on_outcome, write)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:

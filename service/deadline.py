@@ -1,0 +1,95 @@
+"""One store deadline per request: every store wait of a request comes out of it.
+
+Each store call has its own deadline (``store.timeout_s``) from when it starts. A request makes
+several calls in turn (the session check, its reads and writes, its audit record, and when the
+store failed, the record of that failure), so without a bound of its own it could wait several
+deadlines for a store that stalls in the middle of it. Inside ``budget(total_s)`` a request may
+wait on the store ``total_s`` in all: each call ends at its own deadline or when the budget is
+spent, whichever comes first (``call_deadline``), and the time it took is charged to the
+budget (``charged``). Work that is not a store wait (policy evaluation, vetting a revision)
+costs nothing. The store and the audit log read it; nothing HTTP lives here.
+
+Tasks that outlive the call that started them (the audit log's group commit, its sealer, the
+checkpointer) serve many requests and start in ``detached()`` context; a live stream, whose
+polls go on for minutes, gives each poll its own deadline (``unbounded``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["Budget", "budget", "call_deadline", "charged", "detached", "unbounded"]
+
+
+class Budget:
+    """What remains of one request's store deadline (seconds); shared by the tasks it starts."""
+
+    __slots__ = ("left_s",)
+
+    def __init__(self, left_s: float) -> None:
+        self.left_s = left_s
+
+
+_BUDGET: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
+    "controlplane_store_budget", default=None)
+
+
+@contextmanager
+def budget(total_s: float) -> Iterator[Budget]:
+    """Let the store calls of this block (in this task and the tasks it starts) wait
+    ``total_s`` in all."""
+    spent = Budget(total_s)
+    token = _BUDGET.set(spent)
+    try:
+        yield spent
+    finally:
+        _BUDGET.reset(token)
+
+
+@contextmanager
+def unbounded() -> Iterator[None]:
+    """Store calls of this block each have their own deadline only (a live stream's polls)."""
+    token = _BUDGET.set(None)
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
+
+
+def call_deadline(timeout_s: float) -> float:
+    """The loop time by which a store call starting now must end: ``timeout_s`` from now, or
+    sooner when less of the request's budget is left."""
+    left = _BUDGET.get()
+    return asyncio.get_running_loop().time() + (
+        timeout_s if left is None else max(0.0, min(timeout_s, left.left_s)))
+
+
+def charged() -> _Charged:
+    """Charge the time this block takes (a store call, a wait for a group commit) to the
+    request's budget, however the block ends."""
+    return _Charged()
+
+
+class _Charged:
+    """``charged()``: a class, not a generator, as it wraps every store call."""
+
+    __slots__ = ("_budget", "_started")
+
+    def __enter__(self) -> None:
+        self._budget = _BUDGET.get()
+        if self._budget is not None:
+            self._started = asyncio.get_running_loop().time()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._budget is not None:
+            self._budget.left_s -= asyncio.get_running_loop().time() - self._started
+
+
+def detached() -> contextvars.Context:
+    """A copy of the current context without a request's budget, for a task that serves many."""
+    context = contextvars.copy_context()
+    context.run(_BUDGET.set, None)
+    return context
