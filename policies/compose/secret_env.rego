@@ -73,15 +73,18 @@ plain(value) := lower(trim(trim_space(value), `"'`))
 
 not_secret(value) if plain(value) in harmless_values
 
+# (A value over lib.max_match is no placeholder: it is not given to the regex.)
 not_secret(value) if {
 	plain_value := plain(value)
 	strings.any_prefix_match(plain_value, placeholder_prefixes)
+	lib.matchable(plain_value)
 	regex.match(placeholder_regex, plain_value)
 }
 
 password_hash(value) if {
 	stripped := trim(trim_space(value), `"'`)
 	strings.any_prefix_match(stripped, ["$", "{"]) # every format above starts with "$", LDAP's with "{"
+	lib.matchable(stripped) # over lib.max_match: no hash (and no regex)
 	regex.match(hash_regex, stripped)
 }
 
@@ -90,8 +93,10 @@ secret_name_regex := concat("|", secret_name_patterns)
 
 reference_regex := concat("|", reference_suffixes)
 
+# Only for a name within lib.max_match (named_secret says what a longer one is).
 secret_name(key) if {
 	upper_key := upper(key)
+	lib.matchable(upper_key)
 	regex.match(secret_name_regex, upper_key)
 	not regex.match(reference_regex, upper_key)
 }
@@ -99,7 +104,10 @@ secret_name(key) if {
 # One cheap pattern of the checks' literals first: most values contain none of them.
 secret_value_hint := `AKIA|-----BEGIN |gh[pousr]_|github_pat_|glpat-|xox[abposr]-|sk_live_|sk-|AIza|eyJ|://`
 
+# Only a value within lib.max_match meets the patterns (it bounds matches_a_check's too); a
+# longer one gets too_long_to_check.
 secret_value(value) if {
+	lib.matchable(value)
 	regex.match(secret_value_hint, value)
 	matches_a_check(value) # a function of its own: in one body regopy repeats the hint per check
 }
@@ -113,14 +121,42 @@ matches_a_check(value) if {
 # A value pointing at a mounted secret file is the recommended pattern, not a leak.
 file_reference(value) if startswith(value, "/run/secrets/")
 
-# Whether a variable's name announces a secret, as a value: computed once per variable (as a
-# condition in two branches of kind, regopy evaluated the name's patterns twice).
-named_secret(key) := true if secret_name(key) else := false
+# Literals of which a credential the checks find contains one, specific enough to be tested on
+# a value too long for the checks (a CA bundle has "-----BEGIN CERTIFICATE", not "PRIVATE KEY-----";
+# a URL with credentials, "://" and "@"): ``contains`` has no length limit.
+long_value_markers := [
+	"AKIA", "PRIVATE KEY-----", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-",
+	"xoxa-", "xoxb-", "xoxp-", "xoxo-", "xoxs-", "xoxr-", "sk_live_", "sk-", "AIza", "eyJ",
+]
 
-# What one variable is, in one pass (the three cases exclude each other): a password hash
-# (info), a literal value under a secret-looking name (``named``: named_secret), or a
-# credential-shaped value under any other name; undefined for everything else.
-kind(named, value) := "hash" if {
+# A value over lib.max_match that may hold a credential: not inspected, reported as such.
+too_long_to_check(value) if {
+	not lib.matchable(value)
+	some marker in long_value_markers
+	contains(value, marker)
+}
+
+too_long_to_check(value) if {
+	not lib.matchable(value)
+	contains(value, "://")
+	contains(value, "@")
+}
+
+# Whether a variable's name announces a secret, as a value: computed once per variable (as a
+# condition in two branches of kind, regopy evaluated the name's patterns twice); "long" for a
+# name over lib.max_match, which no pattern is tried on.
+named_secret(key) := "long" if {
+	not lib.matchable(key)
+} else := true if secret_name(key) else := false
+
+# What one variable is, in one pass (the cases exclude each other): a name too long to inspect,
+# a password hash (info), a literal value under a secret-looking name (``named``: named_secret;
+# a value over lib.max_match is never harmless, a placeholder or a hash, so this needs no regex),
+# a credential-shaped value under any other name, or such a value too long to inspect;
+# undefined for everything else.
+kind(named, value) := "long_name" if {
+	named == "long"
+} else := "hash" if {
 	password_hash(value)
 } else := "secret" if {
 	named
@@ -129,12 +165,19 @@ kind(named, value) := "hash" if {
 } else := "credential" if {
 	not named
 	secret_value(value)
+} else := "unchecked" if {
+	not named
+	too_long_to_check(value)
 }
+
+_over := concat("", [" (over ", format_int(lib.max_match, 10), " characters)"])
 
 told := {
 	"secret": {"text": " holds a literal secret value", "severity": "fail"},
 	"credential": {"text": " holds a value that looks like a credential", "severity": "fail"},
 	"hash": {"text": " holds a password hash (not the password; keep it in a secret all the same)", "severity": "info"},
+	"long_name": {"text": concat("", [" has a name too long to inspect", _over]), "severity": "fail"},
+	"unchecked": {"text": concat("", [" holds a value too long to inspect", _over, " with a credential marker"]), "severity": "fail"},
 }
 
 _findings_1 := [{"service": name, "path": ["environment", key], "message": concat("", ["environment ", key, told[k].text]), "severity": told[k].severity} |
