@@ -46,15 +46,9 @@ sensitive(path) := "container runtime socket" if {
 sensitive_tree_regex := concat("", ["^(", concat("|", sensitive_trees), ")(/|$)"])
 
 # A path over lib.max_match is not given to the regex: the same test as prefixes.
-in_sensitive_tree(path) if {
+in_sensitive_tree(path) := regex.match(sensitive_tree_regex, path) if {
 	lib.matchable(path)
-	regex.match(sensitive_tree_regex, path)
-}
-
-in_sensitive_tree(path) if {
-	not lib.matchable(path)
-	strings.any_prefix_match(path, [concat("", [tree, "/"]) | some tree in sensitive_trees])
-}
+} else := strings.any_prefix_match(path, [concat("", [tree, "/"]) | some tree in sensitive_trees])
 
 # Socket proxies (tecnativa/docker-socket-proxy, linuxserver/socket-proxy, wollomatic/socket-proxy)
 # are the remediation: with the socket read-only they are the least bad way to give an API.
