@@ -180,11 +180,11 @@ class EvaluatorPool:
         complete exchange."""
         first = rules.revision not in child.revisions
         request["sources"] = dict(rules.sources) if first else None
-        data = await asyncio.to_thread(_encode, request)
+        # A new revision is compiled first, within the start-up allowance.
+        timeout = wall_s + (START_TIMEOUT_S if first else 0.0)
         child.busy, done = True, False
         try:
-            # A new revision is compiled first, within the start-up allowance.
-            timeout = wall_s + (START_TIMEOUT_S if first else 0.0)
+            data = await asyncio.to_thread(_encode, request)
             async with asyncio.timeout(timeout):
                 answer = await _exchange(child.proc, data)
             done = True

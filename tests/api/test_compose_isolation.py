@@ -4,11 +4,13 @@ request (422 evaluation_failed), is counted and logged once, and the worker serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -132,6 +134,7 @@ async def test_values_up_to_the_body_limit_in_every_position_are_answered_over_h
     """The issue's case against a real `cpctl serve` worker, then every shape in every string
     position from 1 KB to 1 MB: each answered (a report, or 413/422 for a value over the
     body or value limit), and the worker stays up."""
+    evaluators: list[int] = []
     async with aiohttp.ClientSession() as http:
         with serve(tmp_path / "state") as (base, proc):
             login_response = await http.post(base + "/api/v1/authn/sessions", json={
@@ -158,3 +161,25 @@ async def test_values_up_to_the_body_limit_in_every_position_are_answered_over_h
                     assert proc.poll() is None, (length, ids)
             async with http.get(base + "/healthz") as health:
                 assert health.status == 200
+            evaluators = _evaluators(proc.pid)
+            assert evaluators
+    # SIGTERM: the worker's cleanup stopped its evaluators (none outlives it).
+    for pid in evaluators:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def _evaluators(root: int) -> list[int]:
+    """The evaluator processes below ``root`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    below, found = {root}, []
+    for _ in range(4):  # supervisor -> worker -> evaluator
+        below |= {pid for pid, parent in parents.items() if parent in below}
+    for pid in below - {root}:
+        with contextlib.suppress(OSError):
+            if b"service.compose.evaluator" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
