@@ -93,9 +93,9 @@ secret_name_regex := concat("|", secret_name_patterns)
 
 reference_regex := concat("|", reference_suffixes)
 
-# Only called by named_secret for a name within lib.max_match (upper may lengthen it, at most
-# threefold: these two patterns are literals, which do not recurse per byte).
 secret_name(key) if {
+	# bounded: only named_secret calls this, for a name within lib.max_match (upper may lengthen
+	# it, at most threefold: these two patterns are literals, which do not recurse per byte)
 	upper_key := upper(key)
 	regex.match(secret_name_regex, upper_key)
 	not regex.match(reference_regex, upper_key)
@@ -113,6 +113,7 @@ secret_value(value) if {
 }
 
 matches_a_check(value) if {
+	# bounded: only secret_value calls this, for a value within lib.max_match
 	some check in secret_value_checks
 	contains(value, check[0])
 	regex.match(check[1], value)
