@@ -17,6 +17,11 @@ In-process, on the bench's 10-service file (``http_bench.compose_fields(10)``, e
   queried; one entrypoint gathering them all), the cheaper kept: what any rule set of that size
   costs in regopy before a rule does real work, i.e. how close to the constant query a report
   can get at all;
+- ``isolated``: what the server's handler awaits, on an event loop: an uncached report (a new
+  file each run: the bench's file under a new project name) through ``EvaluatorPool`` (one
+  evaluator process, started and warmed first) against the same through ``asyncio.to_thread``
+  of ``evaluate_json`` (the handler before evaluator processes), and a cached report through the
+  pool (answered in this process). Wall-clock p50 (the child's CPU is not this process's);
 - per rule (``--rules``): each rule's own entrypoint (``cells/<rule>``) alone, less the constant
   query: what each rule adds to the uncached report (the minimum of the runs: the least noisy
   figure on a shared box).
@@ -103,6 +108,62 @@ def in_process(reps: int) -> dict[str, Any]:
             _one_service_bumped(fields, next(bumps)), env="prod", rules=rules), reps),
         "normalize": _timed(lambda: normalize_files([RISKY], environ={}), reps),
     }
+
+
+def isolated(reps: int) -> dict[str, dict[str, float]]:
+    """The handler's await of a report: in an evaluator process or in a thread, and cached."""
+    import asyncio
+
+    from service.compose.evaluator import EvaluatorPool
+    from service.compose.preflight import evaluate_json
+
+    rules = RuleSet.load()
+    fields = http_bench.compose_fields(10)
+    names = itertools.count()
+
+    async def run() -> dict[str, dict[str, float]]:
+        pool = EvaluatorPool(size=1)
+
+        async def in_child(doc: dict[str, Any]) -> None:
+            await pool.evaluate_json(doc, strict=False, env="prod", rules=rules,
+                                     environments=None, budget_s=10.0)
+
+        async def in_thread(doc: dict[str, Any]) -> None:
+            await asyncio.to_thread(evaluate_json, doc, env="prod", rules=rules, budget_s=10.0)
+
+        def cpu() -> float:  # this process and the evaluator, seconds
+            return time.process_time() + h.cpu_seconds(pool.pids())
+
+        async def timed(call: Any, new_file: bool, walls: list[float]) -> float:
+            doc = _renamed(fields, next(names)) if new_file else fields
+            c, started = cpu(), time.perf_counter()
+            await call(doc)
+            walls.append((time.perf_counter() - started) * 1000)
+            return cpu() - c
+
+        def summary(walls: list[float], cpu_s: float) -> dict[str, float]:
+            return {"p50_ms": statistics.median(walls), "cpu_ms": cpu_s * 1000 / len(walls),
+                    "p99_ms": sorted(walls)[min(len(walls) - 1, int(len(walls) * 0.99))]}
+
+        try:
+            for _ in range(3):  # started, rules compiled, warm
+                await timed(in_child, True, [])
+                await timed(in_thread, True, [])
+            # Alternated, so that both see the same load of a shared box.
+            child: list[float] = []
+            thread: list[float] = []
+            child_cpu = thread_cpu = 0.0
+            for _ in range(reps):
+                child_cpu += await timed(in_child, True, child)
+                thread_cpu += await timed(in_thread, True, thread)
+            cached: list[float] = []
+            cached_cpu = sum([await timed(in_child, False, cached) for _ in range(reps * 10)])
+            return {"child": summary(child, child_cpu), "thread": summary(thread, thread_cpu),
+                    "cached": summary(cached, cached_cpu)}
+        finally:
+            await pool.close()
+
+    return asyncio.run(run())
 
 
 def trivial(count: int, input_doc: dict[str, Any], reps: int) -> dict[str, float]:
@@ -212,6 +273,24 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{'yes' if ip['cached']['p50_ms'] <= TARGETS['cached_p50_ms'] else 'no'} |",
         f"| normalize risky.compose.yaml | {ip['normalize']['p50_ms']:.2f} | "
         f"{ip['normalize']['p99_ms']:.2f} | {ip['normalize']['cpu_p50_ms']:.2f} | - | - |", ""]
+    iso = doc.get("isolated")
+    if iso:
+        extra = iso["child"]["p50_ms"] - iso["thread"]["p50_ms"]
+        lines += [
+            "The handler's await of a report, on an event loop (new files: the bench's file "
+            "under a new project name, a full evaluation each), wall-clock:", "",
+            "| measure | p50 ms | p99 ms | CPU ms (worker + evaluator, mean) |",
+            "|---|---:|---:|---:|",
+            f"| uncached report in an evaluator process (served) | {iso['child']['p50_ms']:.1f} | "
+            f"{iso['child']['p99_ms']:.1f} | {iso['child']['cpu_ms']:.1f} |",
+            f"| uncached report in a thread of the worker (before) | "
+            f"{iso['thread']['p50_ms']:.1f} | {iso['thread']['p99_ms']:.1f} | "
+            f"{iso['thread']['cpu_ms']:.1f} |",
+            f"| isolation overhead | {extra:+.1f} "
+            f"({extra / max(iso['thread']['p50_ms'], 1e-6):+.0%}) | | "
+            f"{iso['child']['cpu_ms'] - iso['thread']['cpu_ms']:+.1f} |",
+            f"| cached report through the pool (no child) | {iso['cached']['p50_ms']:.3f} | "
+            f"{iso['cached']['p99_ms']:.3f} | {iso['cached']['cpu_ms']:.3f} |", ""]
     if doc.get("rules"):
         lines += ["CPU each rule adds to the constant query (its own entrypoint alone, minimum of "
                   f"{doc['reps']} runs):", "", "| rule | CPU ms |", "|---|---:|"]
@@ -245,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-http", action="store_true")
     parser.add_argument("--rules", action="store_true", help="a per-rule CPU table")
     args = parser.parse_args(argv)
-    doc: dict[str, Any] = {"reps": args.reps, "in_process": in_process(args.reps)}
+    doc: dict[str, Any] = {"reps": args.reps, "in_process": in_process(args.reps),
+                           "isolated": isolated(args.reps)}
     if args.rules:
         doc["rules"] = per_rule(args.reps)
     if not args.no_http:

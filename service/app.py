@@ -17,6 +17,7 @@ from .api import routes as api_routes
 from .appkeys import (
     AUDIT,
     AUTHENTICATOR,
+    COMPOSE_EVALUATOR,
     COMPOSE_RULES,
     CONFIG,
     DECISION_LOG,
@@ -48,6 +49,7 @@ from .authz.reload import CandidateRevision, StoreFollower, following, reloading
 from .authz.revisions import SignatureError, TrustedKeys
 from .authz.shadow import Shadow
 from .background import background
+from .compose.evaluator import EvaluatorPool
 from .compose.preflight import RuleSet
 from .config import Config, load_from_process
 from .console.views import setup_console
@@ -119,6 +121,7 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     # reach the store through the link per call; housekeeping runs last, over all of them.
     setup_health(app)
     app.cleanup_ctx.append(_policies)
+    app.cleanup_ctx.append(_compose_evaluator)  # evaluates COMPOSE_RULES in child processes
     app.cleanup_ctx.append(_decision_observers)  # decision log, shadow evaluation (if configured)
     setup_store(app)
     app.cleanup_ctx.append(_policy_store)  # policies.source: store follows the fleet's revision
@@ -165,6 +168,17 @@ async def _policies(app: web.Application) -> AsyncIterator[None]:
         return
     async with reloading(engine, config.policies.reload_interval_s):
         yield
+
+
+async def _compose_evaluator(app: web.Application) -> AsyncIterator[None]:
+    """COMPOSE_EVALUATOR: the processes that evaluate compose reports (a native crash takes
+    one of them, not this worker); started on first use, stopped here on shutdown."""
+    pool = EvaluatorPool(on_failure=app[METRICS].compose_evaluator_failed)
+    app[COMPOSE_EVALUATOR] = pool
+    try:
+        yield
+    finally:
+        await pool.close()
 
 
 async def _policy_store(app: web.Application) -> AsyncIterator[None]:

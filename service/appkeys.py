@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .authz.reload import StoreFollower
     from .authz.revisions import TrustedKeys
     from .authz.shadow import Shadow
+    from .compose.evaluator import EvaluatorPool
     from .compose.preflight import RuleSet
     from .health import Reporter
     from .middleware.metrics import Metrics, StoreGauges
@@ -34,6 +35,7 @@ __all__ = [
     "AUTHENTICATOR",
     "AUTHN_ERROR",
     "COMPONENTS",
+    "COMPOSE_EVALUATOR",
     "COMPOSE_RULES",
     "CONFIG",
     "CORRELATION_ID",
@@ -72,6 +74,8 @@ DECISION_LOG: web.AppKey[DecisionLog] = web.AppKey("decision_log")
 SHADOW: web.AppKey[Shadow] = web.AppKey("shadow")
 #: The compose preflight rule set.
 COMPOSE_RULES: web.AppKey[RuleSet] = web.AppKey("compose_rules")
+#: The processes that evaluate compose reports (``service.compose.evaluator``).
+COMPOSE_EVALUATOR: web.AppKey[EvaluatorPool] = web.AppKey("compose_evaluator")
 #: The store as this worker sees it: connected, or not (yet), with the reason.
 STORE: web.AppKey[StoreLink] = web.AppKey("store")
 #: The audit log over the store.

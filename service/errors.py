@@ -22,7 +22,8 @@ Problem                              status  code
 │   ├── InvalidString                422     invalid_string  (U+0000, an unpaired surrogate)
 │   ├── InvalidNumber                422     invalid_number  (outside I-JSON)
 │   ├── ComposeTooLarge              422     compose_too_large (over the compose size budget)
-│   └── EvaluationBudgetExceeded     422     evaluation_budget_exceeded (compose time budget)
+│   ├── EvaluationBudgetExceeded     422     evaluation_budget_exceeded (compose time budget)
+│   └── EvaluationFailed             422     evaluation_failed (the compose evaluator process died)
 ├── TooManyRequests                  429     rate_limited (+ Retry-After)
 │   └── TooManyStreams               429     too_many_streams (+ Retry-After)
 ├── RequestHeaderFieldsTooLarge      431     header_fields_too_large (answered by the HTTP edge)
@@ -56,6 +57,7 @@ __all__ = [
     "ComposeTooLarge",
     "Conflict",
     "EvaluationBudgetExceeded",
+    "EvaluationFailed",
     "Forbidden",
     "Gone",
     "InternalError",
@@ -219,6 +221,13 @@ class EvaluationBudgetExceeded(SchemaValidationFailed):
     """A compose report not finished within the preflight's time budget."""
 
     code, title = "evaluation_budget_exceeded", "Compose Evaluation Over Its Time Budget"
+
+
+class EvaluationFailed(SchemaValidationFailed):
+    """A compose report whose evaluator process died (a native crash) or broke its protocol:
+    nothing was reported; this document, not the service, is the likely cause."""
+
+    code, title = "evaluation_failed", "Compose Evaluation Failed"
 
 
 # The bounds of service.limits (raised by the body reader, the resource hash and the store's

@@ -74,6 +74,8 @@ E2E_TESTS = frozenset({
     "tests/store/test_faults.py::test_stall_answers_every_request_within_the_deadline",
     "tests/authz/test_rego_input.py::test_the_policy_sees_the_document",
     "tests/compose/test_budget.py::test_500_services_are_answered_within_the_budget_by_the_cli",
+    "tests/compose/test_long_values.py::test_cpctl_compose_check_answers_for_long_strings_everywhere",
+    "tests/api/test_compose_isolation.py::test_values_up_to_the_body_limit_in_every_position_are_answered_over_http",
 })
 
 

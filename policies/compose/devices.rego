@@ -18,7 +18,12 @@ critical_patterns := [`^/dev/(mem|kmem|port)$`, `^/dev/(sd|hd|vd|xvd)[a-z]+[0-9]
 # every call, so one call instead of one per pattern.
 critical_regex := concat("|", critical_patterns)
 
-critical(source) if regex.match(critical_regex, source)
+# Only a source within lib.max_match meets the pattern; no device node has a longer path, so a
+# longer one fails (device_severity) rather than being guessed at.
+critical(source) if {
+	lib.matchable(source)
+	regex.match(critical_regex, source)
+}
 
 _findings_1 := [{"service": name, "path": ["devices", i], "message": concat("", ["device ", d.source, " mapped to ", d.target]), "severity": severity} |
 	some name
@@ -31,6 +36,8 @@ _findings_1 := [{"service": name, "path": ["devices", i], "message": concat("", 
 
 device_severity(source) := "fail" if {
 	critical(source)
+} else := "fail" if {
+	not lib.matchable(source)
 } else := "warn"
 
 findings := _findings_1

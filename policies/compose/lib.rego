@@ -34,3 +34,15 @@ caps(svc, key) := {c |
 }
 
 limits(svc) := object.get(object.get(object.get(svc, "deploy", {}), "resources", {}), "limits", {})
+
+# The longest string (in characters) any rule gives to a regex builtin (regex.match, ...; no
+# rule uses glob). regopy 1.5's regular expressions recurse once per byte that a repetition
+# consumes, ~320 bytes of stack each: an 8 MiB stack overflows (SIGSEGV: no error a handler
+# could catch) at ~26,000 bytes, for every pattern of these rules with a repetition (measured:
+# policies/compose/README.md, "Untrusted strings and regular expressions"). 2,048 characters
+# are at most 8 KiB of UTF-8, ~2.6 MB of stack: a third of the default 8 MiB (the server's
+# evaluator processes give their evaluating thread 64 MiB). A longer string gets a cheap check
+# without a regex, or a finding that says it was too long to inspect: never a silent pass.
+max_match := 2048
+
+matchable(s) if count(s) <= max_match

@@ -73,15 +73,18 @@ plain(value) := lower(trim(trim_space(value), `"'`))
 
 not_secret(value) if plain(value) in harmless_values
 
+# (A value over lib.max_match is no placeholder: it is not given to the regex.)
 not_secret(value) if {
 	plain_value := plain(value)
 	strings.any_prefix_match(plain_value, placeholder_prefixes)
+	lib.matchable(plain_value)
 	regex.match(placeholder_regex, plain_value)
 }
 
 password_hash(value) if {
 	stripped := trim(trim_space(value), `"'`)
 	strings.any_prefix_match(stripped, ["$", "{"]) # every format above starts with "$", LDAP's with "{"
+	lib.matchable(stripped) # over lib.max_match: no hash (and no regex)
 	regex.match(hash_regex, stripped)
 }
 
@@ -91,6 +94,8 @@ secret_name_regex := concat("|", secret_name_patterns)
 reference_regex := concat("|", reference_suffixes)
 
 secret_name(key) if {
+	# bounded: only named_secret calls this, for a name within lib.max_match (upper may lengthen
+	# it, at most threefold: these two patterns are literals, which do not recurse per byte)
 	upper_key := upper(key)
 	regex.match(secret_name_regex, upper_key)
 	not regex.match(reference_regex, upper_key)
@@ -99,12 +104,16 @@ secret_name(key) if {
 # One cheap pattern of the checks' literals first: most values contain none of them.
 secret_value_hint := `AKIA|-----BEGIN |gh[pousr]_|github_pat_|glpat-|xox[abposr]-|sk_live_|sk-|AIza|eyJ|://`
 
+# Only a value within lib.max_match meets the patterns (it bounds matches_a_check's too); a
+# longer one gets too_long_to_check.
 secret_value(value) if {
+	lib.matchable(value)
 	regex.match(secret_value_hint, value)
 	matches_a_check(value) # a function of its own: in one body regopy repeats the hint per check
 }
 
 matches_a_check(value) if {
+	# bounded: only secret_value calls this, for a value within lib.max_match
 	some check in secret_value_checks
 	contains(value, check[0])
 	regex.match(check[1], value)
@@ -113,14 +122,43 @@ matches_a_check(value) if {
 # A value pointing at a mounted secret file is the recommended pattern, not a leak.
 file_reference(value) if startswith(value, "/run/secrets/")
 
-# Whether a variable's name announces a secret, as a value: computed once per variable (as a
-# condition in two branches of kind, regopy evaluated the name's patterns twice).
-named_secret(key) := true if secret_name(key) else := false
+# Literals of which a credential the checks find contains one, specific enough to be tested on
+# a value too long for the checks (a CA bundle has "-----BEGIN CERTIFICATE", not "PRIVATE KEY-----";
+# a URL with credentials, "://" and "@"): ``contains`` has no length limit.
+long_value_markers := [
+	"AKIA", "PRIVATE KEY-----", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-",
+	"xoxa-", "xoxb-", "xoxp-", "xoxo-", "xoxs-", "xoxr-", "sk_live_", "sk-", "AIza", "eyJ",
+]
 
-# What one variable is, in one pass (the three cases exclude each other): a password hash
-# (info), a literal value under a secret-looking name (``named``: named_secret), or a
-# credential-shaped value under any other name; undefined for everything else.
-kind(named, value) := "hash" if {
+# Whether a value over lib.max_match may hold a credential (kind tests the length first: this
+# costs ~0.4 ms per variable even when its first condition fails at once).
+too_long_to_check(value) if has_a_marker(value)
+
+too_long_to_check(value) if {
+	contains(value, "://")
+	contains(value, "@")
+}
+
+has_a_marker(value) if {
+	some marker in long_value_markers
+	contains(value, marker)
+}
+
+# Whether a variable's name announces a secret, as a value: computed once per variable (as a
+# condition in two branches of kind, regopy evaluated the name's patterns twice); "long" for a
+# name over lib.max_match, which no pattern is tried on.
+named_secret(key) := "long" if {
+	not lib.matchable(key)
+} else := true if secret_name(key) else := false
+
+# What one variable is, in one pass (the cases exclude each other): a name too long to inspect,
+# a password hash (info), a literal value under a secret-looking name (``named``: named_secret;
+# a value over lib.max_match is never harmless, a placeholder or a hash, so this needs no regex),
+# a credential-shaped value under any other name, or such a value too long to inspect;
+# undefined for everything else.
+kind(named, value) := "long_name" if {
+	named == "long"
+} else := "hash" if {
 	password_hash(value)
 } else := "secret" if {
 	named
@@ -129,12 +167,20 @@ kind(named, value) := "hash" if {
 } else := "credential" if {
 	not named
 	secret_value(value)
+} else := "unchecked" if {
+	not named
+	not lib.matchable(value)
+	too_long_to_check(value)
 }
+
+_over := concat("", [" (over ", format_int(lib.max_match, 10), " characters)"])
 
 told := {
 	"secret": {"text": " holds a literal secret value", "severity": "fail"},
 	"credential": {"text": " holds a value that looks like a credential", "severity": "fail"},
 	"hash": {"text": " holds a password hash (not the password; keep it in a secret all the same)", "severity": "info"},
+	"long_name": {"text": concat("", [" has a name too long to inspect", _over]), "severity": "fail"},
+	"unchecked": {"text": concat("", [" holds a value too long to inspect", _over, " with a credential marker"]), "severity": "fail"},
 }
 
 _findings_1 := [{"service": name, "path": ["environment", key], "message": concat("", ["environment ", key, told[k].text]), "severity": told[k].severity} |

@@ -38,16 +38,26 @@ sensitive(path) := "container runtime socket" if {
 	home_relative(path)
 } else := "sensitive host path" if {
 	not path in harmless_files
-	regex.match(sensitive_tree_regex, path)
+	in_sensitive_tree(path)
 }
 
 # One match for all the trees (a tree itself or anything below it) instead of one test per tree.
 # The tree names hold no regular-expression metacharacters.
 sensitive_tree_regex := concat("", ["^(", concat("|", sensitive_trees), ")(/|$)"])
 
+# A path over lib.max_match is not given to the regex: the same test as prefixes.
+in_sensitive_tree(path) := regex.match(sensitive_tree_regex, path) if {
+	lib.matchable(path)
+} else := strings.any_prefix_match(path, [concat("", [tree, "/"]) | some tree in sensitive_trees])
+
 # Socket proxies (tecnativa/docker-socket-proxy, linuxserver/socket-proxy, wollomatic/socket-proxy)
 # are the remediation: with the socket read-only they are the least bad way to give an API.
-socket_proxy(svc) if regex.match(`(^|/)[a-z0-9._-]*(socket-proxy|dockerproxy)(:|@|$)`, lower(object.get(svc, "image", "")))
+# (An image name over lib.max_match is not given to the regex: no known proxy.)
+socket_proxy(svc) if {
+	image := lower(object.get(svc, "image", ""))
+	lib.matchable(image)
+	regex.match(`(^|/)[a-z0-9._-]*(socket-proxy|dockerproxy)(:|@|$)`, image)
+}
 
 # The severity of one mount: read-only lowers it, except for a runtime socket (its API is not
 # read-only), which is lowered only for a read-only socket proxy.

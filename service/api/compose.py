@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import COMPOSE_RULES, CONFIG
+from ..appkeys import COMPOSE_EVALUATOR, COMPOSE_RULES, CONFIG
 from ..chain import Outcome, Run, Target, protected
 from ..compose import preflight
-from ..compose.preflight import (
-    ComposeTooLarge,
-    EvaluationBudgetExceeded,
-    check_budget,
-    evaluate_json,
-)
+from ..compose.evaluator import EvaluationFailed
+from ..compose.preflight import ComposeTooLarge, EvaluationBudgetExceeded, check_budget
 from ..errors import ComposeTooLarge as ComposeTooLargeProblem
 from ..errors import EvaluationBudgetExceeded as EvaluationBudgetProblem
+from ..errors import EvaluationFailed as EvaluationFailedProblem
 
 routes = web.RouteTableDef()
 
@@ -39,12 +35,12 @@ async def compose_import(run: Run) -> Outcome:
         raise ComposeTooLargeProblem(
             exc.message, code="compose_too_large",
             errors=[{"pointer": exc.pointer, "message": exc.message}]) from None
-    # Off the event loop, in chunks of services (the bundle's lock is released between them, so
-    # other reports interleave), with the preflight's time budget checked between chunks.
+    # In an evaluator process (a native crash there fails this request only), in chunks of
+    # services with the preflight's time budget checked between them; a cached report is
+    # answered here.
     budget_s = preflight.EVALUATION_BUDGET_S
     try:
-        report, text = await asyncio.to_thread(
-            evaluate_json,
+        report, text = await run.request.app[COMPOSE_EVALUATOR].evaluate_json(
             body["fields"],
             strict=bool(body.get("strict", False)),
             env=body.get("env"),
@@ -56,6 +52,10 @@ async def compose_import(run: Run) -> Outcome:
         raise EvaluationBudgetProblem(
             exc.message, code="evaluation_budget_exceeded",
             errors=[{"pointer": "/fields/services", "message": exc.message}]) from None
+    except EvaluationFailed as exc:
+        raise EvaluationFailedProblem(
+            exc.message, code="evaluation_failed",
+            errors=[{"pointer": "/fields", "message": exc.message}]) from None
     # The report's JSON text is cached with it: a repeated file serialises nothing.
     return Outcome(200, report, text=text,
                    audit={"compose_passed": report["passed"],

@@ -57,9 +57,14 @@ __all__ = [
     "EvaluationBudgetExceeded",
     "Rule",
     "RuleSet",
+    "cached_report",
     "check_budget",
     "evaluate",
+    "evaluate_input",
     "evaluate_json",
+    "remember_report",
+    "report_input",
+    "report_key",
 ]
 
 #: The repository's compose policies (``policies/compose``).
@@ -114,6 +119,8 @@ class RuleSet:
     #: top-level definitions, env, production, strict, built images): see ``_rule_outputs``.
     services: LRU[str, dict[str, Any]] = field(
         default_factory=lambda: LRU(SERVICE_CACHE_ENTRIES))
+    #: The module texts by name: what an evaluator process compiles the same revision from.
+    sources: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, directory: Path = POLICY_DIR) -> RuleSet:
@@ -210,7 +217,7 @@ def _compile(sources: Mapping[str, str], revision: str) -> RuleSet:
             continue
         rules.append(_rule_from_meta(bundle, package))
     return RuleSet(revision=revision, rules=tuple(rules), bundle=bundle, load_errors=errors,
-                   groups=_groups(good) if bundle is not None else ())
+                   groups=_groups(good) if bundle is not None else (), sources=dict(sources))
 
 
 def _build(helpers: list[Module], rules: Mapping[str, Module]) -> Bundle:
@@ -336,6 +343,7 @@ class EvaluationBudgetExceeded(RuntimeError):
     """The report was not finished within its time budget; nothing of it is returned."""
 
     def __init__(self, budget: str, done: int, total: int) -> None:
+        self.budget, self.done, self.total = budget, done, total
         self.message = (f"evaluation stopped at its budget of {budget} ({done} of {total} "
                         "services evaluated): split the file")
         super().__init__(self.message)
@@ -439,22 +447,66 @@ def _report(
     cache: bool,
 ) -> _Entry:
     check_budget(fields)
+    input_doc = report_input(strict=strict, env=env, environments=environments)
+    key = None
+    if cache:
+        key = report_key(fields, input_doc, rules)
+        hit = rules.reports.get(key)
+        if hit is not None:
+            return hit
+    entry = _Entry(evaluate_input(fields, input_doc, rules=rules, budget_s=budget_s,
+                                  cache=cache))
+    if key is not None:
+        rules.reports.put(key, entry)
+    return entry
+
+
+# The steps of ``evaluate_json`` for a caller that evaluates elsewhere (service.compose.evaluator:
+# the cache stays with the caller, the evaluation runs in a child process).
+
+def report_input(*, strict: bool, env: str | None,
+                 environments: Environments | None) -> dict[str, Any]:
+    """The rules' input beside the fields: ``strict``, and ``env`` with ``production``."""
     input_doc: dict[str, Any] = {"strict": strict}
     if env is not None:
         input_doc["env"] = env
         envs = environments if environments is not None else _DEFAULT_ENVIRONMENTS
         input_doc["production"] = envs.is_production(env)
-    key = None
-    if cache:
-        key = _cache_key(fields, input_doc, rules.revision)
-        hit = rules.reports.get(key)
-        if hit is not None:
-            return hit
-    entry = _Entry(_evaluate(fields, input_doc, strict=strict, env=env, rules=rules,
-                             budget_s=budget_s, cache=cache))
-    if key is not None:
-        rules.reports.put(key, entry)
-    return entry
+    return input_doc
+
+
+def report_key(fields: Mapping[str, Any], input_doc: Mapping[str, Any], rules: RuleSet) -> str:
+    """The report cache's key of ``fields`` with ``input_doc`` under ``rules``."""
+    return _cache_key(fields, input_doc, rules.revision)
+
+
+def cached_report(rules: RuleSet, key: str) -> tuple[dict[str, Any], str] | None:
+    """The cached report and its JSON text under ``key``, or ``None``."""
+    entry = rules.reports.get(key)
+    if entry is None:
+        return None
+    if entry.text is None:
+        entry.text = json.dumps(entry.report)
+    return entry.report, entry.text
+
+
+def remember_report(rules: RuleSet, key: str, report: dict[str, Any], text: str) -> None:
+    """Cache a report evaluated elsewhere (``text`` is ``json.dumps(report)``)."""
+    rules.reports.put(key, _Entry(report, text))
+
+
+def evaluate_input(
+    fields: Mapping[str, Any],
+    input_doc: dict[str, Any],
+    *,
+    rules: RuleSet,
+    budget_s: float | None,
+    cache: bool = True,
+) -> dict[str, Any]:
+    """The report of ``fields`` with ``input_doc`` (``report_input``), not looked up in or
+    stored to the report cache (``cache``: whether the per-service outputs are)."""
+    return _evaluate(fields, input_doc, strict=bool(input_doc["strict"]),
+                     env=input_doc.get("env"), rules=rules, budget_s=budget_s, cache=cache)
 
 
 def _cache_key(fields: Mapping[str, Any], input_doc: Mapping[str, Any], revision: str) -> str:

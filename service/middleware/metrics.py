@@ -50,6 +50,8 @@ _TICKET_EVENT_OUTCOMES = {
 #: What became of a notification event in a dispatcher round (``notifications.dispatcher``):
 #: every matching sink accepted it, it is due again after a failure, it failed past its window,
 #: the round's lease ended before its attempts were recorded, or there are no sinks at all.
+#: Why a compose report's evaluator process failed (``service.compose.evaluator``).
+COMPOSE_EVALUATOR_FAILURES = ("crashed", "timeout", "protocol", "unavailable")
 NOTIFICATION_OUTCOMES = ("delivered", "retried", "dead", "lease_lost", "settled")
 LOGIN_FAILURE_REASONS = (
     "bad_password", "unknown_subject", "subject_disabled", "not_a_human", "invalid_assertion",
@@ -85,6 +87,7 @@ EXPORTED = (
     "controlplane_store_round_trips_total",
     "controlplane_notification_events_total",
     "controlplane_notification_deliveries_total",
+    "controlplane_compose_evaluator_failures_total",
 )
 
 
@@ -108,6 +111,7 @@ class Metrics:
     notification_events: Counter
     notification_deliveries: Counter
     shadow_divergence: Counter
+    compose_evaluator_failures: Counter
     #: Per process (a ``pid`` label with several workers): the revision it serves, and whether
     #: that is the fleet's active one; an operator sees convergence across workers and replicas.
     process_revision: Gauge | None = None
@@ -198,6 +202,9 @@ class Metrics:
     def store_round_trips_made(self, count: int) -> None:
         """One store transaction of this worker ended after ``count`` round trips."""
         self.store_round_trips.inc(count)
+
+    def compose_evaluator_failed(self, reason: str) -> None:
+        self.compose_evaluator_failures.labels(reason).inc()
 
     @classmethod
     def create(cls, *, multiprocess: bool = False) -> Metrics:
@@ -319,6 +326,14 @@ class Metrics:
                 "PostgreSQL only.",
                 registry=registry,
             ),
+            compose_evaluator_failures=Counter(
+                "controlplane_compose_evaluator_failures",
+                "Compose reports whose evaluator process failed, by reason: crashed (died "
+                "mid-request), timeout (killed over the wall-clock bound), protocol (an answer "
+                "that is not one), unavailable (could not be started).",
+                ["reason"],
+                registry=registry,
+            ),
             multiprocess=multiprocess,
         )
         metrics.converged(None, True)
@@ -335,6 +350,8 @@ class Metrics:
             metrics.store_transactions.labels(kind)
         for outcome in NOTIFICATION_OUTCOMES:
             metrics.notification_events.labels(outcome)
+        for reason in COMPOSE_EVALUATOR_FAILURES:
+            metrics.compose_evaluator_failures.labels(reason)
         return metrics
 
 
