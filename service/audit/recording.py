@@ -24,6 +24,7 @@ from ..authn.principal import Principal
 from ..authz.actions import Action
 from ..authz.decision import Decision
 from ..errors import Problem, ServiceUnavailable, to_problem
+from ..repeats import cause_of, log_repeated
 from ..run import Outcome, Target
 from ..store.base import AuditRecord, StoreError, StoreUnavailable, Tx
 from .log import AuditLog
@@ -110,9 +111,15 @@ async def recording(
         yield rec
     except Exception as exc:
         problem = to_problem(exc)
-        if problem.status >= 500 and not isinstance(exc, Problem):
+        if isinstance(exc, StoreUnavailable):
+            # An outage fails every run alike: expected, one line per interval with the count.
+            log_repeated(log, logging.ERROR, ("store.unavailable", "chain", str(exc)),
+                         "chain run failed: %s", exc,
+                         fields={"event": "store.unavailable", "during": "chain"})
+        elif problem.status >= 500 and not isinstance(exc, Problem):
             # The cause stays in our log under the correlation id; the client sees only the id.
-            log.error("chain run failed", exc_info=exc)
+            log_repeated(log, logging.ERROR, ("chain.failed", *cause_of(exc)), "chain run failed",
+                         fields={"event": "chain.failed"}, exc_info=exc)
         # A run the store failed has already spent its store deadline: the record of its
         # failure is queued, but the answer waits for it only briefly.
         store_failed = isinstance(exc, StoreUnavailable)
@@ -206,6 +213,15 @@ def _outcome_name(problem: Problem) -> str:
     return "invalid"
 
 
+def _write_failed(msg: str, exc: StoreError, entry: dict[str, Any]) -> None:
+    # Each failed write is counted by the metric; the log says it once per interval, counted
+    # (an outage fails every run's record alike).
+    action = entry.get("action")
+    log_repeated(log, logging.ERROR, ("audit.write_failed", type(exc).__name__, action), msg,
+                 fields={"event": "audit.write_failed", "error": type(exc).__name__,
+                         "action": action})
+
+
 @overload
 async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx, *,
                   stage: Literal[True]) -> int: ...
@@ -233,14 +249,10 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
             raise StoreUnavailable("audit record not committed in time") from None
     except StoreUnavailable as exc:
         audit.append_failed()
-        log.error("audit record could not be written: store unavailable",
-                  extra={"fields": {"event": "audit.write_failed", "error": type(exc).__name__,
-                                    "action": entry.get("action")}})
+        _write_failed("audit record could not be written: store unavailable", exc, entry)
         raise to_problem(exc) from None
     except StoreError as exc:
         audit.append_failed()
-        log.error("audit record could not be written",
-                  extra={"fields": {"event": "audit.write_failed", "error": type(exc).__name__,
-                                    "action": entry.get("action")}})
+        _write_failed("audit record could not be written", exc, entry)
         raise ServiceUnavailable("the audit log is unavailable; nothing was executed",
                                  code="audit_unavailable") from None
