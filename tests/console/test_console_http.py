@@ -226,6 +226,10 @@ async def test_the_ticket_page_masks_a_password_in_the_command(client, visitors)
     text = await bob.page(f"/console/tickets/{ticket['id']}")
     assert "hunter2" not in text
     assert "mysql --host db --password ***" in text
+    argv = await request_ticket(client, reason="as an argv array",
+                                command=["mysql", "--password", "hunter2", "-e", "select 1"])
+    text = await bob.page(f"/console/tickets/{argv['id']}")
+    assert "hunter2" not in text and "mysql --password *** -e &#x27;select 1&#x27;" in text
 
 
 async def approve_with_step_up(client: TestClient, visitors: list[Visitor]) -> None:
