@@ -63,6 +63,7 @@ from .middleware.metrics import setup_metrics
 from .middleware.problems import setup_problems
 from .notifications.dispatcher import Dispatcher, dispatching
 from .notifications.reviewers import reviewers_of
+from .repeats import log_failure
 from .store.base import StoreError
 from .storelink import setup_store
 from .streams import setup_streams
@@ -377,10 +378,12 @@ async def _every(interval_s: float, job: Callable[[float], Awaitable[Any]]) -> A
         while True:
             try:
                 await job(clock.now())
-            except StoreError:
-                log.warning("housekeeping skipped: store unavailable")
-            except Exception:
-                log.exception("housekeeping failed")
+            except StoreError as exc:
+                # An outage skips every round alike: said once per interval, counted.
+                log_failure(log, "housekeeping skipped", exc, event="housekeeping.skipped",
+                            expected=(StoreError,), level=logging.WARNING)
+            except Exception as exc:
+                log_failure(log, "housekeeping failed", exc, event="housekeeping.failed")
             await asyncio.sleep(interval_s)
 
     async with background(loop()):

@@ -50,6 +50,7 @@ from .errors import (
 )
 from .middleware.correlation import HEADER as CORRELATION_HEADER
 from .middleware.headers import edge_headers
+from .repeats import cause_of, log_repeated
 
 __all__ = ["EdgeRequestHandler", "EdgeRunner", "EdgeServer"]
 
@@ -163,7 +164,10 @@ class EdgeRequestHandler(RequestHandler):
         if status >= 500:
             # A handler or a middleware outside ``problems`` raised: a bug, with its traceback
             # (scrubbed like every log line).
-            log.error("unhandled error while serving a request", exc_info=exc, extra=fields)
+            log_repeated(log, logging.ERROR,
+                         ("http.unhandled", *(cause_of(exc) if exc is not None else ("?", "?"))),
+                         "unhandled error while serving a request", exc_info=exc,
+                         fields={"event": "http.unhandled", "correlation_id": cid})
         elif isinstance(exc, BadHttpMethod) and self._request_count == 1:
             # Not HTTP at all (TLS on this port, a scanner): common, and no one's mistake here.
             log.debug("not an HTTP request from %s", request.remote, extra=fields)

@@ -8,10 +8,12 @@ the caller passes, and configured names can be added (``logging.mask_fields``).
 
 Text is scrubbed too, in every string the formatter writes (the message, the traceback in
 ``exc``, stack info, every field value): credentials in URLs, ``Authorization``/``Cookie``
-header values, ``Bearer`` tokens, JWS compact tokens (``eyJ...``) and ``name=value`` or
-``name: value`` pairs whose name is a secret field name. Library loggers that may log request
-data (aiohttp's) also get a filter that scrubs their records in place, so that no handler
-(a test's log capture included) ever sees the clear text.
+header values, ``Bearer`` tokens, JWS compact tokens (``eyJ...``), ``name=value`` or
+``name: value`` pairs whose name is a secret field name, and a command line's secret options
+with their values (``--password VALUE``, ``--api-key 'VALUE'``); a quoted value is masked
+whole. Library loggers that may log request data (aiohttp's) also get a filter that scrubs
+their records in place, so that no handler (a test's log capture included) ever sees the
+clear text.
 
 A record may name its correlation id itself (``extra={"correlation_id": ...}``): the access
 log (``service.accesslog``, one ``controlplane.access`` line per request) and the edge do,
@@ -54,14 +56,29 @@ _CREDENTIAL_HEADER = re.compile(
 _SCHEME_CREDENTIALS = re.compile(r"\b(bearer|basic|digest)\s+[^\s\"',;]+", re.IGNORECASE)
 # JWS/JWE compact serialisations: a base64url JSON header ("eyJ") and at least one more part.
 _JOSE = re.compile(r"\beyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_.-]*")
+# A value: quoted (to its closing quote on the same line, or to the end of the line when it
+# has none: a quoted secret is masked whole, spaces included) or a bare run of characters.
+_VALUE = r"(?P<value>\"(?:[^\"\\\n]|\\.)*\"?|'(?:[^'\\\n]|\\.)*'?|[^\s\"'&,;)}\]]+)"
 # name=value / name: value / "name": "value" where the name is a secret field name.
-_NAMED_VALUE = re.compile(
-    r"(?P<name>[A-Za-z][A-Za-z0-9_.-]*)(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\s\"'&,;)}\]]+)"
-)
+_NAMED_VALUE = re.compile(r"(?P<name>[A-Za-z][A-Za-z0-9_.-]*)(?P<sep>[\"']?\s*[:=]\s*)" + _VALUE)
+# A command line's secret option and its value, space-separated: --password VALUE, --api-key VALUE.
+_FLAG_VALUE = re.compile(r"(?<![\w-])(?P<name>--?[A-Za-z][A-Za-z0-9_.-]*)(?P<sep>[ \t]+)" + _VALUE)
+
+
+def _masked_value(value: str) -> str:
+    quote = value[0] if value[0] in "\"'" else ""
+    return f"{quote}{MASK}{quote}" if quote else MASK
 
 
 def _named(match: re.Match[str]) -> str:
-    if not is_secret_field(match["name"]) or match["value"] == MASK:
+    value = match["value"]
+    if not is_secret_field(match["name"]) or value.strip("\"'") == MASK:
+        return match[0]
+    return f"{match['name']}{match['sep']}{_masked_value(value)}"
+
+
+def _flag(match: re.Match[str]) -> str:
+    if not is_secret_field(match["name"].lstrip("-")) or match["value"] == MASK:
         return match[0]
     return f"{match['name']}{match['sep']}{MASK}"
 
@@ -69,7 +86,7 @@ def _named(match: re.Match[str]) -> str:
 # Every pattern above needs one of these substrings to match at all (a URL with credentials its
 # "://", a named value a secret word of its name, an API or private key the word "key"): text
 # without any of them has nothing to scrub, which is most text, so it is returned unread by the
-# five patterns (a property test holds the two paths equal: tests/test_logs.py). The patterns
+# six patterns (a property test holds the two paths equal: tests/test_logs.py). The patterns
 # ignore case, so the text is case-folded first (a search with IGNORECASE costs ~8x more).
 _MAY_HOLD_SECRET = re.compile("|".join(sorted(
     {"://", "authorization", "cookie", "bearer", "basic", "digest", "eyj", "key", *SECRET_WORDS},
@@ -112,6 +129,7 @@ def _scrub_patterns(text: str) -> str:
     text = _CREDENTIAL_HEADER.sub(r"\1\2" + MASK, text)
     text = _SCHEME_CREDENTIALS.sub(r"\1 " + MASK, text)
     text = _JOSE.sub(MASK, text)
+    text = _FLAG_VALUE.sub(_flag, text)
     return _NAMED_VALUE.sub(_named, text)
 
 

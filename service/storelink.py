@@ -18,6 +18,7 @@ from aiohttp import web
 
 from .appkeys import CONFIG, METRICS, STORE
 from .config import Config
+from .repeats import log_failure
 from .store import open_store
 from .store.base import Store, StoreError, StoreUnavailable
 from .store.sql import SchemaTooNew
@@ -191,8 +192,8 @@ class StoreLink:
         while True:
             try:
                 await self.check()
-            except Exception:
-                log.exception("store status check failed")
+            except Exception as exc:  # check() reports store errors itself: a bug
+                log_failure(log, "store status check failed", exc, event="store.check_failed")
             await asyncio.sleep(interval_s)
 
     async def retry(self) -> None:

@@ -25,6 +25,7 @@ from service.authz import engine as policy_engine
 from service.authz import regotest
 from service.authz.source import Snapshot
 from service.config import Config, load
+from service.repeats import REPEATS
 from tests import contract_hooks
 from tests.servers import EdgeTestServer
 
@@ -57,6 +58,7 @@ def vet_in_process(
 E2E_TESTS = frozenset({
     "tests/test_processes.py",
     "tests/test_operations.py",
+    "tests/test_log_floods.py",
     "tests/test_login_throttle_processes.py",
     "tests/test_policy_fleet.py",
     "tests/test_policy_shadow_process.py::test_no_shadow_process_outlives_cpctl_serve_workers",
@@ -87,6 +89,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = getattr(item, "originalname", item.name)
         if module in E2E_TESTS or f"{module}::{name}" in E2E_TESTS:
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def fresh_log_repeats() -> None:
+    """Each test starts with no repeated cause remembered (``service.repeats``): a failure a
+    test provokes is logged as a first occurrence, whatever an earlier test logged."""
+    REPEATS.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -98,6 +98,9 @@ FAKE_JWS = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJhbGljZSJ9.c2VjcmV0LXNpZ25hdHVyZQ"
     pytest.param(f'{{"client_secret": "{SECRET}"}}', id="json"),
     pytest.param(f"X-Api-Key: {SECRET}", id="api-key-header"),
     pytest.param(f"token {FAKE_JWS} rejected", id="bare-jws"),
+    pytest.param(f"ran mysql --password {SECRET} -e x", id="command-flag"),
+    pytest.param(f"ran deploy --api-key '{SECRET}' web", id="command-flag-quoted"),
+    pytest.param(f'ran deploy --password="x {SECRET}" web', id="command-named-quoted"),
 ])
 def test_scrub_masks_credentials_in_any_text(text):
     from service.logs import scrub
@@ -131,7 +134,7 @@ _PAIR = st.tuples(
 @given(st.lists(st.one_of(st.sampled_from(_FRAGMENTS), _PAIR), max_size=10).map("".join))
 def test_scrub_prefilter_never_skips_a_match(text):
     """``scrub`` returns text untouched when no pattern's trigger is in it: that shortcut must
-    give exactly what the five patterns give."""
+    give exactly what the patterns give."""
     from service.logs import _scrub_patterns, scrub
 
     assert scrub(text) == _scrub_patterns(text)

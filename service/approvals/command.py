@@ -7,18 +7,21 @@ a string's UTF-8, exactly as given (no trimming, no shell parsing: ``"helm upgra
 rule is involved, and any language with a JCS library computes the same bytes.
 
 ``command_hash`` is what tickets and the ``Command-Hash`` header carry: ``sha256:`` + the
-lowercase hex SHA-256 of the canonical bytes. ``masked`` is what notifications show: the
-shared log-masking rules (``logs.mask``), plus argv's ``--password VALUE`` form, where the
-value is its own element.
+lowercase hex SHA-256 of the canonical bytes. ``masked`` is the one form in which the service
+keeps and shows a command (the ticket API, the console, notifications, ``cpctl approval show``):
+secret values replaced by ``***``. The hash is taken over the exact command first, so the
+binding is exact while no secret value is ever stored or shown.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import TypeAlias
+import re
+import shlex
+from typing import TypeAlias, TypeGuard
 
 from .. import canonical
-from ..logs import MASK, mask
+from ..logs import MASK, scrub
 from ..redaction import is_secret_field
 
 __all__ = ["Command", "canonical_command", "command_hash", "is_command", "masked"]
@@ -26,7 +29,7 @@ __all__ = ["Command", "canonical_command", "command_hash", "is_command", "masked
 Command: TypeAlias = str | list[str]
 
 
-def is_command(value: object) -> bool:
+def is_command(value: object) -> TypeGuard[Command]:
     """A string, or a non-empty list of strings."""
     if isinstance(value, str):
         return True
@@ -49,22 +52,74 @@ def command_hash(command: Command) -> str:
 
 
 def masked(command: Command) -> Command:
-    """``command`` as notifications show it: secret-looking values replaced by ``***``.
+    """``command`` with its secret values replaced by ``***``; the rest as written.
 
-    Strings go through the shared masking (``name=value`` pairs with a secret name, bearer
-    credentials, JWTs, passwords in URLs). In an argv array an element that is a flag with a
-    secret name and no ``=`` (``--password``, ``--api-key``) masks the element after it.
+    Argument by argument (an argv array's elements, a command line's shell words): an option
+    or assignment whose name is secret (``service.redaction``) has its value masked, in both
+    forms, ``--password=VALUE`` / ``DB_PASSWORD=VALUE`` and ``--password VALUE`` (the next
+    argument), quoted or not; any other argument goes through the shared log masking
+    (``logs.scrub``: passwords in URLs, bearer credentials, JWTs, ``name=value`` inside it, a
+    command line inside it). A command line keeps its spacing and quoting except where a value
+    was masked. Idempotent. Short options (``-p VALUE``) are not recognised: no name says
+    they are secret.
     """
     if isinstance(command, str):
-        return str(mask(command))
+        return _masked_line(command)
     out: list[str] = []
     hide_next = False
     for arg in command:
-        if hide_next:
-            out.append(MASK)
-            hide_next = False
-            continue
-        out.append(str(mask(arg)))
-        if arg.startswith("-") and "=" not in arg and is_secret_field(arg.lstrip("-")):
-            hide_next = True
+        out.append(MASK if hide_next else _masked_arg(arg))
+        hide_next = not hide_next and _is_secret_option(arg)
     return out
+
+
+# A shell word: unquoted runs, '...' and "..." (an unterminated quote runs to the end), and
+# backslash escapes, with nothing between them.
+_SHELL_WORD = re.compile(r"""(?:[^\s'"\\]+|'[^']*'?|"(?:[^"\\]|\\.)*"?|\\.?)+""", re.DOTALL)
+_SHELL_PART = re.compile(r"""'([^']*)'?|"((?:[^"\\]|\\.)*)"?|\\(.?)|([^'"\\]+)""", re.DOTALL)
+_DQ_ESCAPE = re.compile(r'\\([\\"$`])')
+# An assignment: an option's (``--name=value``) or an environment variable's (``NAME=value``).
+_ASSIGNMENT = re.compile(r"(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)=(?P<value>.*)", re.DOTALL)
+
+
+def _unquoted(word: str) -> str:
+    """A shell word's value (quotes removed, escapes resolved)."""
+    parts = []
+    for single, double, escaped, bare in _SHELL_PART.findall(word):
+        parts.append(single or _DQ_ESCAPE.sub(r"\1", double) or escaped or bare)
+    return "".join(parts)
+
+
+def _masked_line(line: str) -> str:
+    out: list[str] = []
+    end = 0
+    hide_next = False
+    for word in _SHELL_WORD.finditer(line):
+        arg = _unquoted(word[0])
+        shown = MASK if hide_next else _masked_arg(arg)
+        hide_next = not hide_next and _is_secret_option(arg)
+        out.append(line[end:word.start()])
+        if shown == arg:
+            out.append(word[0])  # unchanged: exactly as written
+        elif shown == MASK or not _NEEDS_QUOTES.search(shown):
+            out.append(shown)
+        else:
+            out.append(shlex.quote(shown))
+        end = word.end()
+    out.append(line[end:])
+    return "".join(out)
+
+
+_NEEDS_QUOTES = re.compile(r"[\s'\"\\]")
+
+
+def _masked_arg(arg: str) -> str:
+    assignment = _ASSIGNMENT.fullmatch(arg)
+    if assignment is not None and is_secret_field(assignment["name"].lstrip("-")):
+        return f"{assignment['name']}={MASK}"
+    return scrub(arg)
+
+
+def _is_secret_option(arg: str) -> bool:
+    """``--password``, ``--api-key``: an option whose value is the next argument."""
+    return arg.startswith("-") and "=" not in arg and is_secret_field(arg.lstrip("-"))

@@ -14,7 +14,7 @@ calls ``ticket_event``), so there is no event without its change and no change w
 | consumed by the protected action           | approval.consumed   | the ticket's subject |
 
 The payload (``data``) is the ticket as the API shows it (never the nonce: the store keeps only
-its hash and the view omits even that) with the command masked by the shared masking rules,
+its hash and the view omits even that) with the command masked (``command.masked``),
 plus ``actor``, the ``review`` that caused the change and, for consumption, the consuming
 request's ``correlation_id``. Its ``id`` is a fresh UUID that every retry
 keeps, so receivers de-duplicate on it.
@@ -28,7 +28,6 @@ from typing import Any
 
 from ..clock import iso
 from ..store.base import OutboxEvent, ReviewRecord, TicketRecord
-from .command import is_command, masked
 from .tickets import ticket_view
 
 __all__ = ["EVENT_TYPES", "MAX_EVENT_FIELD_BYTES", "SYSTEM_ACTOR", "ticket_event"]
@@ -69,9 +68,7 @@ def ticket_event(
     event_type = f"approval.{kind}"
     if event_type not in EVENT_TYPES:
         raise ValueError(f"unknown ticket event {kind!r}")
-    view = ticket_view(ticket)
-    if is_command(view.get("command")):
-        view["command"] = masked(view["command"])
+    view = ticket_view(ticket)  # the command masked
     # An event must never make its change fail: a resource or command that would not fit the
     # store's bound on one JSON value next to the rest is left out (its hash stays; the ticket
     # API shows it in full), marked ``<field>_omitted``.

@@ -19,6 +19,7 @@ from typing import Any
 from ..clock import iso as _iso
 from ..store.base import ReviewRecord, TicketRecord
 from .binding import hash_nonce, new_nonce, resource_hash
+from .command import is_command, masked
 
 __all__ = [
     "NotEligibleReviewer",
@@ -103,7 +104,9 @@ def new_ticket(
     now: float,
     command: Any = None,
 ) -> tuple[TicketRecord, str]:
-    """A pending ticket and its nonce (returned to the creator once; only its hash is stored)."""
+    """A pending ticket and its nonce (returned to the creator once; only its hash is stored).
+    The command is kept masked (``command.masked``): its hash, taken by the caller over the
+    exact command, is the binding; a secret value in it is never stored."""
     nonce = new_nonce()
     ticket = TicketRecord(
         id="tkt_" + uuid.uuid4().hex,
@@ -126,7 +129,7 @@ def new_ticket(
         closed_by=None,
         approval=req.as_dict(),
         reviews=(),
-        command=command,
+        command=masked(command) if is_command(command) else command,
     )
     return ticket, nonce
 
@@ -202,7 +205,8 @@ def _stored_requirements(ticket: TicketRecord) -> dict[str, Any]:
 
 
 def ticket_view(ticket: TicketRecord, *, nonce: str | None = None) -> dict[str, Any]:
-    """The wire form; the nonce only when given (the creator's 201, nowhere else)."""
+    """The wire form; the nonce only when given (the creator's 201, nowhere else); the
+    command masked (its secret values are no one's to read back, the requester's included)."""
     view: dict[str, Any] = {
         "id": ticket.id,
         "subject_id": ticket.subject_id,
@@ -211,7 +215,8 @@ def ticket_view(ticket: TicketRecord, *, nonce: str | None = None) -> dict[str, 
         "resource_hash": ticket.resource_hash,
         "action": ticket.action,
         "command_hash": ticket.command_hash,
-        "command": ticket.command,
+        # Masked here too: a ticket stored before its command was masked on the way in.
+        "command": masked(ticket.command) if is_command(ticket.command) else ticket.command,
         "state": ticket.state,
         "requested_by": ticket.requested_by,
         "reason": ticket.reason,

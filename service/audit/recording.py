@@ -30,6 +30,7 @@ from ..authn.principal import Principal
 from ..authz.actions import Action
 from ..authz.decision import Decision
 from ..errors import OutcomeUnknown, Problem, ServiceUnavailable, to_problem
+from ..repeats import cause_of, log_repeated
 from ..run import Outcome, Target
 from ..store.base import AuditRecord, StoreError, StoreOutcomeUnknown, StoreUnavailable, Tx
 from .log import AuditLog
@@ -127,9 +128,15 @@ async def recording(
         raise _unknown_problem(rec.entry) from None
     except Exception as exc:
         problem = to_problem(exc)
-        if problem.status >= 500 and not isinstance(exc, Problem):
+        if isinstance(exc, StoreUnavailable):
+            # An outage fails every run alike: expected, one line per interval with the count.
+            log_repeated(log, logging.ERROR, ("store.unavailable", "chain", str(exc)),
+                         "chain run failed: %s", exc,
+                         fields={"event": "store.unavailable", "during": "chain"})
+        elif problem.status >= 500 and not isinstance(exc, Problem):
             # The cause stays in our log under the correlation id; the client sees only the id.
-            log.error("chain run failed", exc_info=exc)
+            log_repeated(log, logging.ERROR, ("chain.failed", *cause_of(exc)), "chain run failed",
+                         fields={"event": "chain.failed"}, exc_info=exc)
         # The record of the failure comes out of what remains of the request's store deadline
         # (``service.deadline``); a run the store failed waits for it only briefly (the record
         # stays queued and commits once the store answers).
@@ -280,6 +287,15 @@ def _outcome_name(problem: Problem) -> str:
     return "invalid"
 
 
+def _write_failed(msg: str, exc: StoreError, entry: dict[str, Any]) -> None:
+    # Each failed write is counted by the metric; the log says it once per interval, counted
+    # (an outage fails every run's record alike).
+    action = entry.get("action")
+    log_repeated(log, logging.ERROR, ("audit.write_failed", type(exc).__name__, action), msg,
+                 fields={"event": "audit.write_failed", "error": type(exc).__name__,
+                         "action": action})
+
+
 @overload
 async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx, *,
                   stage: Literal[True]) -> int: ...
@@ -307,9 +323,7 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
             raise StoreUnavailable("audit record not committed in time") from None
     except StoreUnavailable as exc:
         audit.append_failed()
-        log.error("audit record could not be written: store unavailable",
-                  extra={"fields": {"event": "audit.write_failed", "error": type(exc).__name__,
-                                    "action": entry.get("action")}})
+        _write_failed("audit record could not be written: store unavailable", exc, entry)
         if isinstance(exc, StoreOutcomeUnknown):
             # Only this record's own commit went unanswered (a group commit, outside the run's
             # transaction): the run itself executed nothing.
@@ -317,8 +331,6 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
         raise to_problem(exc) from None
     except StoreError as exc:
         audit.append_failed()
-        log.error("audit record could not be written",
-                  extra={"fields": {"event": "audit.write_failed", "error": type(exc).__name__,
-                                    "action": entry.get("action")}})
+        _write_failed("audit record could not be written", exc, entry)
         raise ServiceUnavailable("the audit log is unavailable; nothing was executed",
                                  code="audit_unavailable") from None

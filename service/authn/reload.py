@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from .. import clock, sighup
+from ..repeats import log_failure
 from ..store.base import StoreError
 from . import identities
 from .identities import IdentitiesError, IdentityDirectory
@@ -119,5 +120,6 @@ async def reloading(
 async def _guarded(authenticator: Authenticator, source: IdentityFile) -> None:
     try:
         await reload_once(authenticator, source)
-    except Exception:
-        log.exception("identities reload failed")
+    except Exception as exc:
+        log_failure(log, "identities reload failed", exc, event="identities.reload_failed",
+                    expected=(OSError,))

@@ -22,6 +22,7 @@ from typing import Any
 from .. import sighup
 from ..background import background
 from ..config import PolicyStoreConfig
+from ..repeats import log_failure
 from ..store.base import PolicyActivation, Store, StoreError
 from .engine import PolicyEngine
 from .revisions import Bundle, BundleError, SignatureError, materialize, verify
@@ -42,8 +43,8 @@ async def reloading(engine: PolicyEngine, interval_s: float) -> AsyncIterator[No
         try:
             if engine.poll_changes():
                 await asyncio.to_thread(engine.reload)
-        except Exception:
-            log.exception("policy reload failed")
+        except Exception as exc:
+            _reload_failed(exc)
 
     async with sighup.watching(poll, lambda: _reload(engine), interval_s):
         yield
@@ -52,8 +53,17 @@ async def reloading(engine: PolicyEngine, interval_s: float) -> AsyncIterator[No
 async def _reload(engine: PolicyEngine) -> None:
     try:
         await asyncio.to_thread(engine.reload)
-    except Exception:
-        log.exception("policy reload failed")
+    except Exception as exc:
+        _reload_failed(exc)
+
+
+def _reload_failed(exc: Exception) -> None:
+    """A poll or reload that raised (a revision that is merely bad is rejected, not raised).
+    It fails the same way every poll until someone acts: one line per cause per interval,
+    without a traceback when the file system refused (a path that cannot be resolved, the
+    descriptor limit)."""
+    log_failure(log, "policy reload failed", exc, event="policy.reload_failed",
+                expected=(OSError,))
 
 
 # ---- policies.source: store ------------------------------------------------------------------
@@ -153,8 +163,9 @@ class StoreFollower:
         async with self._lock:
             try:
                 await self._sync()
-            except Exception:
-                log.exception("policy store sync failed")
+            except Exception as exc:
+                log_failure(log, "policy store sync failed", exc, event="policy.sync_failed",
+                            expected=(StoreError,))
                 self._behind(None)
             for listener in self.listeners:
                 listener(self._active.revision_id if self._active else None, self.converged)
@@ -353,8 +364,9 @@ class CandidateRevision:
         async with self._lock:
             try:
                 await self._sync()
-            except Exception:
-                log.exception("shadow candidate revision sync failed")
+            except Exception as exc:
+                log_failure(log, "shadow candidate revision sync failed", exc,
+                            event="policy.candidate_sync_failed", expected=(StoreError,))
 
     async def _sync(self) -> None:
         revision = self._shadow.wanted

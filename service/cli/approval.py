@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..approvals.binding import resource_hash
-from ..approvals.command import command_hash
+from ..approvals.command import command_hash, is_command, masked
 from . import client as http
 from .client import EXIT_OK, ClientError, ConnectionFailed, UsageError, guarded
 
@@ -500,6 +500,8 @@ def _resource_text(resource: Any) -> str:
 def _command_text(command: Any) -> str:
     if command is None:
         return "-"
+    if is_command(command):
+        command = masked(command)  # as the server shows it; an older server did not
     if isinstance(command, str):
         return command
     return json.dumps(command)  # an argv array, shown as the array it is

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from .. import config as config_mod
 from .. import logs
+from ..repeats import REPEATS, cause_of, log_repeated
 
 log = logging.getLogger("controlplane.serve")
 
@@ -169,6 +170,7 @@ async def _serve(config: config_mod.Config, sock: socket.socket, *, worker: int 
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_loop_exception)
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     runner = EdgeRunner(
@@ -200,7 +202,36 @@ async def _serve(config: config_mod.Config, sock: socket.socket, *, worker: int 
             "grace_s": config.server.shutdown_timeout_s}})
     finally:
         await runner.cleanup()
+        REPEATS.flush()  # the counts of repeated failures not said yet
     log.info("stopped", extra={"fields": {"event": "server.stopped", "pid": os.getpid()}})
+
+
+#: accept() errors that asyncio's accept loop reports and retries by itself (a second later):
+#: out of descriptors (the process's or the system's), of buffers, of memory.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def _loop_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's exception handler: what asyncio reports with no one to raise it to.
+
+    accept() out of resources is expected under load (the descriptor limit reached by open
+    connections) and asyncio reports every failed call, hundreds a second: one event per
+    errno per interval with the count (``service.repeats``), no traceback. Anything else is
+    unexpected: asyncio's message and context with the traceback, rate-limited per cause."""
+    exc = context.get("exception")
+    message = str(context.get("message") or "unhandled exception in the event loop")
+    if (isinstance(exc, OSError) and exc.errno in _OUT_OF_RESOURCES
+            and "accept" in message):
+        name = errno.errorcode.get(exc.errno, str(exc.errno))
+        log_repeated(log, logging.ERROR, ("server.accept_failed", name),
+                     "cannot accept connections: %s (asyncio retries every second)",
+                     exc.strerror, fields={"event": "server.accept_failed", "errno": name})
+        return
+    details = "".join(f"\n{key}: {value!r}" for key, value in context.items()
+                      if key not in ("message", "exception"))
+    cause = ("loop.exception", message, *(cause_of(exc) if exc is not None else ()))
+    log_repeated(logging.getLogger("asyncio"), logging.ERROR, cause, "%s%s", message, details,
+                 fields={"event": "loop.exception"}, exc_info=exc)
 
 
 #: How often a worker checks that its supervisor is still there.

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..logs import MASK
 from .html import Markup, join, render
 
 __all__ = [
@@ -183,11 +184,12 @@ def error_page(status: int, code: str, *, who: str | None = None, csrf: str | No
 
 
 def command_text(command: Any) -> str | None:
-    """A ticket's command as one line: a string as is, an argv array shell-quoted."""
+    """A ticket's command as one line: a string as is, an argv array shell-quoted (a masked
+    value shown as ``***``, as in a command line, not quoted as if it were the value)."""
     if command is None:
         return None
     if isinstance(command, list):
-        return shlex.join(str(part) for part in command)
+        return " ".join(MASK if part == MASK else shlex.quote(str(part)) for part in command)
     return str(command)
 
 

@@ -17,6 +17,7 @@ from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, PRINCIPAL, STORE
 from ..authn.errors import InvalidToken
 from ..authn.principal import ANONYMOUS
 from ..errors import to_problem
+from ..repeats import log_repeated
 from ..store.base import StoreUnavailable
 
 log = logging.getLogger("controlplane.authn")
@@ -53,7 +54,10 @@ def setup_authn(app: web.Application) -> None:
                 # clients drop a valid token). A public route (health, status, login) serves the
                 # caller anonymously and says why; any other route is refused now, as an outage
                 # (503 store_unavailable, Retry-After).
-                log.error("session check failed: store unavailable")
+                # Every request of an outage fails this way: one line per interval, counted.
+                log_repeated(log, logging.ERROR, ("store.unavailable", "session_check", str(exc)),
+                             "session check failed: %s", exc,
+                             fields={"event": "store.unavailable", "during": "session_check"})
                 if not getattr(request.match_info.handler, "public", False):
                     raise to_problem(exc) from None
                 request[AUTHN_ERROR] = "store_unavailable"

@@ -9,6 +9,7 @@ from aiohttp.typedefs import Handler
 
 from ..appkeys import CORRELATION_ID
 from ..errors import InternalError, problem_response, to_problem
+from ..repeats import cause_of, log_repeated
 
 log = logging.getLogger("controlplane.http")
 
@@ -29,7 +30,10 @@ def setup_problems(app: web.Application) -> None:
             problem = to_problem(exc)
             if isinstance(problem, InternalError):
                 # The trace goes to our log with the correlation id; the client sees only the id.
-                log.exception("unhandled error on %s %s", request.method, request.rel_url.path)
+                # A bug that every request meets is one trace, then one count per interval.
+                log_repeated(log, logging.ERROR, ("http.unhandled", *cause_of(exc)),
+                             "unhandled error on %s %s", request.method, request.rel_url.path,
+                             fields={"event": "http.unhandled"}, exc_info=exc)
         return problem_response(problem, request.get(CORRELATION_ID))
 
     app.middlewares.append(problems_middleware)

@@ -35,6 +35,7 @@ import aiohttp
 from .. import clock
 from ..background import background
 from ..config import NotificationsConfig
+from ..repeats import log_failure
 from ..store.base import DeliveryRecord, OutboxEvent, OutboxState, Store, StoreError
 from .envelope import event_data
 from .sinks import Attempt, make_sink
@@ -179,10 +180,14 @@ async def dispatching(dispatcher: Dispatcher, config: NotificationsConfig) -> As
             claimed = 0
             try:
                 claimed = await dispatcher.round(session, clock.now())
-            except StoreError:
-                log.warning("notification round skipped: store unavailable")
-            except Exception:
-                log.exception("notification round failed")
+            except StoreError as exc:
+                # An outage skips every round (one per poll interval): once per interval, counted.
+                log_failure(log, "notification round skipped", exc,
+                            event="notifications.round_skipped", expected=(StoreError,),
+                            level=logging.WARNING)
+            except Exception as exc:
+                log_failure(log, "notification round failed", exc,
+                            event="notifications.round_failed")
             if claimed < config.batch_size:  # a full batch: more may be due at once
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), config.poll_interval_s)

@@ -19,6 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ..approvals.command import is_command, masked
 from ..clock import iso
 from ..store.base import OutboxEvent
 
@@ -47,6 +48,9 @@ def event_data(event: OutboxEvent, public_url: str | None,
     """The event's ``data``: the stored payload plus the console link and, for a request, who
     may review it."""
     data = dict(event.data)
+    if is_command(data.get("command")):
+        # Masked when the event was written; again here for events queued by an older build.
+        data["command"] = masked(data["command"])
     data["console_url"] = console_url(public_url, event.ticket_id)
     if suggested_reviewers is not None:
         data["suggested_reviewers"] = list(suggested_reviewers)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from service.appkeys import STORE
 from service.approvals.command import canonical_command, command_hash, masked
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
@@ -39,10 +40,65 @@ def test_argv_hashes_as_its_rfc8785_json() -> None:
     pytest.param(["deploy", "--password", "hunter2", "web"], "hunter2", "web", id="argv-flag"),
     pytest.param(["deploy", "--api-key=k3y", "web"], "k3y", "web", id="argv-named"),
     pytest.param(["psql", "postgresql://u:s3cret@db/x"], "s3cret", "psql", id="argv-url"),
+    # The space-separated form of a command line, and quoted values in every form.
+    pytest.param("mysql --password hunter2 -e 'select 1'", "hunter2", "select 1", id="string-flag"),
+    pytest.param("deploy --token t0k3n web", "t0k3n", "web", id="string-token"),
+    pytest.param("deploy --api-key k3y web", "k3y", "web", id="string-api-key"),
+    pytest.param("deploy --client-secret\tk3y web", "k3y", "web", id="string-tab"),
+    pytest.param("deploy --password 'hunter 2' web", "hunter", "web", id="string-flag-quoted"),
+    pytest.param('deploy --password "hunter 2" web', "hunter", "web", id="string-flag-dquoted"),
+    pytest.param('deploy --password="hunter 2" web', "hunter", "web", id="string-named-quoted"),
+    pytest.param("deploy '--password=hunter 2' web", "hunter", "web", id="string-quoted-pair"),
+    pytest.param("PASSWORD=hunter2 ./deploy.sh", "hunter2", "deploy.sh", id="string-env"),
+    pytest.param("DB_PASSWORD='hunter 2' ./deploy.sh", "hunter", "deploy.sh", id="string-env-quoted"),
+    pytest.param("helm upgrade web --set db.password=hunter2", "hunter2", "helm", id="string-set"),
+    pytest.param(["deploy", "--token", "t0k3n"], "t0k3n", "deploy", id="argv-token"),
+    pytest.param(["deploy", "--password=hunter 2"], "hunter", "deploy", id="argv-named-space"),
+    pytest.param(["env", "PASSWORD=hunter2", "run"], "hunter2", "run", id="argv-env"),
+    pytest.param(["sh", "-c", "mysql --password hunter2"], "hunter2", "mysql", id="argv-shell"),
 ])
 def test_masking_hides_secret_values(command, hidden, kept) -> None:
     shown = json.dumps(masked(command))
     assert hidden not in shown and kept in shown and "***" in shown
+
+
+@pytest.mark.parametrize("command", [
+    pytest.param("deploy --token-ttl 5m --user alice web", id="no-secret"),
+    pytest.param("deploy --password hunter2 web", id="secret"),
+    pytest.param(["deploy", "--password", "hunter2"], id="argv"),
+])
+def test_masking_is_idempotent(command) -> None:
+    assert masked(masked(command)) == masked(command)
+
+
+def test_masking_keeps_the_rest_of_the_command_line_as_written() -> None:
+    assert masked("mysql  --password hunter2 -e 'select 1'") == "mysql  --password *** -e 'select 1'"
+    assert masked("deploy --password 'hunter 2' --user alice") == "deploy --password *** --user alice"
+    assert masked("deploy --password=hunter2") == "deploy --password=***"
+    assert masked("deploy '--password=hunter 2' x") == "deploy --password=*** x"
+    assert masked(["deploy", "--password", "hunter2", "--user", "alice"]) == [
+        "deploy", "--password", "***", "--user", "alice"]
+
+
+async def test_a_secret_in_the_command_is_never_shown_but_the_hash_binds_it(client):
+    """The hash is over the exact command; every view of the ticket (the requester's 201, a
+    read, the list) shows the command with its secret values masked, and the store keeps
+    only that form."""
+    line = "mysql --host db --password hunter2 -e 'select 1'"
+    alice = await login(client, "alice")
+    created = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": RESOURCE, "command": line})
+    assert created.status == 201, await created.text()
+    ticket = await created.json()
+    assert ticket["command_hash"] == command_hash(line)
+    assert ticket["command"] == "mysql --host db --password *** -e 'select 1'"
+    read = await (await client.get(f"/api/v1/approvals/{ticket['id']}",
+                                   headers=bearer(alice))).text()
+    listed = await (await client.get("/api/v1/approvals", headers=bearer(alice))).text()
+    assert "hunter2" not in read and "hunter2" not in listed and "--password ***" in read
+    stored = await client.server.app[STORE].require().get_ticket(ticket["id"])
+    assert stored is not None and "hunter2" not in json.dumps(stored.command)
 
 
 async def test_the_command_is_stored_shown_and_its_hash_derived(client):

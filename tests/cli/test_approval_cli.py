@@ -78,6 +78,22 @@ def cli(server: tuple[str, object], tmp_path: Path, monkeypatch: pytest.MonkeyPa
     return Cli(base, proc, tmp_path, monkeypatch, capsys)
 
 
+def test_a_password_in_the_command_is_masked_by_request_and_show(cli: Cli) -> None:
+    """The ticket binds the exact command (its hash, computed here); what the service keeps and
+    every view prints has the password masked, the space-separated form included."""
+    line = "mysql --host db --password hunter2 -e 'select 1'"
+    cli.login("alice")
+    code, out, err = cli.run("request", *PROD_RUN, "--resource", json.dumps(RESOURCE),
+                             "--command", line, "--json")
+    assert code == 0, err
+    ticket = json.loads(out)
+    assert ticket["command_hash"] == command_hash(line)
+    assert ticket["command"] == "mysql --host db --password *** -e 'select 1'"
+    code, text, _ = cli.run("show", ticket["id"])
+    assert code == 0 and "hunter2" not in out + text
+    assert "command:" in text and "mysql --host db --password *** -e 'select 1'" in text
+
+
 def test_request_list_show_review_revoke(cli: Cli) -> None:
     cli.login("alice")
     ticket = cli.json("request", *PROD_RUN, "--resource", json.dumps(RESOURCE),

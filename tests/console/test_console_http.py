@@ -219,6 +219,19 @@ async def test_an_agent_cannot_review_through_the_console(client, visitors):
     assert (await api_ticket(client, ticket["id"]))["state"] == "pending"
 
 
+async def test_the_ticket_page_masks_a_password_in_the_command(client, visitors):
+    line = "mysql --host db --password hunter2 -e 'select 1'"
+    ticket = await request_ticket(client, reason="a password on the command line", command=line)
+    bob = await signed_in(client, visitors, "bob")
+    text = await bob.page(f"/console/tickets/{ticket['id']}")
+    assert "hunter2" not in text
+    assert "mysql --host db --password ***" in text
+    argv = await request_ticket(client, reason="as an argv array",
+                                command=["mysql", "--password", "hunter2", "-e", "select 1"])
+    text = await bob.page(f"/console/tickets/{argv['id']}")
+    assert "hunter2" not in text and "mysql --password *** -e &#x27;select 1&#x27;" in text
+
+
 async def approve_with_step_up(client: TestClient, visitors: list[Visitor]) -> None:
     ticket = await request_ticket(client, reason="release 1.2.3", command="helm upgrade web ./chart")
     bob = await signed_in(client, visitors, "bob")

@@ -32,3 +32,5 @@ def test_commands_read_as_one_line():
     assert command_text(None) is None
     assert command_text("helm upgrade web ./chart") == "helm upgrade web ./chart"
     assert command_text(["sh", "-c", "echo 'a b'"]) == "sh -c 'echo '\"'\"'a b'\"'\"''"
+    assert command_text(["mysql", "--password", "***", "-e", "select 1"]) == \
+        "mysql --password *** -e 'select 1'"

@@ -272,3 +272,21 @@ async def test_without_sinks_events_are_settled_with_no_deliveries(make_client):
     assert value(families, events_family, events_family + "_total", outcome="settled") == 3
     assert value(families, "controlplane_notification_deliveries",
                  "controlplane_notification_deliveries_total") == 0
+
+
+async def test_a_command_line_password_is_masked_in_webhook_and_slack_bodies(make_client, receiver):
+    """The space-separated ``--password VALUE`` form of a command line, and a quoted value, reach
+    neither the webhook nor the Slack message; the rest of the command does."""
+    client = await make_client(notifications(receiver.url))
+    alice = await login(client, "alice")
+    line = "mysql --host db --password hunter2 -e 'select 1' --api-key 'k3y k3y'"
+    created = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": {"app": "web", "version": "1.2.3"}, "command": line})
+    assert created.status == 201, await created.text()
+    await receiver.wait_for(lambda r: r.accepted("/hook") and r.accepted("/slack"))
+    (hook,), (chat,) = receiver.accepted("/hook"), receiver.accepted("/slack")
+    for body in (hook.body.decode(), json.dumps(chat.json)):
+        assert "hunter2" not in body and "k3y" not in body, body
+        assert "mysql --host db --password ***" in body
+    assert hook.json["data"]["command"] == "mysql --host db --password *** -e 'select 1' --api-key ***"
