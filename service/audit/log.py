@@ -241,16 +241,25 @@ class AuditLog:
         return checked, broken or await self._head_break(head, checked)
 
     async def verify_signed(
-        self, keys: Mapping[str, Ed25519PublicKey], anchors: Sequence[AuditCheckpoint] = ()
+        self, keys: Mapping[str, Ed25519PublicKey], anchors: Sequence[AuditCheckpoint] = (),
+        mirrored: Sequence[AuditRecord] = (),
     ) -> Verification:
         """Walk the chain against every stored checkpoint and every anchor (``keys``: the public
         audit keys by kid). Each must carry a valid signature and name the hash the chain has at
         its seq; the newest one that does, with the chain intact up to it, is the verified head,
-        and the records after it are unverifiable. The walk stops at the first record that
-        contradicts the chain or a signed head: nothing after it can be vouched for."""
+        and the records after it are unverifiable. Every ``mirrored`` record (the JSON-lines
+        mirror's) must be in the chain with its hash, and every valid anchor still stored as a
+        checkpoint. The walk stops at the first record that contradicts the chain, a signed head
+        or the mirror: nothing after it can be vouched for."""
         result = Verification()
         head = await self.store.audit_head()
         signed: dict[int, list[tuple[str, str]]] = {}  # seq -> [(head hash, "checkpoint"|"anchor")]
+        stored: set[int] = set()  # seqs with a stored checkpoint
+        copies: dict[int, str] = {}  # seq -> the hash the mirror holds
+        for copy in mirrored:
+            if copies.setdefault(copy.seq, copy.hash) != copy.hash:
+                result.problems.append(Break(copy.seq, "mirror_mismatch",
+                                             "the mirror holds two hashes for this record"))
 
         def admit(checkpoint: AuditCheckpoint, kind: str) -> None:
             prefix = "" if kind == "checkpoint" else "anchor_"
@@ -266,6 +275,7 @@ class AuditLog:
                 signed.setdefault(checkpoint.seq, []).append((checkpoint.head_hash, kind))
 
         async for checkpoint in self.checkpoints():
+            stored.add(checkpoint.seq)
             admit(checkpoint, "checkpoint")
         for anchor in anchors:
             admit(anchor, "anchor")
@@ -277,6 +287,12 @@ class AuditLog:
                     return Break(record.seq, f"{kind}_mismatch",
                                  f"a signed {kind} names another hash for this record: the "
                                  "records up to it were changed")
+            copy = copies.get(record.seq)
+            if copy is not None and copy != record.hash:
+                return Break(record.seq, "mirror_mismatch",
+                             "the JSON-lines mirror holds another hash for this record: it was "
+                             "changed after it was written")
+            result.mirrored += copy is not None
             for _, kind in claims:
                 result.checkpoints += kind == "checkpoint"
                 result.anchors += kind == "anchor"
@@ -297,6 +313,20 @@ class AuditLog:
                         seq, f"{kind}_beyond_end",
                         f"a signed {kind} names record {seq} but the chain ends at {last}: "
                         f"records {last + 1}..{seq} were removed"))
+            beyond = [seq for seq in copies if seq > last]
+            if beyond:
+                result.problems.append(Break(
+                    min(beyond), "mirror_beyond_end",
+                    f"the mirror holds records up to {max(beyond)} but the chain ends at "
+                    f"{last}: records were removed"))
+        # A checkpoint an anchor (or the mirror) shows was signed is evidence, not a gap: gone
+        # from the store, it was deleted (exit 1), not "not signed yet" (exit 3).
+        for seq in sorted({s for s, claims in signed.items()
+                           if any(kind == "anchor" for _, kind in claims)} - stored):
+            result.problems.append(Break(
+                seq, "checkpoint_missing",
+                f"an anchor holds a signed checkpoint of record {seq} that is no longer stored: "
+                "checkpoints were deleted"))
         result.end_seq = max(head[0], last)
         unsealed, oldest = await self.store.audit_staged(clock.now() - UNSEALED_PROBLEM_S)
         if unsealed:
