@@ -33,6 +33,7 @@ from .appkeys import (
 from .approvals.expiry import expire_once
 from .audit.checkpointer import checkpointing
 from .audit.log import AuditLog
+from .audit.tip import AuditTampered
 from .authn.federation import Federation
 from .authn.federation.oidc import OidcSignIn
 from .authn.federation.remote import Fetcher
@@ -335,6 +336,10 @@ async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
     async def round_(now: float) -> None:
         if link.store is None:
             return
+        # Verify what other workers appended since this one last looked (audit.tip): appends
+        # then find little to verify under the chain head's lock, and a rewrite is found even
+        # while this worker appends nothing.
+        await audit.catch_up()
         metrics.approval("expired", await expire_once(link.store, audit, now))
         # A store-level write: never issued while the expiry transaction is open.
         claims, failures, sessions = await authenticator.purge(now)
@@ -358,6 +363,9 @@ async def _every(interval_s: float, job: Callable[[float], Awaitable[Any]]) -> A
         while True:
             try:
                 await job(clock.now())
+            except AuditTampered:
+                log.warning("housekeeping skipped: the audit chain was changed (see the "
+                            "audit.chain_tampered event)")
             except StoreError:
                 log.warning("housekeeping skipped: store unavailable")
             except Exception:

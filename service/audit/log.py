@@ -19,7 +19,12 @@ A record whose worker stopped before sealing it is sealed by any worker's ``swee
 
 Committed records are also handed to the worker's checkpointer (``audit.checkpointer``), which
 signs checkpoints of them; ``verify_signed`` checks the chain against those signed checkpoints
-and against anchors kept outside the database (``audit.checkpoint``).
+and against anchors kept outside the database (``audit.checkpoint``), and against every record
+of the JSON-lines mirror given as an anchor.
+
+Every append, seal and sweep first lets this worker's ``Tip`` (``audit.tip``) vouch for the head
+it extends: a head it did not write and cannot verify from the last head it knows is refused,
+and the alarm is raised (log event ``audit.chain_tampered``, ``integrity_failed``, ``tip.ok``).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from ..store.base import (
 )
 from .checkpoint import Verification, signature_ok, to_doc
 from .record import Break, scrub, seal, verify
+from .tip import AuditTampered, Tip
 
 __all__ = ["AuditLog"]
 
@@ -86,6 +92,12 @@ class AuditLog:
         self._sealer: asyncio.Task[None] | None = None
         #: Set by the checkpointer of a serving worker; tools and tests leave it None.
         self.observer: CommitObserver | None = None
+        #: The audit public keys of this replica (set with the checkpointer): the tip starts at
+        #: the newest checkpoint they verify. Without them (tools, tests) it starts at record 0.
+        self.trusted_keys: Callable[[], Mapping[str, Ed25519PublicKey]] | None = None
+        #: Told once when the chain is found changed under this worker (the app's metrics).
+        self.integrity_failed: Callable[[], None] = _nothing
+        self.tip = Tip(self._alarm)
 
     @property
     def store(self) -> Store:
@@ -95,7 +107,8 @@ class AuditLog:
         """Seal and append ``entry`` (scrubbed of credentials): in ``tx`` when given, else in the
         next group commit. Returns once the record is committed; raises what the commit raised."""
         if tx is not None:
-            return await tx.append_audit(scrub(entry), seal)
+            await self._ready()
+            return await tx.append_audit(scrub(entry), seal, guard=self.tip)
         future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()
         self._pending.append((scrub(entry), future))
         if self._flusher is None or self._flusher.done():
@@ -139,7 +152,8 @@ class AuditLog:
         while self._unsealed:
             ids = list(itertools.islice(self._unsealed, MAX_BATCH))
             try:
-                sealed = await self.store.seal_audit(seal, ids)
+                await self._ready()
+                sealed = await self.store.seal_audit(seal, ids, guard=self.tip)
             except Exception as exc:  # the staged rows stay durable: a later sweep seals them
                 for staged in ids:
                     future = self._unsealed.pop(staged)
@@ -157,9 +171,10 @@ class AuditLog:
         """Seal the records staged before ``now - STAGED_GRACE_S`` and still unsealed (their
         worker stopped, or failed to seal them); returns how many this call sealed."""
         total = 0
+        await self._ready()
         while True:
             sealed = await self.store.seal_audit(seal, staged_before=now - STAGED_GRACE_S,
-                                                 limit=MAX_BATCH)
+                                                 limit=MAX_BATCH, guard=self.tip)
             await self.mirror_many([record for _, record in sealed])
             total += len(sealed)
             if len(sealed) < MAX_BATCH:
@@ -169,12 +184,15 @@ class AuditLog:
         while self._pending:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             try:
-                records = await self.store.append_audit_many([e for e, _ in batch], seal)
+                await self._ready()
+                records = await self.store.append_audit_many([e for e, _ in batch], seal,
+                                                             guard=self.tip)
             except Exception as exc:
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
+            self.tip.advance(records)
             for (_, future), record in zip(batch, records, strict=True):
                 if not future.done():
                     future.set_result(record)
@@ -188,6 +206,7 @@ class AuditLog:
         """``mirror`` for committed records in chain order, in one write to the sink."""
         if not records:
             return
+        self.tip.advance(records)
         if self.observer is not None:
             for record in records:
                 self.observer.committed(record)
@@ -209,6 +228,54 @@ class AuditLog:
             except OSError as exc:
                 log.error("audit sink write failed", extra={"fields": {
                     "event": "audit.mirror_write_failed", "error": exc.strerror}})
+
+    async def catch_up(self) -> tuple[int, str]:
+        """Move the tip to the stored head, verifying the records since it a page at a time
+        (housekeeping and the checkpointer, outside the head's lock, so that appends find little
+        to read under it). Returns the tip; raises ``AuditTampered`` when the chain changed."""
+        await self._ready()
+        known = self.tip.known
+        assert known is not None  # started by _ready
+        head = await self.store.audit_head()
+        if head[0] < known[0]:  # ``known`` is committed: a head read after it cannot be older
+            self.tip.spoil(head[0] + 1, "record_missing")
+        while (start := self.tip.since(head)) is not None and start[0] <= head[0]:
+            page = [r for r in await self.store.audit_range(after_seq=max(start[0] - 1, 0),
+                                                            limit=_PAGE) if r.seq <= head[0]]
+            last = page[-1] if page else None
+            # A short page must reach the head; a full one is vouched for up to its end.
+            end = head if last is None or len(page) < _PAGE else (last.seq, last.hash)
+            self.tip.vouch(start, end, page)
+        known = self.tip.known
+        assert known is not None
+        return known
+
+    async def _ready(self) -> None:
+        """Before extending the chain: refuse when the tip is spoiled; start it once."""
+        self.tip.check()
+        if self.tip.known is None:
+            self.tip.start(await self._trusted_start())
+
+    async def _trusted_start(self) -> tuple[int, str]:
+        """The newest stored checkpoint, when its signature verifies with this replica's keys
+        (a signature that does not spoils the tip); else record 0."""
+        keys = self.trusted_keys() if self.trusted_keys is not None else None
+        newest = None if keys is None else await self.store.latest_audit_checkpoint()
+        if keys is None or newest is None:
+            return 0, AUDIT_GENESIS_HASH
+        key = keys.get(newest.kid)
+        if key is None or not signature_ok(newest, key):
+            self.tip.spoil(newest.seq, "checkpoint_unverifiable")
+        return newest.seq, newest.head_hash
+
+    def _alarm(self, tampered: AuditTampered) -> None:
+        known = self.tip.known
+        log.error("audit chain changed under this worker: it neither extends nor signs it "
+                  "(cpctl audit verify --anchor <mirror> names what changed)",
+                  extra={"fields": {"event": "audit.chain_tampered", "seq": tampered.seq,
+                                    "reason": tampered.reason,
+                                    "known_seq": None if known is None else known[0]}})
+        self.integrity_failed()
 
     async def records(self, after_seq: int = 0, page: int = 500) -> AsyncIterator[AuditRecord]:
         """Every record after ``after_seq``, in order, fetched a page at a time."""
