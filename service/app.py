@@ -260,6 +260,7 @@ async def _audit(app: web.Application) -> AsyncIterator[None]:
     """AUDIT: the hash-chained log over the store (and its JSON-lines mirror)."""
     app[AUDIT] = AuditLog(app[STORE].require, app[CONFIG].audit.jsonl_path)
     app[AUDIT].append_failed = app[METRICS].audit_append_failed
+    app[AUDIT].integrity_failed = app[METRICS].audit_integrity_failed
     yield
 
 
