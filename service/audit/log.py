@@ -108,7 +108,8 @@ class AuditLog:
         next group commit. Returns once the record is committed; raises what the commit raised."""
         if tx is not None:
             await self._ready()
-            return await tx.append_audit(scrub(entry), seal, guard=self.tip)
+            # The transaction may still roll back: the tip moves once it is committed (mirror).
+            return await tx.append_audit(scrub(entry), seal, guard=self.tip.pending())
         future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()
         self._pending.append((scrub(entry), future))
         if self._flusher is None or self._flusher.done():

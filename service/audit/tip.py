@@ -13,7 +13,9 @@ would launder the edit. So a worker extends or signs only a head it can verify f
   to each head it verified: the stored records from the tip to that head, each hash recomputed
   from its content and its predecessor's hash, the first of them still the tip's own hash. Other
   workers' records pass when they verify from the tip; a rewrite from a record at or before the
-  tip changes the tip's record, which is detected;
+  tip changes the tip's record, which is detected. Inside a caller's transaction (``pending``)
+  a verified head may include this transaction's own records, which may yet roll back: it is
+  only noted, and the tip moves once a record chained onto it is committed (``advance``);
 - the check is incremental: nothing to read when the head is the tip (this worker wrote last),
   else one read of the records since the tip, under the head's lock (housekeeping and the
   checkpointer move the tip outside the lock, so the gap stays small).
@@ -36,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from ..store.base import AUDIT_GENESIS_HASH, AuditRecord, StoreError
+from ..store.base import AUDIT_GENESIS_HASH, AuditRecord, ChainGuard, StoreError
 from .record import verify
 
 __all__ = ["AuditTampered", "Tip"]
@@ -59,6 +61,8 @@ class Tip:
         self._alarm = alarm
         self._known: Head | None = None  # None: not started (``start``)
         self._spoiled: AuditTampered | None = None
+        # Heads verified from the tip inside transactions not known to be committed: seq -> hash.
+        self._vouched: dict[int, str] = {}
 
     @property
     def known(self) -> Head | None:
@@ -75,6 +79,10 @@ class Tip:
         if self._known is None:
             self._known = head
 
+    def pending(self) -> ChainGuard:
+        """The guard for an append inside a caller's transaction (see the module docstring)."""
+        return _Pending(self)
+
     def check(self) -> None:
         """Raise when the tip is spoiled: nothing may be appended or signed."""
         if self._spoiled is not None:
@@ -87,9 +95,11 @@ class Tip:
             raise StoreError("audit tip not started")
         return None if head == self._known else self._known
 
-    def vouch(self, start: Head, head: Head, records: Sequence[AuditRecord]) -> None:
+    def vouch(self, start: Head, head: Head, records: Sequence[AuditRecord], *,
+              move: bool = True) -> None:
         """``ChainGuard.vouch``: the stored records between ``start`` (the tip ``since`` gave)
-        and ``head`` link the two unchanged, or the tip is spoiled; the tip moves to the newer."""
+        and ``head`` link the two unchanged, or the tip is spoiled; the tip moves to the newer
+        (without ``move``: ``head`` is only noted as verified, for ``advance``)."""
         low, high = (start, head) if start[0] <= head[0] else (head, start)
         rest = list(records)
         if low[0] > 0:
@@ -106,15 +116,21 @@ class Tip:
             self.spoil(end[0] + 1, "record_missing")
         if end[1] != high[1]:
             self.spoil(high[0], "record_changed")
-        self._move(high)
+        if move:
+            self._move(high)
+        elif head[0] > start[0]:
+            self._vouched[head[0]] = head[1]
 
     def advance(self, records: Sequence[AuditRecord]) -> None:
         """Records this worker committed, in chain order: the tip moves along those that link
-        onto it (each was chained onto a head vouched for first)."""
+        onto it or onto a head verified from it (each was chained onto a head vouched for)."""
         for record in records:
             known = self._known
-            if known is not None and record.seq == known[0] + 1 and record.prev_hash == known[1]:
-                self._known = (record.seq, record.hash)
+            if known is None or record.seq <= known[0]:
+                continue
+            if (record.seq == known[0] + 1 and record.prev_hash == known[1]) or (
+                    self._vouched.get(record.seq - 1) == record.prev_hash):
+                self._move((record.seq, record.hash))
 
     def spoil(self, seq: int, reason: str) -> NoReturn:
         """Record a contradiction at ``seq``: raise the alarm once, refuse from now on."""
@@ -127,3 +143,18 @@ class Tip:
         # Concurrent appends of this worker may have moved the tip further meanwhile.
         if self._known is None or head[0] > self._known[0]:
             self._known = head
+            for seq in [s for s in self._vouched if s <= head[0]]:
+                del self._vouched[seq]
+
+
+class _Pending:
+    """``Tip`` as the guard of an append inside a caller's transaction: verifies, never moves."""
+
+    def __init__(self, tip: Tip) -> None:
+        self._tip = tip
+
+    def since(self, head: Head) -> Head | None:
+        return self._tip.since(head)
+
+    def vouch(self, start: Head, head: Head, records: Sequence[AuditRecord]) -> None:
+        self._tip.vouch(start, head, records, move=False)

@@ -111,6 +111,9 @@ async def test_workers_verify_each_others_records_without_a_false_alarm(
             assert await a_signs.checkpoint(clock.now()) is not None
             await asyncio.gather(write(a, 2, "a"), write(b, 2, "b"))
             assert await b_signs.checkpoint(clock.now()) is not None
+        # Whichever wrote last signs the head.
+        await a_signs.checkpoint(clock.now())
+        await b_signs.checkpoint(clock.now())
     assert alarms(caplog) == [] and a.tip.ok and b.tip.ok
     head = await store.audit_head()
     assert await b.catch_up() == head and await a.catch_up() == head
@@ -185,3 +188,27 @@ async def test_a_worker_starts_from_the_newest_signed_checkpoint(
     forged, _ = worker(store, target, mirror)  # the checkpoint row no longer verifies
     with pytest.raises(AuditTampered):
         await forged.append({"action": "approvals.read", "outcome": "executed"})
+
+
+async def test_appends_in_a_transaction_that_rolls_back_raise_no_alarm(
+    store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transaction's second append verifies the first one's uncommitted record: the tip must
+    not move onto it before it is committed, or the rollback would look like a deleted record."""
+    log, _ = worker(store, target, tmp_path / "audit.jsonl")
+    await write(log, 2, "a")
+    entry = {"action": "approvals.expire", "outcome": "executed"}
+    with caplog.at_level(logging.ERROR, logger="controlplane.audit"):
+        with pytest.raises(RuntimeError):
+            async with store.transaction() as tx:
+                await log.append(entry, tx)
+                await log.append(entry, tx)
+                raise RuntimeError("the run failed: its transaction rolls back")
+        await write(log, 2, "a")
+        async with store.transaction() as tx:
+            records = [await log.append(entry, tx) for _ in range(3)]
+        await log.mirror_many(records)  # committed: the tip moves along them
+        assert log.tip.known == await store.audit_head() == (7, records[-1].hash)
+        await write(log, 1, "a")
+        assert await log.catch_up() == await store.audit_head()
+    assert alarms(caplog) == [] and log.tip.ok
