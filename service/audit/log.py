@@ -235,6 +235,9 @@ class AuditLog:
         (housekeeping and the checkpointer, outside the head's lock, so that appends find little
         to read under it). Returns the tip; raises ``AuditTampered`` when the chain changed."""
         await self._ready()
+        return await self._to_head()
+
+    async def _to_head(self) -> tuple[int, str]:
         known = self.tip.known
         assert known is not None  # started by _ready
         head = await self.store.audit_head()
@@ -252,10 +255,12 @@ class AuditLog:
         return known
 
     async def _ready(self) -> None:
-        """Before extending the chain: refuse when the tip is spoiled; start it once."""
+        """Before extending the chain: refuse when the tip is spoiled; start it once (and walk
+        it to the head at once, outside the head's lock)."""
         self.tip.check()
         if self.tip.known is None:
             self.tip.start(await self._trusted_start())
+            await self._to_head()
 
     async def _trusted_start(self) -> tuple[int, str]:
         """The newest stored checkpoint, when its signature verifies with this replica's keys

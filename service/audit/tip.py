@@ -17,8 +17,13 @@ would launder the edit. So a worker extends or signs only a head it can verify f
   a verified head may include this transaction's own records, which may yet roll back: it is
   only noted, and the tip moves once a record chained onto it is committed (``advance``);
 - the check is incremental: nothing to read when the head is the tip (this worker wrote last),
-  else one read of the records since the tip, under the head's lock (housekeeping and the
-  checkpointer move the tip outside the lock, so the gap stays small).
+  else one read of the records since the tip, under the head's lock (on PostgreSQL's sealing
+  path, before its compare-and-swap, outside the lock), and about 27 us of hashing per record
+  read. A worker walks its tip to the head when it starts, and housekeeping and the
+  checkpointer move it outside the lock, so the gap stays small. Measured (one record per
+  append, local servers, medians): one writer, no difference within noise (PostgreSQL 0.59 ms
+  with the check, 0.59-0.72 ms without); two writers alternating, +0.15-0.2 ms per append on
+  PostgreSQL (the one read) and +0.2-0.3 ms per sealed batch.
 
 On a contradiction the tip is spoiled for good: every later append and signature is refused
 (``AuditTampered``, a ``StoreError``: a mutation fails closed with 503 ``audit_unavailable``),

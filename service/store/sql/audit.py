@@ -5,7 +5,9 @@ Two ways in. ``append_audit[_many]`` seals records straight into the chain under
 held until the caller's COMMIT. ``stage_audit`` only inserts the entry into ``audit_staged`` (no
 global lock: a run's transaction stays off the global section), and ``seal_audit`` later moves a
 batch of committed staged rows into the chain in one short transaction of its own under the
-head's lock: the global section is paid per batch, not per run."""
+head's lock: the global section is paid per batch, not per run. Both ask the caller's
+``ChainGuard`` (``audit.tip``) before they extend the head they found: what it raises rolls the
+write back, so nothing is chained onto a head the writing worker cannot verify."""
 
 from __future__ import annotations
 
