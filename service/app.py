@@ -34,6 +34,7 @@ from .appkeys import (
 from .approvals.expiry import expire_once
 from .audit.checkpointer import checkpointing
 from .audit.log import AuditLog
+from .audit.tip import AuditTampered
 from .authn.federation import Federation
 from .authn.federation.oidc import OidcSignIn
 from .authn.federation.remote import Fetcher
@@ -277,6 +278,7 @@ async def _audit(app: web.Application) -> AsyncIterator[None]:
     """AUDIT: the hash-chained log over the store (and its JSON-lines mirror)."""
     app[AUDIT] = AuditLog(app[STORE].require, app[CONFIG].audit.jsonl_path)
     app[AUDIT].append_failed = app[METRICS].audit_append_failed
+    app[AUDIT].integrity_failed = app[METRICS].audit_integrity_failed
     yield
     await app[AUDIT].resolver.close()  # logs the unknown outcomes it could not resolve
 
@@ -355,6 +357,10 @@ async def _housekeeping(app: web.Application) -> AsyncIterator[None]:
     async def round_(now: float) -> None:
         if link.store is None:
             return
+        # Verify what other workers appended since this one last looked (audit.tip): appends
+        # then find little to verify under the chain head's lock, and a rewrite is found even
+        # while this worker appends nothing.
+        await audit.catch_up()
         metrics.approval("expired", await expire_once(link.store, audit, now))
         # A store-level write: never issued while the expiry transaction is open.
         claims, failures, sessions = await authenticator.purge(now)
@@ -378,6 +384,10 @@ async def _every(interval_s: float, job: Callable[[float], Awaitable[Any]]) -> A
         while True:
             try:
                 await job(clock.now())
+            except AuditTampered as exc:
+                log_failure(log, "housekeeping skipped: the audit chain was changed (see the "
+                            "audit.chain_tampered event)", exc, event="housekeeping.skipped",
+                            expected=(AuditTampered,), level=logging.WARNING)
             except StoreError as exc:
                 # An outage skips every round alike: said once per interval, counted.
                 log_failure(log, "housekeeping skipped", exc, event="housekeeping.skipped",

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from . import clock
 from .appkeys import (
+    AUDIT,
     AUTHENTICATOR,
     COMPONENTS,
     COMPOSE_RULES,
@@ -40,7 +41,7 @@ __all__ = [
 Reporter = Callable[[], Awaitable[dict[str, Any]]]
 
 #: Components that must be ``ready`` for /readyz (when the application has them).
-READY_REQUIRES = ("config", "store", "policies")
+READY_REQUIRES = ("config", "store", "policies", "audit")
 
 _PLACEHOLDER_DETAIL = {
     "authn": "authentication is not configured in this build",
@@ -145,7 +146,17 @@ def setup_health(app: web.Application) -> None:
         rules = app[COMPOSE_RULES]
         return {"status": "ready", "rules": len(rules.rules), "policy_revision": rules.revision}
 
+    async def audit() -> dict[str, Any]:
+        # From memory: degraded once this worker found the chain changed under it (audit.tip):
+        # it then refuses every audit write, so every protected action would answer 503.
+        log = app.get(AUDIT)
+        if log is not None and not log.tip.ok:
+            return {"status": "degraded",
+                    "detail": "the audit chain was changed since this worker verified it; it "
+                              "is not extended (cpctl audit verify --anchor <mirror>)"}
+        return {"status": "ready"}
+
     for name, reporter in (("config", config), ("policies", policies), ("authz", authz),
                            ("store", store), ("authn", authn), ("approvals", approvals),
-                           ("compose", compose)):
+                           ("compose", compose), ("audit", audit)):
         register_component(app, name, reporter)

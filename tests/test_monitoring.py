@@ -92,7 +92,8 @@ def test_the_alerts_cover_what_an_operator_is_paged_for():
     used = set().union(*(_metric_names(r["expr"]) for r in rules))
     for name in ("controlplane_policy_reload_total",
                  "controlplane_approval_oldest_pending_age_seconds",
-                 "controlplane_audit_append_failures_total", "controlplane_store_up",
+                 "controlplane_audit_append_failures_total", "controlplane_audit_chain_ok",
+                 "controlplane_audit_integrity_failures_total", "controlplane_store_up",
                  "controlplane_notification_events_total",
                  "controlplane_http_requests_total"):
         assert name in used, name

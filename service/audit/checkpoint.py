@@ -14,7 +14,11 @@ consistent; the ``purpose`` member separates these signatures from every other u
 
 The wire, mirror and anchor form is one flat JSON object: the signed members plus ``sig``. An
 anchor file is such an object, or JSON lines in which every line with that ``purpose`` counts (so
-the JSON-lines mirror, shipped off the host, is itself an anchor file).
+the JSON-lines mirror, shipped off the host, is itself an anchor file). The mirror's record lines
+(``{"seq", "prev_hash", "hash", ...entry}``) count too: each is checked against its own content
+when read, and ``verify`` finds every one of them in the chain with the same hash. They are not
+signed, so they vouch for nothing; they contradict a record rewritten after it was mirrored,
+which no signature covered yet.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .. import canonical, clock
-from ..store.base import AuditCheckpoint
+from ..store.base import AuditCheckpoint, AuditRecord
 from .keys import AuditKey, AuditKeyError
-from .record import Break
+from .record import Break, seal
 
 __all__ = [
     "PURPOSE",
@@ -97,8 +101,13 @@ def from_doc(doc: Mapping[str, Any]) -> AuditCheckpoint:
     return AuditCheckpoint(seq=seq, head_hash=head_hash, at=str(at), kid=str(kid), sig=str(sig))
 
 
-def read_anchors(text: str) -> list[AuditCheckpoint]:
-    """The checkpoints in an anchor file (one JSON object, or JSON lines); ValueError if none."""
+#: The members of a mirrored record line besides its entry's.
+_RECORD_MEMBERS = ("seq", "prev_hash", "hash")
+
+
+def read_anchors(text: str) -> tuple[list[AuditCheckpoint], list[AuditRecord]]:
+    """The checkpoints and the mirrored records in an anchor file (one JSON object, or JSON
+    lines); ValueError if it holds neither, or a record line whose hash is not its content's."""
     try:
         docs: list[Any] = [json.loads(text)]
     except json.JSONDecodeError:
@@ -106,10 +115,26 @@ def read_anchors(text: str) -> list[AuditCheckpoint]:
             docs = [json.loads(line) for line in text.splitlines() if line.strip()]
         except json.JSONDecodeError as exc:
             raise ValueError(f"not JSON or JSON lines (line {exc.lineno})") from None
-    anchors = [from_doc(d) for d in docs if isinstance(d, dict) and d.get("purpose") == PURPOSE]
-    if not anchors:
-        raise ValueError("no audit checkpoint in the anchor file")
-    return anchors
+    dicts = [d for d in docs if isinstance(d, dict)]
+    anchors = [from_doc(d) for d in dicts if d.get("purpose") == PURPOSE]
+    records = [_record(d) for d in dicts if "purpose" not in d and "hash" in d]
+    if not anchors and not records:
+        raise ValueError("no audit checkpoint or record in the anchor file")
+    return anchors, records
+
+
+def _record(doc: Mapping[str, Any]) -> AuditRecord:
+    """A mirrored record line, its hash recomputed from its content (else ValueError)."""
+    seq, prev_hash, digest = (doc.get(k) for k in _RECORD_MEMBERS)
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+        raise ValueError("a mirrored record's seq must be a positive integer")
+    if not all(isinstance(h, str) and _SHA256.fullmatch(h) for h in (prev_hash, digest)):
+        raise ValueError(f"mirrored record {seq}: prev_hash and hash must be sha256:<64 hex>")
+    entry = {k: v for k, v in doc.items() if k not in _RECORD_MEMBERS}
+    if seal(seq, str(prev_hash), entry) != digest:
+        raise ValueError(f"mirrored record {seq}: its hash is not its content's (the line was "
+                         "changed)")
+    return AuditRecord(seq=seq, prev_hash=str(prev_hash), hash=str(digest), entry=entry)
 
 
 @dataclass
@@ -122,6 +147,7 @@ class Verification:
     verified_hash: str | None = None  # with every record up to it intact
     checkpoints: int = 0      # valid checkpoints that matched the chain
     anchors: int = 0          # anchors that matched the chain
+    mirrored: int = 0         # mirrored records (anchor files' record lines) that matched it
     problems: list[Break] = field(default_factory=list)
 
     @property

@@ -2,12 +2,15 @@
 
 Each worker signs only records it committed itself (the log tells it after each commit), never
 a head it merely read from the database: a row someone wrote into the database directly is not
-signed on its say-so. A checkpoint is due when this worker's newest record is ``N`` past the
-newest stored checkpoint (checked after a commit), or when a record of its own has gone
-uncovered for ``T`` seconds (a timer), and once more on shutdown, so a cleanly stopped service
-leaves its chain signed to the end. The write runs in the background after the commit: its
-failure is logged and retried at the next chance, and never fails the request whose record is
-already committed. Workers checkpointing the same record store it once (one per seq).
+signed on its say-so. Nor does it sign its record once the chain no longer holds it as written:
+before signing, its tip (``audit.tip``) verifies the stored chain up to the head, and a spoiled
+tip signs nothing (the alarm was raised when it was spoiled). A checkpoint is due when this
+worker's newest record is ``N`` past the newest stored checkpoint (checked after a commit), or
+when a record of its own has gone uncovered for ``T`` seconds (a timer), and once more on
+shutdown, so a cleanly stopped service leaves its chain signed to the end. The write runs in
+the background after the commit: its failure is logged and retried at the next chance, and
+never fails the request whose record is already committed. Workers checkpointing the same
+record store it once (one per seq).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..store.base import AuditCheckpoint, AuditRecord, StoreError
 from .checkpoint import sign
 from .keys import AuditKeys
 from .log import AuditLog
+from .tip import AuditTampered
 
 __all__ = ["Checkpointer", "checkpointing"]
 
@@ -60,6 +64,8 @@ class Checkpointer:
             latest = self._latest
             if latest is None or latest.seq <= self._covered:
                 return None
+            if not await self._vouched(latest):
+                return None
             stored = await self.audit.store.latest_audit_checkpoint()
             if stored is not None:
                 self._covered = max(self._covered, stored.seq)
@@ -74,6 +80,15 @@ class Checkpointer:
             return None  # another worker signed the same record first
         await self.audit.mirror_checkpoint(checkpoint)
         return checkpoint
+
+    async def _vouched(self, latest: AuditRecord) -> bool:
+        """Whether the stored chain, verified from this worker's tip up to its head, still holds
+        ``latest`` as this worker committed it."""
+        try:
+            tip = await self.audit.catch_up()
+        except AuditTampered:
+            return False  # alarmed once already, when the tip was spoiled
+        return tip[0] >= latest.seq
 
     async def _catch_up(self) -> None:
         # Records committed while a checkpoint was being written may make another one due.
@@ -115,6 +130,7 @@ async def checkpointing(audit: AuditLog, config: AuditConfig) -> AsyncIterator[C
     checkpointer = Checkpointer(audit, keys, every_records=config.checkpoint_records,
                                 every_s=config.checkpoint_interval_s)
     audit.observer = checkpointer
+    audit.trusted_keys = keys.public_keys
     timer = asyncio.create_task(checkpointer.run())
     try:
         yield checkpointer
@@ -123,3 +139,4 @@ async def checkpointing(audit: AuditLog, config: AuditConfig) -> AsyncIterator[C
         await asyncio.gather(timer, return_exceptions=True)
         await checkpointer.close()
         audit.observer = None
+        audit.trusted_keys = None

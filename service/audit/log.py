@@ -19,7 +19,12 @@ A record whose worker stopped before sealing it is sealed by any worker's ``swee
 
 Committed records are also handed to the worker's checkpointer (``audit.checkpointer``), which
 signs checkpoints of them; ``verify_signed`` checks the chain against those signed checkpoints
-and against anchors kept outside the database (``audit.checkpoint``).
+and against anchors kept outside the database (``audit.checkpoint``), and against every record
+of the JSON-lines mirror given as an anchor.
+
+Every append, seal and sweep first lets this worker's ``Tip`` (``audit.tip``) vouch for the head
+it extends: a head it did not write and cannot verify from the last head it knows is refused,
+and the alarm is raised (log event ``audit.chain_tampered``, ``integrity_failed``, ``tip.ok``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from ..store.base import (
 from .checkpoint import Verification, signature_ok, to_doc
 from .record import Break, scrub, seal, verify
 from .resolution import Resolver
+from .tip import AuditTampered, Tip
 
 __all__ = ["AuditLog"]
 
@@ -90,6 +96,12 @@ class AuditLog:
         self.observer: CommitObserver | None = None
         #: Runs whose COMMIT went unanswered, resolved once the store answers (the app closes it).
         self.resolver = Resolver()
+        #: The audit public keys of this replica (set with the checkpointer): the tip starts at
+        #: the newest checkpoint they verify. Without them (tools, tests) it starts at record 0.
+        self.trusted_keys: Callable[[], Mapping[str, Ed25519PublicKey]] | None = None
+        #: Told once when the chain is found changed under this worker (the app's metrics).
+        self.integrity_failed: Callable[[], None] = _nothing
+        self.tip = Tip(self._alarm)
 
     @property
     def store(self) -> Store:
@@ -99,7 +111,9 @@ class AuditLog:
         """Seal and append ``entry`` (scrubbed of credentials): in ``tx`` when given, else in the
         next group commit. Returns once the record is committed; raises what the commit raised."""
         if tx is not None:
-            return await tx.append_audit(scrub(entry), seal)
+            await self._ready()
+            # The transaction may still roll back: the tip moves once it is committed (mirror).
+            return await tx.append_audit(scrub(entry), seal, guard=self.tip.pending())
         future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()
         self._pending.append((scrub(entry), future))
         if self._flusher is None or self._flusher.done():
@@ -147,7 +161,8 @@ class AuditLog:
         while self._unsealed:
             ids = list(itertools.islice(self._unsealed, MAX_BATCH))
             try:
-                sealed = await self.store.seal_audit(seal, ids)
+                await self._ready()
+                sealed = await self.store.seal_audit(seal, ids, guard=self.tip)
             except Exception as exc:  # the staged rows stay durable: a later sweep seals them
                 for staged in ids:
                     future = self._unsealed.pop(staged)
@@ -165,9 +180,10 @@ class AuditLog:
         """Seal the records staged before ``now - STAGED_GRACE_S`` and still unsealed (their
         worker stopped, or failed to seal them); returns how many this call sealed."""
         total = 0
+        await self._ready()
         while True:
             sealed = await self.store.seal_audit(seal, staged_before=now - STAGED_GRACE_S,
-                                                 limit=MAX_BATCH)
+                                                 limit=MAX_BATCH, guard=self.tip)
             await self.mirror_many([record for _, record in sealed])
             total += len(sealed)
             if len(sealed) < MAX_BATCH:
@@ -177,12 +193,15 @@ class AuditLog:
         while self._pending:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             try:
-                records = await self.store.append_audit_many([e for e, _ in batch], seal)
+                await self._ready()
+                records = await self.store.append_audit_many([e for e, _ in batch], seal,
+                                                             guard=self.tip)
             except Exception as exc:
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
+            self.tip.advance(records)
             for (_, future), record in zip(batch, records, strict=True):
                 if not future.done():
                     future.set_result(record)
@@ -196,6 +215,7 @@ class AuditLog:
         """``mirror`` for committed records in chain order, in one write to the sink."""
         if not records:
             return
+        self.tip.advance(records)
         if self.observer is not None:
             for record in records:
                 self.observer.committed(record)
@@ -217,6 +237,59 @@ class AuditLog:
             except OSError as exc:
                 log.error("audit sink write failed", extra={"fields": {
                     "event": "audit.mirror_write_failed", "error": exc.strerror}})
+
+    async def catch_up(self) -> tuple[int, str]:
+        """Move the tip to the stored head, verifying the records since it a page at a time
+        (housekeeping and the checkpointer, outside the head's lock, so that appends find little
+        to read under it). Returns the tip; raises ``AuditTampered`` when the chain changed."""
+        await self._ready()
+        return await self._to_head()
+
+    async def _to_head(self) -> tuple[int, str]:
+        known = self.tip.known
+        assert known is not None  # started by _ready
+        head = await self.store.audit_head()
+        if head[0] < known[0]:  # ``known`` is committed: a head read after it cannot be older
+            self.tip.spoil(head[0] + 1, "record_missing")
+        while (start := self.tip.since(head)) is not None and start[0] <= head[0]:
+            page = [r for r in await self.store.audit_range(after_seq=max(start[0] - 1, 0),
+                                                            limit=_PAGE) if r.seq <= head[0]]
+            last = page[-1] if page else None
+            # A short page must reach the head; a full one is vouched for up to its end.
+            end = head if last is None or len(page) < _PAGE else (last.seq, last.hash)
+            self.tip.vouch(start, end, page)
+        known = self.tip.known
+        assert known is not None
+        return known
+
+    async def _ready(self) -> None:
+        """Before extending the chain: refuse when the tip is spoiled; start it once (and walk
+        it to the head at once, outside the head's lock)."""
+        self.tip.check()
+        if self.tip.known is None:
+            self.tip.start(await self._trusted_start())
+            await self._to_head()
+
+    async def _trusted_start(self) -> tuple[int, str]:
+        """The newest stored checkpoint, when its signature verifies with this replica's keys
+        (a signature that does not spoils the tip); else record 0."""
+        keys = self.trusted_keys() if self.trusted_keys is not None else None
+        newest = None if keys is None else await self.store.latest_audit_checkpoint()
+        if keys is None or newest is None:
+            return 0, AUDIT_GENESIS_HASH
+        key = keys.get(newest.kid)
+        if key is None or not signature_ok(newest, key):
+            self.tip.spoil(newest.seq, "checkpoint_unverifiable")
+        return newest.seq, newest.head_hash
+
+    def _alarm(self, tampered: AuditTampered) -> None:
+        known = self.tip.known
+        log.error("audit chain changed under this worker: it neither extends nor signs it "
+                  "(cpctl audit verify --anchor <mirror> names what changed)",
+                  extra={"fields": {"event": "audit.chain_tampered", "seq": tampered.seq,
+                                    "reason": tampered.reason,
+                                    "known_seq": None if known is None else known[0]}})
+        self.integrity_failed()
 
     async def records(self, after_seq: int = 0, page: int = 500) -> AsyncIterator[AuditRecord]:
         """Every record after ``after_seq``, in order, fetched a page at a time."""
@@ -249,16 +322,25 @@ class AuditLog:
         return checked, broken or await self._head_break(head, checked)
 
     async def verify_signed(
-        self, keys: Mapping[str, Ed25519PublicKey], anchors: Sequence[AuditCheckpoint] = ()
+        self, keys: Mapping[str, Ed25519PublicKey], anchors: Sequence[AuditCheckpoint] = (),
+        mirrored: Sequence[AuditRecord] = (),
     ) -> Verification:
         """Walk the chain against every stored checkpoint and every anchor (``keys``: the public
         audit keys by kid). Each must carry a valid signature and name the hash the chain has at
         its seq; the newest one that does, with the chain intact up to it, is the verified head,
-        and the records after it are unverifiable. The walk stops at the first record that
-        contradicts the chain or a signed head: nothing after it can be vouched for."""
+        and the records after it are unverifiable. Every ``mirrored`` record (the JSON-lines
+        mirror's) must be in the chain with its hash, and every valid anchor still stored as a
+        checkpoint. The walk stops at the first record that contradicts the chain, a signed head
+        or the mirror: nothing after it can be vouched for."""
         result = Verification()
         head = await self.store.audit_head()
         signed: dict[int, list[tuple[str, str]]] = {}  # seq -> [(head hash, "checkpoint"|"anchor")]
+        stored: set[int] = set()  # seqs with a stored checkpoint
+        copies: dict[int, str] = {}  # seq -> the hash the mirror holds
+        for copy in mirrored:
+            if copies.setdefault(copy.seq, copy.hash) != copy.hash:
+                result.problems.append(Break(copy.seq, "mirror_mismatch",
+                                             "the mirror holds two hashes for this record"))
 
         def admit(checkpoint: AuditCheckpoint, kind: str) -> None:
             prefix = "" if kind == "checkpoint" else "anchor_"
@@ -274,6 +356,7 @@ class AuditLog:
                 signed.setdefault(checkpoint.seq, []).append((checkpoint.head_hash, kind))
 
         async for checkpoint in self.checkpoints():
+            stored.add(checkpoint.seq)
             admit(checkpoint, "checkpoint")
         for anchor in anchors:
             admit(anchor, "anchor")
@@ -285,6 +368,12 @@ class AuditLog:
                     return Break(record.seq, f"{kind}_mismatch",
                                  f"a signed {kind} names another hash for this record: the "
                                  "records up to it were changed")
+            copy = copies.get(record.seq)
+            if copy is not None and copy != record.hash:
+                return Break(record.seq, "mirror_mismatch",
+                             "the JSON-lines mirror holds another hash for this record: it was "
+                             "changed after it was written")
+            result.mirrored += copy is not None
             for _, kind in claims:
                 result.checkpoints += kind == "checkpoint"
                 result.anchors += kind == "anchor"
@@ -305,6 +394,20 @@ class AuditLog:
                         seq, f"{kind}_beyond_end",
                         f"a signed {kind} names record {seq} but the chain ends at {last}: "
                         f"records {last + 1}..{seq} were removed"))
+            beyond = [seq for seq in copies if seq > last]
+            if beyond:
+                result.problems.append(Break(
+                    min(beyond), "mirror_beyond_end",
+                    f"the mirror holds records up to {max(beyond)} but the chain ends at "
+                    f"{last}: records were removed"))
+        # A checkpoint an anchor (or the mirror) shows was signed is evidence, not a gap: gone
+        # from the store, it was deleted (exit 1), not "not signed yet" (exit 3).
+        for seq in sorted({s for s, claims in signed.items()
+                           if any(kind == "anchor" for _, kind in claims)} - stored):
+            result.problems.append(Break(
+                seq, "checkpoint_missing",
+                f"an anchor holds a signed checkpoint of record {seq} that is no longer stored: "
+                "checkpoints were deleted"))
         result.end_seq = max(head[0], last)
         unsealed, oldest = await self.store.audit_staged(clock.now() - UNSEALED_PROBLEM_S)
         if unsealed:

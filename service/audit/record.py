@@ -51,7 +51,9 @@ class Break:
     # unsealed (acknowledged records staged long ago and still not chained: ``audit.log``).
     # Against signed checkpoints and anchors (``audit.checkpoint``): checkpoint_mismatch,
     # checkpoint_beyond_end, bad_signature, unknown_key, anchor_mismatch, anchor_beyond_end,
-    # anchor_bad_signature, anchor_unknown_key.
+    # anchor_bad_signature, anchor_unknown_key, checkpoint_missing (an anchor shows a signed
+    # checkpoint no longer stored); against the mirror's records: mirror_mismatch,
+    # mirror_beyond_end.
     reason: str
     detail: str = ""
 

@@ -5,11 +5,16 @@ read its newest records, manage the audit signing keys.
 and ``CONTROLPLANE_*`` variables as ``cpctl serve``) and walks the whole chain against every
 signed checkpoint (public keys from ``audit.keys_dir``, or ``--keys`` JWKS) and every
 ``--anchor`` file, so it needs no running service and no token, and trusts nothing the service
-would say about itself. Exit codes: 0 the chain is intact and signed to its end; 1 it was
-changed (the first contradiction is named; the records after the verified head are
-unverifiable); 2 it cannot be checked (no store, no keys, unreadable anchor); 3 it is intact,
-but its newest records are not covered by a signed checkpoint yet (named: normal while the
-service runs, for up to ``audit.checkpoint_records`` records / ``checkpoint_interval_s``).
+would say about itself. An anchor file may be the JSON-lines mirror (``audit.jsonl_path``):
+then every record it holds is compared with the stored one as well, which catches a record
+rewritten before any checkpoint signed it, and every checkpoint it shows must still be stored.
+Exit codes: 0 the chain is intact and signed to its end; 1 it was changed (the first
+contradiction is named; the records after the verified head are unverifiable), including
+checkpoints an anchor shows were deleted; 2 it cannot be checked (no store, no keys, unreadable
+anchor); 3 it is intact, but its newest records are not covered by a signed checkpoint yet
+(named: normal while the service runs, for up to ``audit.checkpoint_records`` records /
+``checkpoint_interval_s``; without an anchor this is also all that deleting every checkpoint
+leaves to see: keep the mirror or an anchor off the host).
 ``checkpoint --out FILE`` writes the newest checkpoint that verifies, to keep elsewhere as an
 anchor. ``tail`` reads the same store, or the HTTP API (``--server``; ``audit.read``, admins in
 the shipped policy).
@@ -57,7 +62,8 @@ def register(sub: Any) -> None:
     _keys_arg(ve)
     ve.add_argument("--anchor", metavar="FILE", action="append", default=[],
                     help="a checkpoint kept outside the database (JSON, or JSON lines such as "
-                         "the mirror); the chain must still contain it (repeatable)")
+                         "the mirror); the chain must still contain it, and every record of a "
+                         "mirror with the same hash (repeatable)")
     ve.add_argument("--json", action="store_true", help="print the result as one JSON object")
     ve.set_defaults(func=guarded(verify))
 
@@ -187,14 +193,17 @@ def _verification(
     except (OSError, AuditKeyError) as exc:
         return _fail(f"cannot read the audit keys: {exc}", EXIT_UNAVAILABLE)
     kept: list[AuditCheckpoint] = []
+    mirrored: list[AuditRecord] = []
     for path in args.anchor if anchors else ():
         try:
             with open(path, encoding="utf-8") as fh:
-                kept.extend(read_anchors(fh.read()))
+                checkpoints, records = read_anchors(fh.read())
         except (OSError, ValueError) as exc:
             return _fail(f"cannot read the anchor {path}: {exc}", EXIT_UNAVAILABLE)
+        kept.extend(checkpoints)
+        mirrored.extend(records)
     try:
-        result, newest = asyncio.run(_verify(store_url, schema, keys, kept))
+        result, newest = asyncio.run(_verify(store_url, schema, keys, kept, mirrored))
     except StoreError as exc:
         return _fail(f"cannot open the store: {exc}", EXIT_UNAVAILABLE)
     return result, keys_note, newest
@@ -202,14 +211,14 @@ def _verification(
 
 async def _verify(
     url: str, schema: str | None, keys: dict[str, Ed25519PublicKey],
-    anchors: list[AuditCheckpoint],
+    anchors: list[AuditCheckpoint], mirrored: list[AuditRecord],
 ) -> tuple[Verification, AuditCheckpoint | None]:
     from ..audit.log import AuditLog
 
     store = await open_store(url, schema=schema)
     try:
         log = AuditLog(store)
-        result = await log.verify_signed(keys, anchors)
+        result = await log.verify_signed(keys, anchors, mirrored)
         # The newest stored checkpoint at or before the verified head: every one of them was
         # found signed and matching (else the result is broken and nobody asks).
         newest = None
@@ -234,6 +243,7 @@ def _result_doc(result: Verification) -> dict[str, Any]:
         "unverifiable": None if gap is None else {"first": gap[0], "last": gap[1]},
         "checkpoints": result.checkpoints,
         "anchors": result.anchors,
+        "mirrored": result.mirrored,
         "break": None if broken is None else {"seq": broken.seq, "reason": broken.reason},
         "problems": [{"seq": p.seq, "reason": p.reason, "detail": p.detail}
                      for p in sorted(result.problems, key=lambda p: p.seq)],

@@ -21,7 +21,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ..appkeys import ENGINE, METRICS, STORE, STORE_GAUGES
+from ..appkeys import AUDIT, ENGINE, METRICS, STORE, STORE_GAUGES
 from ..store.base import Store
 
 if TYPE_CHECKING:
@@ -80,6 +80,8 @@ EXPORTED = (
     "controlplane_approvals_total",
     "controlplane_audit_append_failures_total",
     "controlplane_audit_head_seq",
+    "controlplane_audit_integrity_failures_total",
+    "controlplane_audit_chain_ok",
     "controlplane_login_failures_total",
     "controlplane_store_up",
     "controlplane_policy_shadow_divergence_total",
@@ -105,6 +107,7 @@ class Metrics:
     decision_latency: Histogram
     approvals: Counter
     audit_append_failures: Counter
+    audit_integrity_failures: Counter
     login_failures: Counter
     store_transactions: Counter
     store_round_trips: Counter
@@ -173,6 +176,10 @@ class Metrics:
 
     def audit_append_failed(self) -> None:
         self.audit_append_failures.inc()
+
+    def audit_integrity_failed(self) -> None:
+        """A worker found the audit chain changed under it (``audit.tip``); it refuses to extend it."""
+        self.audit_integrity_failures.inc()
 
     def login_failed(self, reason: str) -> None:
         reason = _REASON_ALIASES.get(reason, reason)
@@ -267,6 +274,12 @@ class Metrics:
             audit_append_failures=Counter(
                 "controlplane_audit_append_failures",
                 "Audit records of chain runs that could not be written (each run answered 503).",
+                registry=registry,
+            ),
+            audit_integrity_failures=Counter(
+                "controlplane_audit_integrity_failures",
+                "Workers that found the audit chain changed since they verified or wrote it "
+                "(each then refuses every audit write and checkpoint: mutations answer 503).",
                 registry=registry,
             ),
             login_failures=Counter(
@@ -380,6 +393,11 @@ async def scrape(app: web.Application) -> bytes:
                    registry=state)
     head = Gauge("controlplane_audit_head_seq",
                  "Sequence number of the last audit record.", registry=state)
+    chain_ok = Gauge("controlplane_audit_chain_ok",
+                     "0 once this worker found the audit chain changed under it (it refuses to "
+                     "extend or sign it), else 1.", registry=state)
+    audit = app.get(AUDIT)
+    chain_ok.set(0 if audit is not None and not audit.tip.ok else 1)
     read = await app[STORE_GAUGES].read(app.get(STORE))
     up = 0
     if read is not None:

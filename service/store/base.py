@@ -33,6 +33,7 @@ __all__ = [
     "AuditCheckpoint",
     "AuditOps",
     "AuditRecord",
+    "ChainGuard",
     "Conflict",
     "DeliveryRecord",
     "EventRecord",
@@ -73,6 +74,24 @@ Json: TypeAlias = Any
 
 Seal: TypeAlias = Callable[[int, str, dict[str, Any]], str]
 """``seal(seq, prev_hash, entry) -> hash``: the audit module hashes, the store keeps the chain."""
+
+
+
+class ChainGuard(Protocol):
+    """Vouches for the head a writer is about to extend (``audit.tip``: the last head this worker
+    verified). The store asks it under the head's lock (or before its compare-and-swap)."""
+
+    def since(self, head: tuple[int, str]) -> tuple[int, str] | None:
+        """None when ``head`` (seq, hash) is the head already vouched for; else that known head:
+        the store reads the records between the two (both ends included) for ``vouch``."""
+        ...
+
+    def vouch(self, start: tuple[int, str], head: tuple[int, str],
+              records: Sequence[AuditRecord]) -> None:
+        """``records``: the stored records from the lower seq of ``start`` and ``head`` to the
+        higher, in order. Raises (a ``StoreError``) unless they link the two unchanged."""
+        ...
+
 
 AUDIT_GENESIS_HASH = "sha256:" + "0" * 64
 """``prev_hash`` of the first audit record."""
@@ -538,9 +557,11 @@ class TaskOps(Protocol):
 class AuditOps(Protocol):
     """The audit hash chain: the store links each record to the previous one atomically."""
 
-    async def append_audit(self, entry: dict[str, Any], seal: Seal) -> AuditRecord: ...
+    # ``guard``: asked before the head is extended (``ChainGuard``); what it raises rolls back.
+    async def append_audit(self, entry: dict[str, Any], seal: Seal, *,
+                           guard: ChainGuard | None = None) -> AuditRecord: ...
     async def append_audit_many(
-        self, entries: Sequence[dict[str, Any]], seal: Seal
+        self, entries: Sequence[dict[str, Any]], seal: Seal, *, guard: ChainGuard | None = None
     ) -> list[AuditRecord]: ...
     async def audit_range(self, after_seq: int = 0, limit: int = 100) -> list[AuditRecord]: ...
     async def audit_head(self) -> tuple[int, str]: ...
@@ -554,7 +575,7 @@ class AuditOps(Protocol):
     async def stage_audit(self, entry: dict[str, Any], at: float) -> int: ...
     async def seal_audit(
         self, seal: Seal, ids: Sequence[int] = (), *, staged_before: float | None = None,
-        limit: int = MAX_PAGE,
+        limit: int = MAX_PAGE, guard: ChainGuard | None = None,
     ) -> list[tuple[int, AuditRecord]]: ...
     async def audit_staged(self, staged_before: float) -> tuple[int, float | None]: ...
 

@@ -30,9 +30,10 @@ RECORDS = 12
 CHECKPOINTS = (4, 8, 12)  # where the service signed, in these tests
 
 
-async def build_chain(store: Store, target: Target) -> AuditLog:
-    """12 records, as the service writes them, with signed checkpoints at 4, 8 and 12."""
-    log = AuditLog(store)
+async def build_chain(store: Store, target: Target, mirror: Path | None = None) -> AuditLog:
+    """12 records, as the service writes them, with signed checkpoints at 4, 8 and 12 (and the
+    JSON-lines mirror of them all at ``mirror``)."""
+    log = AuditLog(store, mirror)
     keys = AuditKeys.open(target.state_dir / "audit-keys", now=clock.now())
     checkpointer = Checkpointer(log, keys, every_records=1000, every_s=3600)
     log.observer = checkpointer
@@ -125,7 +126,9 @@ ANCHORED: dict[str, tuple[Any, tuple[int, str] | None, int]] = {
     "delete+renumber": (lambda rows: tamper.delete_and_renumber(rows, 5),
                         (12, "anchor_beyond_end"), 1),
     "truncate+fix head": (lambda rows: tamper.truncate(rows, 7), (12, "anchor_beyond_end"), 1),
-    "forged append": (lambda rows: tamper.forged_append(rows, 2), None, 3),
+    # The chain itself is intact: the deleted checkpoints, which the anchor shows were signed,
+    # are the contradiction (deleting every checkpoint is no longer "not signed yet").
+    "forged append": (lambda rows: tamper.forged_append(rows, 2), (12, "checkpoint_missing"), 1),
 }
 
 
@@ -182,3 +185,73 @@ async def test_with_the_audit_key_only_an_anchor_detects_it(
     assert code == 0, result  # the limit of checkpoints alone: documented
     code, result = await verify(capsys, "--anchor", str(anchor))
     assert code == 1 and result["break"] == {"seq": 12, "reason": "anchor_mismatch"}
+
+
+# The tail after the newest checkpoint (13, 14), then what the attacker does to it, the exit
+# code and first break of ``verify`` without an anchor, then with the mirror as the anchor.
+TAILS: dict[str, tuple[Any, tuple[int, tuple[int, str] | None], tuple[int, tuple[int, str]]]] = {
+    # Rewritten, and then signed by a service that chained onto the forged head: laundered for
+    # the checkpoints, not for the mirror, which holds record 13 as it was written.
+    "rewritten, then signed": (lambda rows: tamper.edit_and_recompute(rows, 12), (0, None),
+                               (1, (13, "mirror_mismatch"))),
+    "rewritten": (lambda rows: tamper.edit_and_recompute(rows, 12), (3, None),
+                  (1, (13, "mirror_mismatch"))),
+    "removed": (lambda rows: tamper.truncate(rows, 12), (0, None), (1, (13, "mirror_beyond_end"))),
+}
+
+
+@pytest.mark.parametrize("kind", list(TAILS))
+async def test_the_mirror_contradicts_a_rewritten_unsigned_tail(
+    store: Store, target: Target, capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str
+) -> None:
+    rewrite, (plain, plain_break), (anchored, anchored_break) = TAILS[kind]
+    mirror = tmp_path / "audit.jsonl"
+    log = await build_chain(store, target, mirror)
+    for i in (13, 14):  # not signed yet
+        await log.mirror(await log.append({"action": "approvals.read", "outcome": "executed",
+                                           "n": i}))
+    attacker = tamper.Attacker(target)
+    rows = rewrite(await attacker.rows())
+    await attacker.write(rows)
+    if kind.endswith("signed"):
+        key = AuditKeys.load(target.state_dir / "audit-keys").signing_key()
+        assert await store.add_audit_checkpoint(sign(key, 14, rows[13].hash, clock.now()))
+    code, result = await verify(capsys)
+    assert (code, result["break"] and (result["break"]["seq"], result["break"]["reason"])) == (
+        plain, plain_break)
+    code, result = await verify(capsys, "--anchor", str(mirror))
+    assert code == anchored, result
+    assert (result["break"]["seq"], result["break"]["reason"]) == anchored_break
+    assert result["verified_head"]["seq"] == 12 and result["mirrored"] == 12
+
+
+async def test_a_mirror_line_changed_is_not_evidence(
+    store: Store, target: Target, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A record line whose hash is not its content's cannot contradict anything: the anchor
+    cannot be read (exit 2), rather than a verdict on the chain."""
+    mirror = tmp_path / "audit.jsonl"
+    await build_chain(store, target, mirror)
+    lines = mirror.read_text().splitlines()
+    doc = json.loads(lines[0])
+    lines[0] = json.dumps({**doc, "outcome": "denied"})
+    mirror.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    code = await asyncio.to_thread(audit.run, ["verify", "--anchor", str(mirror)])
+    assert code == 2
+    assert "mirrored record 1: its hash is not its content's" in capsys.readouterr().err
+
+
+async def test_checkpoints_an_anchor_shows_were_deleted_are_a_break(
+    store: Store, target: Target, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Exit 3 ("not signed yet") is not what deleting checkpoints looks like when an anchor or
+    the mirror shows they were signed: exit 1."""
+    mirror = tmp_path / "audit.jsonl"
+    await build_chain(store, target, mirror)
+    await tamper.Attacker(target).execute(["DELETE FROM audit_checkpoints WHERE seq > 4"])
+    code, result = await verify(capsys)
+    assert code == 3 and result["verified_head"]["seq"] == 4
+    code, result = await verify(capsys, "--anchor", str(mirror))
+    assert code == 1 and [(p["seq"], p["reason"]) for p in result["problems"]] == [
+        (8, "checkpoint_missing"), (12, "checkpoint_missing")]

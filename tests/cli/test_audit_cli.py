@@ -97,7 +97,8 @@ def test_verify_while_running_then_after_a_clean_stop(
     code, result = verify(capsys)
     assert code == 0 and result == {
         "ok": True, "status": "ok", "verified": n, "head_seq": n, "break": None, "problems": [],
-        "verified_head": head, "unverifiable": None, "checkpoints": 1, "anchors": 0}
+        "verified_head": head, "unverifiable": None, "checkpoints": 1, "anchors": 0,
+            "mirrored": 0}
 
 
 def test_checkpoints_every_n_records_mirrored_and_anchored(

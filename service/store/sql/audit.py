@@ -5,7 +5,9 @@ Two ways in. ``append_audit[_many]`` seals records straight into the chain under
 held until the caller's COMMIT. ``stage_audit`` only inserts the entry into ``audit_staged`` (no
 global lock: a run's transaction stays off the global section), and ``seal_audit`` later moves a
 batch of committed staged rows into the chain in one short transaction of its own under the
-head's lock: the global section is paid per batch, not per run."""
+head's lock: the global section is paid per batch, not per run. Both ask the caller's
+``ChainGuard`` (``audit.tip``) before they extend the head they found: what it raises rolls the
+write back, so nothing is chained onto a head the writing worker cannot verify."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..base import AuditCheckpoint, AuditRecord, Seal, StoreError
+from ..base import AuditCheckpoint, AuditRecord, ChainGuard, Seal, StoreError
 from .core import MAX_LIST_LIMIT, Query, Row, Unit, dump_json
 
 __all__ = ["AuditSql"]
@@ -28,6 +30,9 @@ _INSERT_ALL_AND_HEAD = (
 )
 # Taking the head's row lock (a no-op UPDATE: RETURNING shows the committed head after any wait).
 _LOCK_HEAD = "UPDATE audit_head SET seq = seq WHERE id = 1 RETURNING seq, hash"
+# The records a ``ChainGuard`` reads to vouch for the head: between its known head and this one.
+_SINCE = ("SELECT seq, prev_hash, hash, entry FROM audit_log WHERE seq >= ? AND seq <= ? "
+          "ORDER BY seq")
 _STAGE = "INSERT INTO audit_staged (staged_at, entry) VALUES (?, ?) RETURNING id"
 # Which staged rows a sealing batch takes: ``{ids}`` is a list of placeholders.
 _BY_ID = "id IN ({ids})"
@@ -57,7 +62,7 @@ _READ_STAGED = (
 )
 _SWAP = (
     "WITH head AS (UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1 AND seq = ? "
-    "RETURNING seq), "
+    "AND hash = ? RETURNING seq), "
     "taken AS (DELETE FROM audit_staged WHERE id = ANY(?::bigint[]) "
     "AND EXISTS (SELECT 1 FROM head) RETURNING id), "
     "appended AS (INSERT INTO audit_log (seq, prev_hash, hash, entry) "
@@ -72,11 +77,12 @@ class AuditSql(Unit):
 
     __slots__ = ()
 
-    async def append_audit(self, entry: dict[str, Any], seal: Seal) -> AuditRecord:
-        return (await self.append_audit_many([entry], seal))[0]
+    async def append_audit(self, entry: dict[str, Any], seal: Seal, *,
+                           guard: ChainGuard | None = None) -> AuditRecord:
+        return (await self.append_audit_many([entry], seal, guard=guard))[0]
 
     async def append_audit_many(
-        self, entries: Sequence[dict[str, Any]], seal: Seal
+        self, entries: Sequence[dict[str, Any]], seal: Seal, *, guard: ChainGuard | None = None
     ) -> list[AuditRecord]:
         if not entries:
             return []
@@ -89,6 +95,7 @@ class AuditSql(Unit):
             head = await q.one(_LOCK_HEAD)
             if head is None:
                 raise StoreError("audit head row missing")
+            await _vouch(q, (int(head["seq"]), str(head["hash"])), guard)
             return await _link(q, int(head["seq"]), str(head["hash"]),
                                [dump_json(e) for e in entries], seal)
 
@@ -107,7 +114,7 @@ class AuditSql(Unit):
 
     async def seal_audit(
         self, seal: Seal, ids: Sequence[int] = (), *, staged_before: float | None = None,
-        limit: int = MAX_LIST_LIMIT,
+        limit: int = MAX_LIST_LIMIT, guard: ChainGuard | None = None,
     ) -> list[tuple[int, AuditRecord]]:
         if not ids and staged_before is None:
             return []
@@ -115,7 +122,8 @@ class AuditSql(Unit):
         where = _BY_ID.format(ids=", ".join("?" * len(ids))) if ids else _STAGED_BEFORE
         async with self._statements() as single:
             for _ in range(_SWAP_ATTEMPTS if single is not None else 0):
-                swapped = await _swap(single, where, args, seal) if single is not None else None
+                swapped = (await _swap(single, where, args, seal, guard) if single is not None
+                           else None)
                 if swapped is not None:
                     return swapped
         async with self._unit(write=True) as q:
@@ -132,6 +140,7 @@ class AuditSql(Unit):
                 rows = await q.all(_TAKE.format(where=where), *args)
                 if not rows:
                     return []
+            await _vouch(q, (last, prev_hash), guard)  # under the head's lock
             # In staging order (RETURNING gives no order); the chain's order is the seal order.
             taken = sorted((int(r["id"]), str(r["entry"])) for r in rows)
             records = await _link(q, last, prev_hash, [text for _, text in taken], seal)
@@ -156,13 +165,7 @@ class AuditSql(Unit):
                 "ORDER BY seq LIMIT ?",
                 after_seq, min(limit, MAX_LIST_LIMIT),
             )  # fmt: skip
-        return [
-            AuditRecord(
-                seq=int(r["seq"]), prev_hash=r["prev_hash"], hash=r["hash"],
-                entry=json.loads(r["entry"]),
-            )
-            for r in rows
-        ]  # fmt: skip
+        return [_record(r) for r in rows]
 
     async def audit_head(self) -> tuple[int, str]:
         async with self._unit(write=False) as q:
@@ -219,8 +222,19 @@ def _columns(records: Sequence[AuditRecord], texts: Sequence[str]) -> list[list[
             [r.hash for r in records], list(texts)]
 
 
+async def _vouch(q: Query, head: tuple[int, str], guard: ChainGuard | None) -> None:
+    """Let ``guard`` vouch for ``head`` before it is extended: one read of the records since its
+    known head, none when ``head`` is that head. What it raises rolls the caller back."""
+    if guard is None:
+        return
+    start = guard.since(head)
+    if start is not None:
+        rows = await q.all(_SINCE, min(start[0], head[0]), max(start[0], head[0]))
+        guard.vouch(start, head, [_record(r) for r in rows])
+
+
 async def _swap(
-    q: Query, where: str, args: Sequence[Any], seal: Seal
+    q: Query, where: str, args: Sequence[Any], seal: Seal, guard: ChainGuard | None
 ) -> list[tuple[int, AuditRecord]] | None:
     """Seal the staged rows ``where`` selects optimistically (see ``_SWAP``); None when another
     writer moved the head first (nothing was written)."""
@@ -230,10 +244,12 @@ async def _swap(
     taken = sorted((int(r["id"]), str(r["entry"])) for r in rows if r["id"] is not None)
     if not taken:
         return []
-    last = int(rows[0]["seq"])
+    last, prev_hash = int(rows[0]["seq"]), str(rows[0]["hash"])
+    # Read without the lock: the swap below moves the head only if it is still this one.
+    await _vouch(q, (last, prev_hash), guard)
     texts = [text for _, text in taken]
-    records = _chain(last, str(rows[0]["hash"]), texts, seal)
-    row = await q.one(_SWAP, records[-1].seq, records[-1].hash, last,
+    records = _chain(last, prev_hash, texts, seal)
+    row = await q.one(_SWAP, records[-1].seq, records[-1].hash, last, prev_hash,
                       [staged_id for staged_id, _ in taken], *_columns(records, texts))
     if row is None or not row["moved"]:
         return None
@@ -259,6 +275,11 @@ async def _link(
         await q.exec_many(_INSERT, rows)
     await q.exec(_HEAD, end, prev_hash)
     return records
+
+
+def _record(row: Row) -> AuditRecord:
+    return AuditRecord(seq=int(row["seq"]), prev_hash=str(row["prev_hash"]), hash=str(row["hash"]),
+                       entry=json.loads(row["entry"]))
 
 
 def _checkpoint(row: Row) -> AuditCheckpoint:

@@ -1,0 +1,214 @@
+"""A worker's verified tip of the chain (``audit.tip``), on SQLite and PostgreSQL, against an
+attacker who rewrites the unsigned tail in the database and recomputes every hash after it.
+
+Several workers append to one chain: each is an ``AuditLog`` of its own on the same store, as
+the worker processes and replicas of a deployment are. Each mirrors to the same JSON-lines file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service import clock
+from service.audit.checkpointer import Checkpointer
+from service.audit.keys import AuditKeys
+from service.audit.log import AuditLog
+from service.audit.tip import AuditTampered
+from service.cli import audit
+from service.store import Store
+from service.store.base import AuditRecord
+
+from . import tamper
+from .conftest import Target
+
+
+def worker(store: Store, target: Target, mirror: Path) -> tuple[AuditLog, Checkpointer]:
+    """One worker as the service wires it: a log trusting this replica's audit keys, and its
+    checkpointer (signing only when asked, in these tests)."""
+    log = AuditLog(store, mirror)
+    keys = AuditKeys.open(target.state_dir / "audit-keys", now=clock.now())
+    checkpointer = Checkpointer(log, keys, every_records=1000, every_s=3600)
+    log.observer, log.trusted_keys = checkpointer, keys.public_keys
+    return log, checkpointer
+
+
+async def write(log: AuditLog, n: int, who: str) -> list[AuditRecord]:
+    """``n`` records committed and mirrored, as a run's recording does."""
+    records = []
+    for i in range(n):
+        record = await log.append({"action": "approvals.read", "outcome": "executed",
+                                   "worker": who, "i": i})
+        await log.mirror(record)
+        records.append(record)
+    return records
+
+
+async def rewrite_from(target: Target, seq: int) -> None:
+    """Edit record ``seq`` and recompute the chain from it to the head (checkpoints untouched)."""
+    attacker = tamper.Attacker(target)
+    await attacker.write(tamper.edit_and_recompute(await attacker.rows(), seq - 1))
+
+
+async def verify(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = await asyncio.to_thread(audit.run, ["verify", "--json", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def alarms(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [r.fields for r in caplog.records  # type: ignore[attr-defined]
+            if getattr(r, "fields", {}).get("event") == "audit.chain_tampered"]
+
+
+async def test_a_worker_neither_extends_nor_signs_its_rewritten_tail(
+    store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mirror = tmp_path / "audit.jsonl"
+    log, checkpointer = worker(store, target, mirror)
+    await write(log, 4, "a")
+    assert (await checkpointer.checkpoint(clock.now())) is not None  # signed up to 4
+    await write(log, 3, "a")  # 5..7: the unsigned tail
+    await rewrite_from(target, 5)
+    with caplog.at_level(logging.ERROR, logger="controlplane.audit"):
+        with pytest.raises(AuditTampered):
+            await log.append({"action": "approvals.read", "outcome": "executed"})
+        assert await store.audit_head() == (7, (await tamper.Attacker(target).rows())[-1].hash)
+        assert await checkpointer.checkpoint(clock.now()) is None
+        if store.stages_audit:  # PostgreSQL: a run's staged record is not sealed onto it either
+            async with store.transaction() as tx:
+                staged = await log.stage({"action": "approvals.create", "outcome": "executed"}, tx)
+            with pytest.raises(AuditTampered):
+                await log.settle(staged)
+        with pytest.raises(AuditTampered):
+            await log.sweep(clock.now() + 3600)
+        with pytest.raises(AuditTampered):  # refused from now on, whatever the head
+            await log.append({"action": "approvals.read", "outcome": "executed"})
+    assert not log.tip.ok
+    assert [(a["seq"], a["reason"], a["known_seq"]) for a in alarms(caplog)] == [
+        (7, "record_changed", 7)]  # one alarm
+    assert (await store.latest_audit_checkpoint()).seq == 4  # type: ignore[union-attr]
+    code, result = await verify(capsys, "--anchor", str(mirror))
+    assert code == 1 and result["break"] == {"seq": 5, "reason": "mirror_mismatch"}
+
+
+async def test_workers_verify_each_others_records_without_a_false_alarm(
+    store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    mirror = tmp_path / "audit.jsonl"
+    (a, a_signs), (b, b_signs) = worker(store, target, mirror), worker(store, target, mirror)
+    with caplog.at_level(logging.ERROR, logger="controlplane.audit"):
+        for _ in range(3):
+            await write(a, 2, "a")
+            await write(b, 3, "b")
+            assert await a_signs.checkpoint(clock.now()) is not None
+            await asyncio.gather(write(a, 2, "a"), write(b, 2, "b"))
+            assert await b_signs.checkpoint(clock.now()) is not None
+        # Whichever wrote last signs the head.
+        await a_signs.checkpoint(clock.now())
+        await b_signs.checkpoint(clock.now())
+    assert alarms(caplog) == [] and a.tip.ok and b.tip.ok
+    head = await store.audit_head()
+    assert await b.catch_up() == head and await a.catch_up() == head
+    code, result = await verify(capsys, "--anchor", str(mirror))
+    assert code == 0, result
+    assert result["mirrored"] == head[0] == 27
+
+
+async def test_a_rewrite_from_before_a_workers_tip_is_found(
+    store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Records of another worker that this one verified before appending its own are part of
+    what it knows: rewriting them changes the record at its tip."""
+    mirror = tmp_path / "audit.jsonl"
+    (a, a_signs), (b, _) = worker(store, target, mirror), worker(store, target, mirror)
+    await write(a, 4, "a")
+    assert await a_signs.checkpoint(clock.now()) is not None
+    await write(b, 3, "b")  # 5..7
+    await write(a, 1, "a")  # 8: a verified 5..7 first
+    await rewrite_from(target, 6)
+    with caplog.at_level(logging.ERROR, logger="controlplane.audit"):
+        with pytest.raises(AuditTampered):
+            await a.append({"action": "approvals.read", "outcome": "executed"})
+        with pytest.raises(AuditTampered):
+            await b.append({"action": "approvals.read", "outcome": "executed"})
+    assert [(x["seq"], x["known_seq"]) for x in alarms(caplog)] == [(8, 8), (7, 7)]
+
+
+async def test_a_rewrite_no_worker_can_see_is_named_by_the_mirror(
+    store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The residual: records worker b wrote after worker a's tip, rewritten before a read them,
+    verify from a's tip like genuine ones; a extends and signs them. b refuses its next append
+    (its own record changed), and the mirror names the rewritten record."""
+    mirror = tmp_path / "audit.jsonl"
+    (a, a_signs), (b, _) = worker(store, target, mirror), worker(store, target, mirror)
+    await write(a, 4, "a")
+    assert await a_signs.checkpoint(clock.now()) is not None
+    await write(b, 3, "b")  # 5..7, after a's tip
+    await rewrite_from(target, 6)
+    await write(a, 1, "a")  # 8: accepted, and signed
+    assert (await a_signs.checkpoint(clock.now())).seq == 8  # type: ignore[union-attr]
+    with caplog.at_level(logging.ERROR, logger="controlplane.audit"):
+        with pytest.raises(AuditTampered):
+            await b.append({"action": "approvals.read", "outcome": "executed"})
+    assert [x["seq"] for x in alarms(caplog)] == [7]
+    code, result = await verify(capsys)
+    assert code == 0, result  # the signatures alone cannot tell
+    code, result = await verify(capsys, "--anchor", str(mirror))
+    assert code == 1 and result["break"] == {"seq": 6, "reason": "mirror_mismatch"}
+    assert result["verified_head"]["seq"] == 4
+
+
+async def test_a_worker_starts_from_the_newest_signed_checkpoint(
+    store: Store, target: Target, tmp_path: Path
+) -> None:
+    """A worker that just started knows the newest checkpoint its keys verify, not the head the
+    database shows: a rewrite that reaches back into the signed records is refused."""
+    mirror = tmp_path / "audit.jsonl"
+    first, signs = worker(store, target, mirror)
+    await write(first, 4, "a")
+    assert await signs.checkpoint(clock.now()) is not None
+    await write(first, 2, "a")
+    await rewrite_from(target, 3)
+    restarted, _ = worker(store, target, mirror)
+    with pytest.raises(AuditTampered):
+        await restarted.append({"action": "approvals.read", "outcome": "executed"})
+    await tamper.Attacker(target).execute([
+        ("UPDATE audit_checkpoints SET head_hash = ? WHERE seq = 4",
+         ((await tamper.Attacker(target).rows())[3].hash,))])
+    forged, _ = worker(store, target, mirror)  # the checkpoint row no longer verifies
+    with pytest.raises(AuditTampered):
+        await forged.append({"action": "approvals.read", "outcome": "executed"})
+
+
+async def test_appends_in_a_transaction_that_rolls_back_raise_no_alarm(
+    store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transaction's second append verifies the first one's uncommitted record: the tip must
+    not move onto it before it is committed, or the rollback would look like a deleted record."""
+    log, _ = worker(store, target, tmp_path / "audit.jsonl")
+    await write(log, 2, "a")
+    entry = {"action": "approvals.expire", "outcome": "executed"}
+    with caplog.at_level(logging.ERROR, logger="controlplane.audit"):
+        with pytest.raises(RuntimeError):
+            async with store.transaction() as tx:
+                await log.append(entry, tx)
+                await log.append(entry, tx)
+                raise RuntimeError("the run failed: its transaction rolls back")
+        await write(log, 2, "a")
+        async with store.transaction() as tx:
+            records = [await log.append(entry, tx) for _ in range(3)]
+        await log.mirror_many(records)  # committed: the tip moves along them
+        assert log.tip.known == await store.audit_head() == (7, records[-1].hash)
+        await write(log, 1, "a")
+        assert await log.catch_up() == await store.audit_head()
+    assert alarms(caplog) == [] and log.tip.ok
