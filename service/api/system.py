@@ -95,7 +95,8 @@ async def readyz(request: web.Request) -> web.Response:
     """Readiness: 200 only when configuration, policies and store are loaded and the store
     serves: it is pinged now (within ``store.probe_timeout_s``, not read from the status
     surfaces' background check) and no kind of store call failed recently without one
-    served since (``store.failure_window_s``; said in ``store_failures``)."""
+    served since (``store.failure_window_s``; said in ``store_failures``), and the audit
+    chain is the one this worker verified (``audit``: degraded once it was changed under it)."""
     await request.app[STORE].check()
     statuses = await component_statuses(request.app)
     not_ready = sorted(
