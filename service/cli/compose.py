@@ -220,9 +220,14 @@ def _check(args: argparse.Namespace) -> int:
         if report is None:
             return 2
     else:
+        rules = RuleSet.load(args.policies)
+        if not rules.rules:  # an empty rule set would pass anything: fail closed
+            print(f"cpctl compose: no compose rules in {args.policies}: nothing would be checked",
+                  file=_err(args))
+            return 2
         try:
-            report = evaluate(fields, strict=body["strict"], env=body.get("env"),
-                              rules=RuleSet.load(args.policies), budget_s=args.budget)
+            report = evaluate(fields, strict=body["strict"], env=body.get("env"), rules=rules,
+                              budget_s=args.budget)
         except EvaluationBudgetExceeded as exc:
             print(f"cpctl compose: evaluation_budget_exceeded: {exc.message}", file=_err(args))
             return 2

@@ -187,6 +187,13 @@ def test_an_internal_error_is_exit_3_on_one_line(monkeypatch: pytest.MonkeyPatch
         assert err.getvalue().splitlines()[-1].startswith("cpctl compose: internal error")
 
 
+def test_a_policy_directory_without_rules_is_exit_2_not_passed(tmp_path: Path) -> None:
+    good = str(REPO / "examples" / "compose" / "good.compose.yaml")
+    result = cpctl("check", good, "--policies", str(tmp_path))
+    assert result.returncode == 2, result.stdout[:2000]
+    assert "no compose rules" in one_line(result.stderr)
+
+
 # --- JUnit and control characters ----------------------------------------------------------
 
 CONTROL_IMAGE = "bad\x01im\x1b[31mage\x7f:latest"
