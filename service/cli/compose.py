@@ -30,7 +30,12 @@ from service.compose.preflight import (
     evaluate,
 )
 from service.compose.render import render
-from service.compose.source import MAX_INTERPOLATION_DEPTH, MAX_YAML_DEPTH, MAX_YAML_NODES
+from service.compose.source import (
+    MAX_INTERPOLATED_CHARS,
+    MAX_INTERPOLATION_DEPTH,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+)
 from service.schemas import ValidationFailed, validate
 
 __all__ = ["EXIT_CODES", "register", "run"]
@@ -42,13 +47,16 @@ FORMATS = ("table", "json", "junit", "sarif")
 DEBUG_ENV = "CONTROLPLANE_DEBUG"
 
 _UNUSABLE = f"""\
-  2  unusable input, one line on stderr naming the file and where: unreadable, not
-     UTF-8, not YAML, over {MAX_YAML_NODES:,} YAML nodes (an alias counts the size of
-     what it refers to), over {MAX_YAML_DEPTH} levels of nesting, variable defaults nested
-     over {MAX_INTERPOLATION_DEPTH} deep, a missing required variable"""
+  2  unusable input, one line on stderr naming the file and where: unreadable,
+     not UTF-8, not YAML, over {MAX_YAML_NODES:,} YAML nodes (an alias counts the size of
+     what it refers to) or {MAX_YAML_DEPTH} levels of nesting, variable defaults nested over
+     {MAX_INTERPOLATION_DEPTH} deep, variables expanding to over {MAX_INTERPOLATED_CHARS:,} \
+characters, a missing
+     required variable"""
+
 _INTERNAL = f"""\
-  3  internal error (a bug): one line on stderr; --debug or {DEBUG_ENV}=1 prints
-     the traceback"""
+  3  internal error (a bug): one line on stderr; --debug or {DEBUG_ENV}=1
+     prints the traceback"""
 
 #: The exit-code contract of ``cpctl compose check`` (its ``--help`` epilog).
 EXIT_CODES = f"""\
@@ -56,9 +64,9 @@ exit codes:
   0  passed (no failure; with --strict, no warning either)
   1  not passed: the report says why (a rule that could not be evaluated is an
      error cell, which fails)
-{_UNUSABLE}; also outside the request schema, over the
-     size or time budget, and with --server a refusal by the server or a server
-     that cannot be reached
+{_UNUSABLE}; also: outside the request schema, over the size or
+     time budget, and with --server a refusal by the server or a server that
+     cannot be reached
 {_INTERNAL}
 A crash is never exit 1.
 """

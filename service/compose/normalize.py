@@ -128,7 +128,10 @@ class _Loader:
             raise NormalizeError(f"{name}: a compose file must be a mapping at the top level")
         raw = _drop_extensions(raw, top=True)
         # Interpolation runs after YAML (anchors are already expanded) and before typing.
-        raw = self.interpolator.walk(raw, "")
+        try:
+            raw = self.interpolator.walk(raw, "")
+        except NormalizeError as exc:  # its message names the value's path: add the file
+            raise NormalizeError(f"{name}: {exc}") from None
         model = _normalize_model(raw, name)
         # "environment: [NAME]" takes NAME's value from the project environment, as in Compose.
         for svc in (model.get("services") or {}).values():

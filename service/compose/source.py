@@ -11,8 +11,9 @@ goes): a document may hold at most ``MAX_YAML_NODES`` nodes, an alias counting t
 the node it refers to (a few hundred bytes of nested aliases, "billion laughs", would
 otherwise expand to gigabytes in the normalizer), and nest at most ``MAX_YAML_DEPTH``
 collections deep (aliases included); an alias inside its own anchor (a recursive structure)
-is refused. Variable defaults nest at most ``MAX_INTERPOLATION_DEPTH`` deep. Each refusal is a
-one-line ``NormalizeError`` naming the file, line and column.
+is refused. Variable defaults nest at most ``MAX_INTERPOLATION_DEPTH`` deep, and variables put at
+most ``MAX_INTERPOLATED_CHARS`` characters into a run's documents. Each refusal is a one-line
+``NormalizeError`` naming the file (and line and column, or the value's path).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from yaml.scanner import Scanner
 from service.limits import MAX_JSON_DEPTH, MAX_JSON_VALUE_BYTES
 
 __all__ = [
+    "MAX_INTERPOLATED_CHARS",
     "MAX_INTERPOLATION_DEPTH",
     "MAX_YAML_DEPTH",
     "MAX_YAML_NODES",
@@ -59,6 +61,11 @@ MAX_YAML_NODES = MAX_JSON_VALUE_BYTES // 2
 MAX_YAML_DEPTH = MAX_JSON_DEPTH - 1
 #: Deepest nesting of ``${VAR:-${OTHER:-...}}`` defaults.
 MAX_INTERPOLATION_DEPTH = MAX_JSON_DEPTH
+#: Most characters variables may put into one run's documents (or into one ``.env`` value):
+#: what one value may take as JSON (``MAX_JSON_VALUE_BYTES``). A ``.env`` line of ten ``${A}``
+#: per line, nine lines deep, would otherwise be a gigabyte, and a compose file that refers to
+#: one large variable a hundred thousand times as many copies of it.
+MAX_INTERPOLATED_CHARS = MAX_JSON_VALUE_BYTES
 
 
 class NormalizeError(Exception):
@@ -363,7 +370,11 @@ def _unescape(value: str) -> str:
 
 def read_dotenv(path: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Read and parse a ``.env`` file."""
-    return parse_dotenv(read_source(path, "env file"), environ)
+    text = read_source(path, "env file")
+    try:
+        return parse_dotenv(text, environ)
+    except NormalizeError as exc:  # its message names the variable: add the file
+        raise NormalizeError(f"{path}: {exc}") from None
 
 
 # --- interpolation ---------------------------------------------------------------------------
@@ -377,6 +388,8 @@ class Interpolator:
 
     def __init__(self, variables: Mapping[str, str]):
         self.variables = variables
+        #: Characters variables may still put into the document (``MAX_INTERPOLATED_CHARS``).
+        self.budget = MAX_INTERPOLATED_CHARS
         #: Variables referenced without a value and without a default (Compose warns, uses "").
         self.missing: set[str] = set()
 
@@ -412,7 +425,7 @@ class Interpolator:
                     out.append("$")  # a lone "$" stays literal
                     pos += 1
                 else:
-                    out.append(self._lookup(match.group(0)))
+                    out.append(self._lookup(match.group(0), where))
                     pos = match.end()
         if stop is not None:
             raise NormalizeError(f"{where}: unterminated '${{' in {text!r}")
@@ -425,7 +438,7 @@ class Interpolator:
         name = match.group(0)
         pos = match.end()
         if pos < len(text) and text[pos] == "}":
-            return self._lookup(name), pos + 1
+            return self._lookup(name, where), pos + 1
         operator = ""
         for candidate in (":-", ":?", ":+", "-", "?", "+"):
             if text.startswith(candidate, pos):
@@ -440,19 +453,27 @@ class Interpolator:
         present = is_nonempty if operator.startswith(":") else is_set
         kind = operator[-1]
         if kind == "-":
-            return (self.variables[name] if present else arg), pos
+            return (self._value(name, where) if present else arg), pos
         if kind == "+":
             return (arg if present else ""), pos
         if not present:  # "?": required
             message = arg or f"variable {name} is required"
             raise NormalizeError(f"{where}: required variable {name} is missing a value: {message}")
-        return self.variables[name], pos
+        return self._value(name, where), pos
 
-    def _lookup(self, name: str) -> str:
+    def _lookup(self, name: str, where: str) -> str:
         if name in self.variables:
-            return self.variables[name]
+            return self._value(name, where)
         self.missing.add(name)
         return ""
+
+    def _value(self, name: str, where: str) -> str:
+        value = self.variables[name]
+        self.budget -= len(value)
+        if self.budget < 0:
+            raise NormalizeError(f"{where}: variables expand to over {MAX_INTERPOLATED_CHARS} "
+                                 "characters: refused before expanding further")
+        return value
 
     def walk(self, value: Any, where: str = "") -> Any:
         """Interpolate every string value (not keys) of a parsed document."""

@@ -22,7 +22,12 @@ import pytest
 from service.cli import compose as compose_cli
 from service.compose.normalize import NormalizeError
 from service.compose.preflight import RuleSet, evaluate
-from service.compose.source import MAX_YAML_DEPTH, MAX_YAML_NODES, load_yaml
+from service.compose.source import (
+    MAX_INTERPOLATED_CHARS,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+    load_yaml,
+)
 from service.rego import Module, compile_bundle
 from tests.auth import bearer, login
 from tests.compose.support import REPO
@@ -130,13 +135,33 @@ def test_variable_defaults_nested_500_deep_are_exit_2(tmp_path: Path) -> None:
     path.write_text(f"services:\n  web:\n    image: '{value}'\n")
     result = cpctl("check", str(path))
     assert result.returncode == 2, result.stderr[:2000]
-    assert "variable defaults nested over" in one_line(result.stderr)
+    line = one_line(result.stderr)
+    assert f"{path}: /services/web/image: variable defaults nested over" in line
     # the same in a .env file
     (tmp_path / ".env").write_text(f"A={value}\n")
     (tmp_path / "plain.yaml").write_text("services:\n  web:\n    image: nginx:1.25\n")
     result = cpctl("check", str(tmp_path / "plain.yaml"))
     assert result.returncode == 2, result.stderr[:2000]
     assert "variable defaults nested over" in one_line(result.stderr)
+
+
+def test_variables_that_multiply_are_refused(tmp_path: Path) -> None:
+    # A .env file where each line is ten of the line before: ten characters, a gigabyte nine
+    # lines later; and a compose file that refers to one large variable many times.
+    lines = ["A0=xxxxxxxxxx"] + [f"A{i}=" + f"${{A{i - 1}}}" * 10 for i in range(1, 10)]
+    (tmp_path / ".env").write_text("\n".join(lines) + "\n")
+    path = tmp_path / "compose.yaml"
+    path.write_text("services:\n  web:\n    image: nginx:1.25\n")
+    result = cpctl("check", str(path))
+    assert result.returncode == 2, result.stderr[:2000]
+    line = one_line(result.stderr)
+    assert f"{tmp_path / '.env'}: A5: variables expand to over {MAX_INTERPOLATED_CHARS}" in line
+    (tmp_path / ".env").write_text("BIG=" + "x" * 10_000 + "\n")
+    path.write_text("services:\n  web:\n    image: nginx:1.25\n    labels:\n" + "".join(
+        f"      l{i}: ${{BIG}}\n" for i in range(100)))
+    result = cpctl("check", str(path))
+    assert result.returncode == 2, result.stderr[:2000]
+    assert f"{path}: /services/web/labels/l" in one_line(result.stderr)
 
 
 # --- bytes that are not UTF-8 ----------------------------------------------------------------
