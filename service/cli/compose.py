@@ -36,6 +36,7 @@ from service.compose.source import (
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
 )
+from service.limits import JSONValueRefused, check_json
 from service.schemas import ValidationFailed, validate
 
 __all__ = ["EXIT_CODES", "register", "run"]
@@ -175,11 +176,17 @@ def _fields(args: argparse.Namespace) -> dict[str, Any] | None:
     if environ is None:  # called through cli/main.py: this is the process edge
         environ = dict(os.environ)
     try:
-        return normalize_files(args.files, environ=environ, env_file=args.env_file)
+        fields = normalize_files(args.files, environ=environ, env_file=args.env_file)
+        # the endpoint's bounds on any JSON value (service.limits), as the body {"fields": ...}
+        check_json(fields, "/fields", depth=2)
     except NormalizeError as exc:
         print(f"cpctl compose: {_one_line(str(exc))}", file=_err(args))
+    except JSONValueRefused as exc:  # e.g. a variable from the shell that is not UTF-8
+        print(f"cpctl compose: {exc.code}: {exc.pointer}: {exc.message}", file=_err(args))
     except RecursionError:  # the readers' bounds should make this unreachable: still input's
         print("cpctl compose: nested too deep to read", file=_err(args))
+    else:
+        return fields
     return None
 
 
