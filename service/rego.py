@@ -231,10 +231,6 @@ def _input_handle_verbatim(value: Mapping[str, Any]) -> tuple[int, bool]:
     return int(handle), verbatim
 
 
-#: Characters regopy writes into an output's JSON text unescaped, which JSON needs escaped.
-_UNESCAPED = re.compile(r'["\\\x00-\x1f]')
-
-
 def _push(handle: int, value: Any) -> bool:
     """Push ``value`` onto ``handle`` with ctypes: one native call per node, regopy's own
     sequence (``regopy.Input(value)`` at ~60% of its cost).
@@ -245,8 +241,9 @@ def _push(handle: int, value: Any) -> bool:
     have, and arrays/objects nested deeper than ``MAX_JSON_DEPTH`` (``InputTooDeep``; the top-level
     value is depth 1, scalars add no depth), so conversion never meets the recursion limit.
 
-    Returns whether a string or key holds a ``"``, a ``\\`` or a control character: regopy
-    writes those into an output's JSON text unescaped, so its result must be read verbatim.
+    Returns whether a string or key holds a ``"``, a ``\\`` or a control character (any
+    character ``str.isprintable`` refuses: a few more, cheaply): regopy writes those into an
+    output's JSON text unescaped, so its result must be read verbatim (``_tree_expression``).
     """
     status = 0
     verbatim = False
@@ -258,7 +255,7 @@ def _push(handle: int, value: Any) -> bool:
             raw = v.encode("utf-8")
             if b"\0" in raw:
                 raise ValueError("NUL character in input string")
-            if not verbatim and _UNESCAPED.search(v):
+            if not verbatim and ('"' in v or "\\" in v or not v.isprintable()):
                 verbatim = True
             status |= _IN_STR(handle, _quoted(raw))
         elif t is dict:
@@ -270,7 +267,7 @@ def _push(handle: int, value: Any) -> bool:
                 raw = k.encode("utf-8")
                 if b"\0" in raw:
                     raise ValueError("NUL character in input key")
-                if not verbatim and _UNESCAPED.search(k):
+                if not verbatim and ('"' in k or "\\" in k or not k.isprintable()):
                     verbatim = True
                 status |= _IN_STR(handle, _quoted(raw))
                 add(x, depth + 1)
