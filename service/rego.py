@@ -11,6 +11,10 @@ regopy wraps a native library with sharp edges, so they are all handled here:
   pyproject.toml pins regopy to the minor version those tests passed with;
 - the hot path (``Bundle.query``) calls the native library directly: one output read, no
   ``Output``/``Result`` objects, the input handle freed right after ``regoSetInput`` copied it;
+- regopy writes strings into an output's JSON text as they are, unescaped: a result string
+  with a ``"``, a ``\\`` or a control character copied from the input makes that text unreadable
+  (or readable as another structure). When the input holds such a string, the result is read from
+  the output's node tree instead (``_tree_expression``), so any string is data;
 - an ``Interpreter`` is not safe to share between threads: a ``Bundle`` owns one and serialises
   queries with a lock, and callers that want parallelism use processes (one bundle per worker).
 """
@@ -89,10 +93,10 @@ class Bundle:
     def query(self, entrypoint: str, input_doc: Mapping[str, Any]) -> Any:
         """Evaluate ``entrypoint`` (``a/b/c`` form) with ``input_doc``; ``Undefined`` if no value."""
         self._known(entrypoint)
-        handle = _converted(input_doc)
+        handle, verbatim = _converted(input_doc)
         with self._lock:
             self._set_input(handle)
-            return self._query(entrypoint)
+            return self._query(entrypoint, verbatim)
 
     def query_each(self, entrypoints: Iterable[str], input_doc: Mapping[str, Any]) -> list[Any]:
         """Evaluate every entrypoint against one input, converted and set once: per entrypoint
@@ -102,13 +106,13 @@ class Bundle:
         eps = list(entrypoints)
         for entrypoint in eps:
             self._known(entrypoint)
-        handle = _converted(input_doc)
+        handle, verbatim = _converted(input_doc)
         results: list[Any] = []
         with self._lock:
             self._set_input(handle)
             for entrypoint in eps:
                 try:
-                    results.append(self._query(entrypoint))
+                    results.append(self._query(entrypoint, verbatim))
                 except RegoEvalError as exc:
                     results.append(exc)
         return results
@@ -129,8 +133,9 @@ class Bundle:
         if status:
             raise RegoEvalError(_first_line(regopy.rego_shared.rego_get_error(interpreter)))
 
-    def _query(self, entrypoint: str) -> Any:
-        """One entrypoint against the input set last (with the lock held)."""
+    def _query(self, entrypoint: str, verbatim: bool = False) -> Any:
+        """One entrypoint against the input set last (with the lock held); ``verbatim``: that
+        input holds strings the output's JSON text cannot carry (read its node tree)."""
         interpreter = self._interpreter._impl
         output = _native.regoBundleQueryEntrypoint(
             interpreter, self._bundle._impl, entrypoint.encode()
@@ -140,7 +145,7 @@ class Bundle:
         try:
             if not _native.regoOutputOk(output):
                 raise RegoEvalError(_errormsg(_output_text(output)))
-            return _first_expression(output)
+            return _tree_expression(output) if verbatim else _first_expression(output)
         finally:
             _native.regoFreeOutput(output)
 
@@ -198,28 +203,35 @@ _IN_ITEM, _IN_OBJECT, _IN_ARRAY = (
     _native.regoInputObjectItem, _native.regoInputObject, _native.regoInputArray)
 
 
-def _converted(input_doc: Mapping[str, Any]) -> int:
-    """``input_doc`` as a native input handle; an unconvertible input is a ``RegoEvalError``."""
+def _converted(input_doc: Mapping[str, Any]) -> tuple[int, bool]:
+    """``input_doc`` as a native input handle, and whether it holds a string the output's JSON
+    text cannot carry (``_push``); an unconvertible input is a ``RegoEvalError``."""
     try:
-        return _input_handle(input_doc)
+        return _input_handle_verbatim(input_doc)
     except (ValueError, TypeError, OverflowError, RecursionError, ctypes.ArgumentError) as exc:
         raise RegoEvalError(f"input cannot be converted: {exc}") from None
 
 
 def _input_handle(value: Mapping[str, Any]) -> int:
     """A new native input handle holding ``value``; the caller frees it (``regoFreeInput``)."""
+    return _input_handle_verbatim(value)[0]
+
+
+def _input_handle_verbatim(value: Mapping[str, Any]) -> tuple[int, bool]:
+    """``_input_handle`` and whether ``value`` holds a string the output's JSON text cannot
+    carry (``_push``'s answer)."""
     handle = _native.regoNewInput()
     if not handle:
         raise MemoryError("regoNewInput failed")
     try:
-        _push(handle, dict(value))
+        verbatim = _push(handle, dict(value))
     except BaseException:
         _native.regoFreeInput(handle)
         raise
-    return int(handle)
+    return int(handle), verbatim
 
 
-def _push(handle: int, value: Any) -> None:
+def _push(handle: int, value: Any) -> bool:
     """Push ``value`` onto ``handle`` with ctypes: one native call per node, regopy's own
     sequence (``regopy.Input(value)`` at ~60% of its cost).
 
@@ -228,16 +240,23 @@ def _push(handle: int, value: Any) -> None:
     keys, integers outside the 64-bit range (ctypes would wrap them around), types JSON does not
     have, and arrays/objects nested deeper than ``MAX_JSON_DEPTH`` (``InputTooDeep``; the top-level
     value is depth 1, scalars add no depth), so conversion never meets the recursion limit.
+
+    Returns whether a string or key holds a ``"``, a ``\\`` or a control character (any
+    character ``str.isprintable`` refuses: a few more, cheaply): regopy writes those into an
+    output's JSON text unescaped, so its result must be read verbatim (``_tree_expression``).
     """
     status = 0
+    verbatim = False
 
     def add(v: Any, depth: int) -> None:
-        nonlocal status
+        nonlocal status, verbatim
         t = type(v)
         if t is str:
             raw = v.encode("utf-8")
             if b"\0" in raw:
                 raise ValueError("NUL character in input string")
+            if not verbatim and ('"' in v or "\\" in v or not v.isprintable()):
+                verbatim = True
             status |= _IN_STR(handle, _quoted(raw))
         elif t is dict:
             if depth > MAX_JSON_DEPTH:
@@ -248,6 +267,8 @@ def _push(handle: int, value: Any) -> None:
                 raw = k.encode("utf-8")
                 if b"\0" in raw:
                     raise ValueError("NUL character in input key")
+                if not verbatim and ('"' in k or "\\" in k or not k.isprintable()):
+                    verbatim = True
                 status |= _IN_STR(handle, _quoted(raw))
                 add(x, depth + 1)
                 status |= _IN_ITEM(handle)
@@ -276,6 +297,7 @@ def _push(handle: int, value: Any) -> None:
     add(value, 1)
     if status:
         raise ValueError("the native library refused the input")
+    return verbatim
 
 
 def _first_expression(output: int) -> Any:
@@ -302,6 +324,83 @@ def _first_expression(output: int) -> Any:
     if not expressions:
         return Undefined
     return expressions[0]
+
+
+# regopy's node kinds (regopy.rego_shared.NodeKind) read by ``_tree_expression``.
+_TERM, _SCALAR, _ARRAY, _SET, _OBJECT, _OBJECT_ITEM = 1002, 1003, 1004, 1005, 1006, 1007
+_INT, _FLOAT, _STRING, _TRUE, _FALSE, _NULL = 1008, 1009, 1010, 1011, 1012, 1013
+_UNDEFINED, _RESULTS = 1014, 1017
+#: Deepest result read from a node tree: the input's bound, and as much again for what a
+#: policy wraps around it.
+_MAX_RESULT_DEPTH = 2 * MAX_JSON_DEPTH
+
+
+def _tree_expression(output: int) -> Any:
+    """``_first_expression``, read from the output's node tree instead of its JSON text: every
+    string as the engine holds it, whatever characters it has.
+
+    A string node holds the string's characters as the engine computes with them: the input's
+    as given, unescaped (built by ``sprintf``, ``substring``, ``split``: the same), and between a
+    pair of double quotes when built by ``concat``, ``lower``, ``replace`` (an input string that
+    begins and ends with a quote was given with one more pair, ``_quoted``). So a string is read
+    as its node's text, without that one pair of quotes: exact for every string a rule takes
+    from the input and puts into its result, whole or concatenated (a finding's message, a
+    value). Never unescaped: the engine keeps a policy's own literals and the data document
+    escaped (``"a\\"b"`` is held as ``a\\"b``), and a concatenation can mix both forms, so a
+    result string with an escape sequence of the policy's own keeps its backslash here (rules
+    keep escapes out of what they report).
+
+    Also an ``ok`` output can hold an error (a builtin's, e.g. ``trim`` on an input with ``\\"``):
+    the node tree is only read below a ``Results`` node (anything else aborts the process).
+    """
+    top = _native.regoOutputNode(output)
+    kind = _native.regoNodeType(top) if top else _UNDEFINED
+    if kind == _UNDEFINED:
+        return Undefined
+    if kind != _RESULTS:
+        raise RegoEvalError(_errormsg(_output_text(output)))
+    if not _native.regoNodeSize(top):
+        return Undefined
+    terms = _native.regoOutputExpressionsAtIndex(output, 0)
+    if not terms or not _native.regoNodeSize(terms):
+        return Undefined
+    return _node_value(_native.regoNodeGet(terms, 0), 1)
+
+
+def _node_value(node: int, depth: int) -> Any:
+    if not node:
+        raise RegoEvalError("unreadable result: a missing node")
+    kind = _native.regoNodeType(node)
+    if kind in (_TERM, _SCALAR):
+        return _node_value(_native.regoNodeGet(node, 0), depth)
+    if kind in (_ARRAY, _SET, _OBJECT):
+        if depth > _MAX_RESULT_DEPTH:
+            raise RegoEvalError(f"unreadable result: nested deeper than {_MAX_RESULT_DEPTH}")
+        children = [_native.regoNodeGet(node, i) for i in range(_native.regoNodeSize(node))]
+        if kind != _OBJECT:
+            return [_node_value(child, depth + 1) for child in children]
+        out: dict[str, Any] = {}
+        for item in children:
+            if _native.regoNodeType(item) != _OBJECT_ITEM or _native.regoNodeSize(item) != 2:
+                raise RegoEvalError("unreadable result: a malformed object item")
+            key = _node_value(_native.regoNodeGet(item, 0), depth + 1)
+            out[key if isinstance(key, str) else json.dumps(key)] = _node_value(
+                _native.regoNodeGet(item, 1), depth + 1)
+        return out
+    if kind == _TRUE:
+        return True
+    if kind == _FALSE:
+        return False
+    if kind == _NULL:
+        return None
+    if kind not in (_STRING, _INT, _FLOAT):
+        raise RegoEvalError(f"unreadable result: a node of kind {kind}")
+    text = str(regopy.rego_shared.rego_node_value(node))
+    if kind == _INT:
+        return int(text)
+    if kind == _FLOAT:
+        return float(text)
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

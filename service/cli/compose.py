@@ -2,7 +2,8 @@
 
 ``check`` evaluates offline with the repository's ``policies/compose`` (the same ``evaluate()``
 the endpoint runs) or, with ``--server``, POSTs the normalized fields to
-``/api/v1/compose/import``. Exit codes: 0 passed, 1 not passed, 2 unusable input or server error.
+``/api/v1/compose/import``. Exit codes (``EXIT_CODES``, also in ``check --help``): 0 passed,
+1 not passed, 2 unusable input, 3 internal error; a crash is never 1.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import argparse
 import json
 import os
 import sys
+import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,12 +30,53 @@ from service.compose.preflight import (
     evaluate,
 )
 from service.compose.render import render
+from service.compose.source import (
+    MAX_INTERPOLATED_CHARS,
+    MAX_INTERPOLATION_DEPTH,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+)
+from service.limits import JSONValueRefused, check_json
 from service.schemas import ValidationFailed, validate
 
-__all__ = ["register", "run"]
+__all__ = ["EXIT_CODES", "register", "run"]
 
 SCHEMA = "compose-import.schema.json"
 FORMATS = ("table", "json", "junit", "sarif")
+#: The environment variable that, set to anything but "" or "0", prints the traceback of an
+#: internal error (as ``--debug`` does).
+DEBUG_ENV = "CONTROLPLANE_DEBUG"
+
+_UNUSABLE = f"""\
+  2  unusable input, one line on stderr naming the file and where: unreadable,
+     not UTF-8, not YAML, over {MAX_YAML_NODES:,} YAML nodes (an alias counts the size of
+     what it refers to) or {MAX_YAML_DEPTH} levels of nesting, variable defaults nested over
+     {MAX_INTERPOLATION_DEPTH} deep, variables expanding to over {MAX_INTERPOLATED_CHARS:,} \
+characters, a missing
+     required variable"""
+
+_INTERNAL = f"""\
+  3  internal error (a bug): one line on stderr; --debug or {DEBUG_ENV}=1
+     prints the traceback"""
+
+#: The exit-code contract of ``cpctl compose check`` (its ``--help`` epilog).
+EXIT_CODES = f"""\
+exit codes:
+  0  passed (no failure; with --strict, no warning either)
+  1  not passed: the report says why (a rule that could not be evaluated is an
+     error cell, which fails)
+{_UNUSABLE}; also: outside the request schema, over the size or
+     time budget, and with --server a refusal by the server or a server that
+     cannot be reached
+{_INTERNAL}
+A crash is never exit 1.
+"""
+_NORMALIZE_EXIT_CODES = f"""\
+exit codes:
+  0  the fields are printed
+{_UNUSABLE}
+{_INTERNAL}
+"""
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -43,7 +86,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="compose_command", metavar="COMMAND", required=True)
 
-    check = commands.add_parser("check", help="check compose files against the preflight rules")
+    check = commands.add_parser("check", help="check compose files against the preflight rules",
+                                description="Check compose files against the preflight rules.",
+                                epilog=EXIT_CODES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_file_args(check)
     check.add_argument("--strict", action="store_true", help="warnings also fail")
     check.add_argument("--env", help="target environment (rules may differ, e.g. prod)")
@@ -54,11 +100,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     check.add_argument("--budget", type=_seconds, default=EVALUATION_BUDGET_S, metavar="SECONDS",
                        help="stop an offline evaluation after this long (default: "
                             f"{EVALUATION_BUDGET_S:g}, the server's budget)")
-    check.set_defaults(func=_check)
+    check.set_defaults(func=_guarded(_check))
 
-    normalize = commands.add_parser("normalize", help="print the normalized fields as JSON")
+    normalize = commands.add_parser("normalize", help="print the normalized fields as JSON",
+                                    epilog=_NORMALIZE_EXIT_CODES,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_file_args(normalize)
-    normalize.set_defaults(func=_normalize)
+    normalize.set_defaults(func=_guarded(_normalize))
     return parser
 
 
@@ -77,6 +125,30 @@ def _add_file_args(parser: argparse.ArgumentParser) -> None:
                         help="compose files, merged in order like docker compose -f")
     parser.add_argument("--env-file", type=Path,
                         help="variables for interpolation (default: .env beside the first file)")
+    parser.add_argument("--debug", action="store_true",
+                        help=f"print the traceback of an internal error (also: {DEBUG_ENV}=1)")
+
+
+def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command`` under the exit-code contract: an unexpected exception is exit 3 with one
+    line (the traceback only with ``--debug`` or ``CONTROLPLANE_DEBUG``), never a traceback
+    read as exit 1."""
+
+    def guarded(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except Exception as exc:
+            err = _err(args)
+            environ = getattr(args, "environ", None) or os.environ
+            if getattr(args, "debug", False) or environ.get(DEBUG_ENV, "") not in ("", "0"):
+                traceback.print_exception(exc, file=err)
+                hint = "the traceback is above"
+            else:
+                hint = f"run again with --debug (or {DEBUG_ENV}=1) for the traceback"
+            print(f"cpctl compose: internal error ({type(exc).__name__}): {hint}", file=err)
+            return 3
+
+    return guarded
 
 
 def run(
@@ -104,10 +176,23 @@ def _fields(args: argparse.Namespace) -> dict[str, Any] | None:
     if environ is None:  # called through cli/main.py: this is the process edge
         environ = dict(os.environ)
     try:
-        return normalize_files(args.files, environ=environ, env_file=args.env_file)
+        fields = normalize_files(args.files, environ=environ, env_file=args.env_file)
+        # the endpoint's bounds on any JSON value (service.limits), as the body {"fields": ...}
+        check_json(fields, "/fields", depth=2)
     except NormalizeError as exc:
-        print(f"cpctl compose: {exc}", file=_err(args))
-        return None
+        print(f"cpctl compose: {_one_line(str(exc))}", file=_err(args))
+    except JSONValueRefused as exc:  # e.g. a variable from the shell that is not UTF-8
+        print(f"cpctl compose: {exc.code}: {exc.pointer}: {exc.message}", file=_err(args))
+    except RecursionError:  # the readers' bounds should make this unreachable: still input's
+        print("cpctl compose: nested too deep to read", file=_err(args))
+    else:
+        return fields
+    return None
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line (a message may quote a value that holds line breaks)."""
+    return " ".join(text.split()) if "\n" in text or "\r" in text else text
 
 
 def _out(args: argparse.Namespace) -> TextIO:
@@ -150,9 +235,14 @@ def _check(args: argparse.Namespace) -> int:
         if report is None:
             return 2
     else:
+        rules = RuleSet.load(args.policies)
+        if not rules.rules:  # an empty rule set would pass anything: fail closed
+            print(f"cpctl compose: no compose rules in {args.policies}: nothing would be checked",
+                  file=_err(args))
+            return 2
         try:
-            report = evaluate(fields, strict=body["strict"], env=body.get("env"),
-                              rules=RuleSet.load(args.policies), budget_s=args.budget)
+            report = evaluate(fields, strict=body["strict"], env=body.get("env"), rules=rules,
+                              budget_s=args.budget)
         except EvaluationBudgetExceeded as exc:
             print(f"cpctl compose: evaluation_budget_exceeded: {exc.message}", file=_err(args))
             return 2

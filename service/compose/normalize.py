@@ -35,6 +35,7 @@ from .source import (
     Reset,
     load_yaml,
     read_dotenv,
+    read_source,
 )
 
 __all__ = ["NormalizeError", "normalize_files", "normalize_text", "project_variables"]
@@ -110,10 +111,7 @@ class _Loader:
             return self._cache[path]
         if path in self._stack:
             raise NormalizeError(f"{path}: include/extends cycle")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise NormalizeError(f"{path}: cannot read: {exc.strerror}") from None
+        text = read_source(path)
         self._stack.append(path)
         try:
             model = self.model_from_text(text, str(path), path.parent)
@@ -130,7 +128,10 @@ class _Loader:
             raise NormalizeError(f"{name}: a compose file must be a mapping at the top level")
         raw = _drop_extensions(raw, top=True)
         # Interpolation runs after YAML (anchors are already expanded) and before typing.
-        raw = self.interpolator.walk(raw, "")
+        try:
+            raw = self.interpolator.walk(raw, "")
+        except NormalizeError as exc:  # its message names the value's path: add the file
+            raise NormalizeError(f"{name}: {exc}") from None
         model = _normalize_model(raw, name)
         # "environment: [NAME]" takes NAME's value from the project environment, as in Compose.
         for svc in (model.get("services") or {}).values():

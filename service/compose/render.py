@@ -7,6 +7,7 @@ so offline and ``--server`` runs print the same thing.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -23,6 +24,9 @@ _COLOUR = {"fail": "1;31", "error": "1;35", "warn": "33", "info": "36", "pass": 
            "n/a": "2", "PASSED": "1;32", "NOT PASSED": "1;31"}
 #: Widest service column of the table; longer names are cut with "~".
 _SERVICE_WIDTH = 16
+#: Characters outside XML 1.0's ``Char`` production (control characters but tab, newline and
+#: carriage return; surrogates; U+FFFE, U+FFFF): no XML parser accepts them, even escaped.
+_NOT_XML_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def render(
@@ -55,10 +59,12 @@ def _short(name: str, width: int) -> str:
 
 def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool = False) -> str:
     """Rules down (by id), services across (by name), then the findings, each at its file and
-    line when ``files`` are given, and the verdict."""
+    line when ``files`` are given, and the verdict. Control characters of the compose file's
+    values are shown as ``\\xNN``: a value must not move the cursor or colour a terminal."""
     rules = [rule["id"] for rule in report.get("rules", [])]
     cells = {(c["service"], c["rule"]): c["result"] for c in report["matrix"]}
-    services = list(dict.fromkeys(c["service"] for c in report["matrix"]))
+    services = list(dict.fromkeys(_visible(c["service"]) for c in report["matrix"]))
+    cells = {(_visible(service), rule): result for (service, rule), result in cells.items()}
     rule_width = max([len("rule"), *(len(r) for r in rules)])
     widths = [max(4, len(_short(s, _SERVICE_WIDTH))) for s in services]
     header = "rule".ljust(rule_width) + "".join(
@@ -76,8 +82,9 @@ def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool =
         for finding in report["findings"]:
             where = _where(locator, finding["pointer"])
             severity = _paint(f"{finding['severity'].upper():5}", finding["severity"], color)
-            lines.append(f"  {severity} {finding['service']} [{finding['rule']}] "
-                         f"{finding['message']}  ({where or finding['pointer']})")
+            text = _visible(f"{finding['service']} [{finding['rule']}] {finding['message']}  "
+                            f"({where or finding['pointer']})")
+            lines.append(f"  {severity} {text}")
     summary = report["summary"]
     verdict = "PASSED" if report["passed"] else "NOT PASSED"
     lines += ["", f"{_paint(verdict, verdict, color)}: {summary['services']} services x "
@@ -88,6 +95,15 @@ def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool =
               f"{' (strict: warnings fail)' if report['strict'] else ''}; "
               f"policy {report['policy_revision'][:19]}"]
     return "\n".join(lines) + "\n"
+
+
+#: Control characters (C0, DEL, C1): shown as ``\\xNN`` in the table.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _visible(text: str) -> str:
+    """``text`` with its control characters written as ``\\xNN``."""
+    return _CONTROL.sub(_xml_char, text) if _CONTROL.search(text) else text
 
 
 def _where(locator: Locator | None, pointer: str) -> str:
@@ -132,8 +148,30 @@ def to_junit(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
                 suite.set(counter, str(int(suite.get(counter, "0")) + 1))
                 totals[counter] += 1
     root.attrib.update({k: str(v) for k, v in totals.items()})
+    _xml_chars(root)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _xml_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _xml_text(text: str) -> str:
+    """``text`` with every character XML 1.0 cannot hold written as ``\\xNN`` / ``\\uNNNN``."""
+    return _NOT_XML_CHAR.sub(_xml_char, text)
+
+
+def _xml_chars(root: ET.Element) -> None:
+    """Make every text and attribute under ``root`` XML 1.0 (a report quotes the compose file's
+    values, which may hold any character)."""
+    for element in root.iter():
+        if element.text:
+            element.text = _xml_text(element.text)
+        if element.tail:
+            element.tail = _xml_text(element.tail)
+        element.attrib = {_xml_text(k): _xml_text(v) for k, v in element.attrib.items()}
 
 
 def to_sarif(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:

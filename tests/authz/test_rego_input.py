@@ -184,9 +184,11 @@ def test_a_string_copied_into_the_result_cannot_rewrite_it():
     assert bundle.query("controlplane/authz/decision", {"resource": {"owner": "bob"}}) == {
         "decision": "deny", "reasons": ["owner:bob"], "approval": {}
     }
+    # An input with a quote is read back from the output's node tree, where the string is data.
     forged = 'x"],"decision":"allow","reasons":["y'
-    with pytest.raises(rego.RegoEvalError, match="duplicate key"):
-        bundle.query("controlplane/authz/decision", {"resource": {"owner": forged}})
+    assert bundle.query("controlplane/authz/decision", {"resource": {"owner": forged}}) == {
+        "decision": "deny", "reasons": [f"owner:{forged}"], "approval": {}
+    }
 
 
 def test_regopy_keeps_escapes_in_policy_string_literals():

@@ -50,10 +50,23 @@ NATIVE_SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     ),
     "regoOutputOk": ([ctypes.c_void_p], ctypes.c_bool),
     "regoFreeOutput": ([ctypes.c_void_p], None),
+    # reading a result from the output's node tree (strings the JSON text cannot carry)
+    "regoOutputNode": ([ctypes.c_void_p], ctypes.c_void_p),
+    "regoOutputExpressionsAtIndex": ([ctypes.c_void_p, ctypes.c_uint32], ctypes.c_void_p),
+    "regoNodeType": ([ctypes.c_void_p], ctypes.c_uint32),
+    "regoNodeSize": ([ctypes.c_void_p], ctypes.c_uint32),
+    "regoNodeGet": ([ctypes.c_void_p, ctypes.c_uint32], ctypes.c_void_p),
 }
 
 #: Python helpers of ``regopy.rego_shared`` called with a raw handle; each returns ``str``.
-SHARED_HELPERS = {"rego_get_error": ("impl",), "rego_output_string": ("impl",)}
+SHARED_HELPERS = {"rego_get_error": ("impl",), "rego_output_string": ("impl",),
+                  "rego_node_value": ("impl",)}
+
+#: The node kinds service/rego.py reads a result's node tree by (``regopy.rego_shared.NodeKind``).
+NODE_KINDS = {"_TERM": "Term", "_SCALAR": "Scalar", "_ARRAY": "Array", "_SET": "Set",
+              "_OBJECT": "Object", "_OBJECT_ITEM": "ObjectItem", "_INT": "Int", "_FLOAT": "Float",
+              "_STRING": "String", "_TRUE": "True_", "_FALSE": "False_", "_NULL": "Null",
+              "_UNDEFINED": "Undefined", "_RESULTS": "Results"}
 
 #: Other ``regopy.rego_shared`` names: the loaded library itself.
 SHARED_OTHER = {"rego"}
@@ -103,6 +116,11 @@ def test_the_table_covers_every_private_name_rego_py_uses():
     assert {"regoSetInput", "regoInputString"} <= native
     assert {"rego", "rego_get_error", "rego_output_string"} <= shared
     assert "_impl" in private
+
+
+def test_the_node_kinds_are_regopys():
+    for name, kind in NODE_KINDS.items():
+        assert getattr(rego, name) == regopy.rego_shared.NodeKind[kind].value, name
 
 
 def test_rego_py_binds_exactly_the_library_regopy_loaded():
