@@ -46,3 +46,18 @@ limits(svc) := object.get(object.get(object.get(svc, "deploy", {}), "resources",
 max_match := 2048
 
 matchable(s) if count(s) <= max_match
+
+# trim and trim_space fail on a string with a backslash in regopy 1.5 ("Invalid escape
+# sequence", an error cell; policies/README.md, Strings). No value the rules compare after
+# trimming (options, harmless values, placeholders, hashes) has one, so such a string is
+# compared untrimmed. A literal "\\" keeps its escape in regopy 1.5 (two characters), so the one
+# backslash is decoded.
+backslash := base64.decode("XA==")
+
+trim_space_safe(s) := trim_space(s) if {
+	not contains(s, backslash)
+} else := s
+
+trim_safe(s, cutset) := trim(s, cutset) if {
+	not contains(s, backslash)
+} else := s

@@ -12,20 +12,11 @@ meta := {
 	"remediation": "Add security_opt: [\"no-new-privileges:true\"] (it breaks only images that rely on setuid binaries at run time).",
 }
 
-# trim_space fails on a string with a backslash in regopy 1.5 ("Invalid escape sequence", an
-# error cell; policies/README.md, Strings). No option this rule looks for has one, so such a
-# string is compared untrimmed. A literal "\\" keeps its escape in regopy 1.5 (two characters),
-# so the one backslash is decoded.
-_trim_space(s) := trim_space(s) if {
-	not contains(s, _backslash)
-} else := s
-
-_backslash := base64.decode("XA==")
 
 # The value of the no-new-privileges option of one security_opt entry ("true" for the bare flag);
 # undefined for other options. Both "key:value" and "key=value" are accepted.
 nnp(raw) := value if {
-	text := lower(_trim_space(raw))
+	text := lower(lib.trim_space_safe(raw))
 	contains(text, "no-new-privileges") # the other options (seccomp, apparmor, label) end here
 	value := _nnp(text)
 }
@@ -35,8 +26,8 @@ _nnp(text) := "true" if {
 } else := value if {
 	parts := split(replace(text, "=", ":"), ":")
 	count(parts) == 2
-	_trim_space(parts[0]) == "no-new-privileges"
-	value := _trim_space(parts[1])
+	lib.trim_space_safe(parts[0]) == "no-new-privileges"
+	value := lib.trim_space_safe(parts[1])
 }
 
 # Missing: warn, fail in production (an explicit false fails everywhere).

@@ -69,7 +69,7 @@ placeholder_prefixes := [
 hash_regex := `^(\$2[abxy]?\$[0-9]{2}\$[./A-Za-z0-9]{53}|\$argon2(id|i|d)\$.+|\$[156]\$(rounds=[0-9]+\$)?[./A-Za-z0-9]{1,16}\$[./A-Za-z0-9]{22,}|\$pbkdf2(-sha[0-9]+)?\$.+|\{S?SHA[0-9]*\}.+)$`
 
 # The value as compared: outer quotes (left by the list syntax, KEY="0") removed, lower-case.
-plain(value) := lower(trim(trim_space(value), `"'`))
+plain(value) := lower(lib.trim_safe(lib.trim_space_safe(value), `"'`))
 
 not_secret(value) if plain(value) in harmless_values
 
@@ -82,7 +82,7 @@ not_secret(value) if {
 }
 
 password_hash(value) if {
-	stripped := trim(trim_space(value), `"'`)
+	stripped := lib.trim_safe(lib.trim_space_safe(value), `"'`)
 	strings.any_prefix_match(stripped, ["$", "{"]) # every format above starts with "$", LDAP's with "{"
 	lib.matchable(stripped) # over lib.max_match: no hash (and no regex)
 	regex.match(hash_regex, stripped)

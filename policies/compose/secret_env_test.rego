@@ -5,10 +5,18 @@ import rego.v1
 import data.controlplane.compose.rules.secret_env as rule
 
 test_obvious_non_secrets if {
-	every value in ["", "0", "\"0\"", "false", "invalid", "\"none\"", "changeme", "CHANGE_ME", "changeit", "<PrivateKey>", "'<PRIVKEY>'", "{{ vault_token }}", "your_token_here", "ChooseYourOwnPasswordHere1234", "MyCloudflareApiToken", "MySecureLoginPasswordForWebApp", "xxxxxx", "********", "..."] {
+	every value in ["", "0", "false", "invalid", "changeme", "CHANGE_ME", "changeit", "<PrivateKey>", "'<PRIVKEY>'", "{{ vault_token }}", "your_token_here", "ChooseYourOwnPasswordHere1234", "MyCloudflareApiToken", "MySecureLoginPasswordForWebApp", "xxxxxx", "********", "..."] {
 		rule.not_secret(value)
 	}
+
+	# Quoted as the list syntax leaves them (KEY="0"): the quote is decoded, since a literal "\""
+	# keeps its escape in regopy 1.5 and would be a backslash to the rule.
+	every value in ["0", "none"] {
+		rule.not_secret(concat("", [_quote, value, _quote]))
+	}
 }
+
+_quote := base64.decode("Ig==")
 
 test_real_looking_values_are_secrets if {
 	every value in ["hunter2hunter2", "nextcloud", "7jFjT4pUyf0YOlQ84LrO6JdLVWpzKEGiEMtdVwBE", "admin", "s3cr3t-value-123"] {

@@ -12,18 +12,9 @@ meta := {
 	"remediation": "Remove the security_opt entry; if a syscall is missing, ship a custom seccomp profile that adds only it.",
 }
 
-# trim_space fails on a string with a backslash in regopy 1.5 ("Invalid escape sequence", an
-# error cell; policies/README.md, Strings). No option this rule looks for has one, so such a
-# string is compared untrimmed. A literal "\\" keeps its escape in regopy 1.5 (two characters),
-# so the one backslash is decoded.
-_trim_space(s) := trim_space(s) if {
-	not contains(s, _backslash)
-} else := s
-
-_backslash := base64.decode("XA==")
 
 # security_opt entries accept both "key:value" and "key=value".
-option(raw) := [lower(_trim_space(parts[0])), lower(_trim_space(concat(":", array.slice(parts, 1, count(parts)))))] if {
+option(raw) := [lower(lib.trim_space_safe(parts[0])), lower(lib.trim_space_safe(concat(":", array.slice(parts, 1, count(parts)))))] if {
 	parts := split(replace(raw, "=", ":"), ":")
 }
 

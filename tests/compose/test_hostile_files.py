@@ -299,6 +299,17 @@ def test_a_security_opt_with_a_backslash_is_data(rules: RuleSet, option: str) ->
         "security_opt seccomp:unconfined disables confinement"]
 
 
+@pytest.mark.parametrize("value", ['a"b\\c', "C:\\secrets\\x", "x\\", ' "pa\\ss" '])
+def test_an_environment_value_with_a_backslash_is_data(rules: RuleSet, value: str) -> None:
+    # secret-env trims values before comparing them: a stray backslash must not fail the rule.
+    report = evaluate({"services": {"web": {"image": "a:1", "environment": {
+        "DB_PASSWORD": value, "FOO": value}}}}, rules=rules, cache=False)
+    cells = {c["rule"]: c["result"] for c in report["matrix"]}
+    assert cells["secret-env"] == "fail"
+    assert [f["message"] for f in report["findings"] if f["rule"] == "secret-env"] == [
+        "environment DB_PASSWORD holds a literal secret value"]
+
+
 def test_the_cli_reports_a_quoted_image_without_an_error_cell(tmp_path: Path) -> None:
     path = tmp_path / "quote.yaml"
     path.write_text('services:\n  web:\n    image: "ngi\\"nx\\\\x:latest"\n    volumes:\n'
