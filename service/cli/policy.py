@@ -23,7 +23,8 @@ from xml.sax.saxutils import escape, quoteattr
 import yaml
 
 from service import config as config_mod
-from service import rego, schemas
+from service import limits, rego, schemas
+from service.approvals.binding import resource_hash
 from service.authz import actions, coverage
 from service.authz.cases import SCHEMA_HEADER, Case, CaseError, load_cases
 from service.authz.engine import PolicyEngine
@@ -129,6 +130,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     case_sub = p.add_subparsers(dest="case_command", required=True, metavar="SUBCOMMAND")
     q = _sub(case_sub, "new", "write a decision case with the boilerplate filled in", """
         cpctl policy case new --subject alice --action installer.run.execute --env prod
+        cpctl policy case new --subject alice --action installer.run.execute --env staging \\
+            --resource '{"app": "payments", "version": "2.4.0-rc.1"}'
     """)
     q.add_argument("--subject", required=True, help="subject_id (kind from the identities file)")
     q.add_argument("--action", required=True, help="a catalogue action, e.g. storage.list")
@@ -137,6 +140,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="principal kind when the subject is not in the identities file")
     q.add_argument("--owner", default=None, help="resource owner (ticket actions)")
     q.add_argument("--resource-id", default="r-1")
+    q.add_argument("--resource", default=None, metavar="JSON",
+                   help="the request's resource as sent (input.resource.value; its hash is "
+                   "input.resource.hash), e.g. '{\"app\": \"web\", \"version\": \"1.2.3\"}'")
     q.add_argument("--note", default=None, help="what the case shows (default: generated)")
     q.add_argument("--out", type=Path, default=None, help="write here (default: stdout)")
     _dirs(q)
@@ -788,6 +794,9 @@ def _case_new(args: argparse.Namespace, out: TextIO) -> int:
         resource["owner"] = args.owner
     if action.mutating:
         resource["hash"] = "sha256:" + "ab" * 32
+    if args.resource is not None:
+        resource["value"] = _resource_value(args.resource)
+        resource["hash"] = resource_hash(resource["value"])
     doc = {
         "principal": {
             "subject_id": args.subject, "kind": kind, "session_id": f"sess-{args.subject}",
@@ -827,6 +836,20 @@ def _case_new(args: argparse.Namespace, out: TextIO) -> int:
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out} (expect {decision.decision} {list(decision.reasons)})", file=out)
     return 0
+
+
+def _resource_value(text: str) -> Any:
+    """``--resource``: one JSON value, within the bounds the service reads request bodies by."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _Fatal(f"--resource: not JSON: {exc}") from None
+    try:
+        limits.check_json(value)
+        limits.check_size(len(json.dumps(value, separators=(",", ":")).encode()))
+    except limits.JSONValueRefused as exc:
+        raise _Fatal(f"--resource{exc.pointer}: {exc.message}") from None
+    return value
 
 
 def _identity_kind(args: argparse.Namespace, subject: str) -> str | None:
