@@ -163,3 +163,37 @@ async def test_the_ticket_requirements_see_the_resource(make_client, tmp_path):
         assert response.status == 201, await response.text()
         quorums[app] = (await response.json())["quorum"]
     assert quorums == {"payments": 2, "web": 1}
+
+
+#: A policy that reads only the app of a run: distinct versions and task ids share its decisions.
+APP_ONLY = """\
+    package controlplane.authz
+
+    import rego.v1
+
+    decision := {"decision": "allow", "reasons": ["web"], "approval": {}} if {
+        input.resource.value.app == "web"
+    } else := {"decision": "deny", "reasons": ["not_web"], "approval": {}}
+"""
+
+
+async def test_the_decision_cache_hits_across_versions_of_one_app(make_client, tmp_path):
+    """200 installer runs of one app, 200 distinct versions and task ids: >= 95% cache hits,
+    as authz/status reports them; the first run of another app is decided, not served."""
+    policies = write_policy(tmp_path / "policies", APP_ONLY)
+    client = await make_client({"policies": {"dir": str(policies)}})
+    status = await (await client.get("/api/v1/authz/status")).json()
+    assert status["cache"]["paths"] == ["resource.value.app"]
+    alice = await login(client, "alice")
+    for n in range(200):
+        response = await client.post("/api/v1/installer/actions", headers=bearer(alice), json={
+            "task_id": f"run-{n}", "env": "dev", "action": "installer.run.execute",
+            "resource": {"app": "web", "version": f"1.{n}.0"}})
+        assert response.status == 202, await response.text()
+    cache = (await (await client.get("/api/v1/authz/status")).json())["cache"]
+    assert cache["hits"] + cache["misses"] == 200
+    assert cache["hit_rate"] >= 0.95, cache
+    other = await client.post("/api/v1/installer/actions", headers=bearer(alice), json={
+        "task_id": "run-x", "env": "dev", "action": "installer.run.execute",
+        "resource": {"app": "payments", "version": "1.0.0"}})
+    assert other.status == 403 and (await other.json())["reasons"] == ["not_web"]
