@@ -197,3 +197,35 @@ async def test_the_decision_cache_hits_across_versions_of_one_app(make_client, t
         "task_id": "run-x", "env": "dev", "action": "installer.run.execute",
         "resource": {"app": "payments", "version": "1.0.0"}})
     assert other.status == 403 and (await other.json())["reasons"] == ["not_web"]
+
+
+async def test_compose_import_gives_the_policy_a_summary_never_the_fields(make_client, tmp_path):
+    """compose.import's resource is the whole fields document (its hash covers all of it); the
+    policy sees the project name and each service's image, not environment maps or labels."""
+    policies = write_policy(tmp_path / "policies", textwrap.dedent("""\
+        package controlplane.authz
+
+        import rego.v1
+
+        decision := {"decision": "deny", "reasons": ["untrusted_image"], "approval": {}} if {
+            input.action == "compose.import"
+            some svc in input.resource.value.services
+            startswith(svc.image, "evil/")
+        } else := {"decision": "allow", "reasons": ["ok"], "approval": {}}
+    """))
+    log_path = tmp_path / "decisions.jsonl"
+    client = await make_client({"policies": {"dir": str(policies)},
+                                "decision_log": {"path": str(log_path)}})
+    carol = await login(client, "carol")
+    statuses = []
+    for image in ("nginx:1.27", "evil/miner:1"):
+        response = await client.post("/api/v1/compose/import", headers=bearer(carol), json={
+            "env": "dev", "fields": {"name": "shop", "services": {"web": {
+                "image": image, "environment": {"API_KEY": "s3cr3t-value", "MODE": "on"}}}}})
+        statuses.append(response.status)
+    assert statuses == [200, 403]
+    await _logged(client, 2)
+    values = [r["input"]["resource"]["value"] for _, r in read_records(log_path)]
+    assert values == [{"name": "shop", "services": {"web": {"image": "nginx:1.27"}}},
+                      {"name": "shop", "services": {"web": {"image": "evil/miner:1"}}}]
+    assert "s3cr3t-value" not in log_path.read_text() and "MODE" not in log_path.read_text()
