@@ -752,14 +752,24 @@ def _replay(args: argparse.Namespace, out: TextIO) -> int:
         print(f"candidate revision {engine.revision}: {report.total} decisions replayed, "
               f"{len(report.changes)} would change, {report.reasons_only} change reasons only",
               file=out)
+
+        def line(c: rp.Change, unexpected: bool) -> str:
+            r = c.recorded
+            return (f"{r.source} {r.ref} {r.subject} {r.input.get('action')} "
+                    f"{r.input.get('env')}: {c.transition} {list(r.reasons)} -> "
+                    f"{list(c.reasons)}{'' if r.exact else ' (approximate input)'}"
+                    f"{'  UNEXPECTED' if unexpected else ''}")
+
+        if report.unexpected:
+            # What fails the run comes first, every one of them (not --examples per group).
+            print(f"{len(report.unexpected)} change(s) not listed in "
+                  f"{args.expect or 'an --expect file'}:", file=out)
+            for c in report.unexpected:
+                print(f"  {line(c, True)}", file=out)
         for transition, changes in report.groups().items():
             print(f"  {transition}: {len(changes)}", file=out)
             for c in changes[: args.examples]:
-                r = c.recorded
-                mark = "" if c not in report.unexpected else "  UNEXPECTED"
-                print(f"    {r.source} {r.ref} {r.subject} {r.input.get('action')} "
-                      f"{r.input.get('env')}: {list(r.reasons)} -> {list(c.reasons)}"
-                      f"{'' if r.exact else ' (approximate input)'}{mark}", file=out)
+                print(f"    {line(c, c in report.unexpected)}", file=out)
         for m in report.count_mismatches:
             print(f"  expected count differs: {m}", file=out)
         if report.unexpected:
