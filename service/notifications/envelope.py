@@ -108,7 +108,7 @@ def slack_message(event: OutboxEvent, data: dict[str, Any]) -> bytes:
         fields.append(f"*By:*\n{_escape(str(data.get('actor', '')))}")
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text",
-                                    "text": _clip(f"{title}: {action} {summary} in {env}", 150)}},
+                                    "text": _clip(_escape(f"{title}: {action} {summary} in {env}"), 150)}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]},
     ]
     reason = data.get("reason")
