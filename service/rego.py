@@ -30,7 +30,8 @@ import regopy
 from service.limits import MAX_JSON_DEPTH
 
 __all__ = [
-    "Bundle", "InputTooDeep", "RegoCompileError", "RegoEvalError", "Undefined", "compile_bundle",
+    "Bundle", "InputTooDeep", "RegoCompileError", "RegoEvalError", "Undefined", "builtins_among",
+    "compile_bundle",
 ]
 
 
@@ -167,6 +168,14 @@ def compile_bundle(
     except regopy.RegoError as exc:
         raise RegoCompileError(_compact(str(exc))) from None
     return Bundle(interpreter, bundle, eps)
+
+
+def builtins_among(names: Iterable[str]) -> set[str]:
+    """The ``names`` (``count``, ``regex.match``) that are built-in functions of the engine.
+
+    Offline tooling only (``cpctl policy lint`` calls it in its child process)."""
+    interpreter = regopy.Interpreter()
+    return {n for n in names if len(n) <= 200 and interpreter.is_builtin(n)}
 
 
 def query_once(modules: Iterable[Module], data: Mapping[str, Any], query: str) -> Any:

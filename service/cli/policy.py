@@ -29,7 +29,7 @@ from service.authz import actions, coverage
 from service.authz.cases import SCHEMA_HEADER, Case, CaseError, load_cases
 from service.authz.engine import PolicyEngine
 from service.authz.input import validate_input
-from service.authz.lint import Problem, lint
+from service.authz.lint import GATING, Problem, lint
 from service.authz.regotest import (
     DECISION_ENTRYPOINT,
     EXPLAIN_ENTRYPOINT,
@@ -412,6 +412,20 @@ def _policy_explain(snapshot: Snapshot, data: Any, projected: Any) -> Any:
 def _test(args: argparse.Namespace, out: TextIO) -> int:
     policies, data = _header(args, out, args.format == "text")
     snapshot = _snapshot(policies, data)
+    # A rule with an unbound variable or a call to no function is silently undefined: the
+    # tests' results would be about something else ("33 passed, 1 failed"). Refuse instead.
+    gating = [p for p in lint(snapshot) if p.code in GATING]
+    if gating:
+        if args.format == "json":
+            print(json.dumps({"policies": str(policies), "error": "lint", "passed": 0,
+                              "failed": 0, "problems": [p.to_json() for p in gating]},
+                             indent=2), file=out)
+        else:
+            for p in gating:
+                print(f"error: {p}", file=out)
+            print(f"{len(gating)} problem(s) that make rules silently undefined: fix them "
+                  "first (cpctl policy lint); no test was run", file=out)
+        return 2
     cases = discover(snapshot)
     if args.run:
         try:
