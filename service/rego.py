@@ -5,7 +5,7 @@ regopy wraps a native library with sharp edges, so they are all handled here:
   so a query reads results only from the output's JSON text, after ``regoOutputOk``;
 - an undefined result is an ``ok`` output whose text is ``undefined`` and has no results;
 - setting input node by node is ~4x cheaper than from JSON text; ``_push`` makes those calls
-  through regopy's own ctypes bindings, to a bounded depth (``service.limits.MAX_JSON_DEPTH``);
+  through regopy's own ctypes bindings, to a bounded depth (``service.limits.MAX_INPUT_DEPTH``);
 - everything used here beyond regopy's public API (``rego_shared``, the ``rego*`` functions and
   their ctypes signatures, ``_impl``) is asserted by tests/authz/test_rego_private_api.py, and
   pyproject.toml pins regopy to the minor version those tests passed with;
@@ -27,7 +27,7 @@ from typing import Any
 
 import regopy
 
-from service.limits import MAX_JSON_DEPTH
+from service.limits import MAX_INPUT_DEPTH
 
 __all__ = [
     "Bundle", "InputTooDeep", "RegoCompileError", "RegoEvalError", "Undefined", "builtins_among",
@@ -44,7 +44,7 @@ class RegoEvalError(Exception):
 
 
 class InputTooDeep(ValueError):
-    """An input document nests arrays/objects deeper than ``MAX_JSON_DEPTH`` (the top level is 1).
+    """An input document nests arrays/objects deeper than ``MAX_INPUT_DEPTH`` (the top level is 1).
 
     A ``ValueError`` like every other unconvertible input, so ``Bundle.query`` reports it as a
     ``RegoEvalError`` ("input cannot be converted") and the engine fails closed.
@@ -235,7 +235,7 @@ def _push(handle: int, value: Any) -> None:
     Refused (``ValueError``, ``TypeError``, ``OverflowError``): strings with NUL (a C string
     truncates them, and the policy would see another value than the service), non-string object
     keys, integers outside the 64-bit range (ctypes would wrap them around), types JSON does not
-    have, and arrays/objects nested deeper than ``MAX_JSON_DEPTH`` (``InputTooDeep``; the top-level
+    have, and arrays/objects nested deeper than ``MAX_INPUT_DEPTH`` (``InputTooDeep``; the top-level
     value is depth 1, scalars add no depth), so conversion never meets the recursion limit.
     """
     status = 0
@@ -249,8 +249,8 @@ def _push(handle: int, value: Any) -> None:
                 raise ValueError("NUL character in input string")
             status |= _IN_STR(handle, _quoted(raw))
         elif t is dict:
-            if depth > MAX_JSON_DEPTH:
-                raise InputTooDeep(f"input nests deeper than {MAX_JSON_DEPTH} arrays/objects")
+            if depth > MAX_INPUT_DEPTH:
+                raise InputTooDeep(f"input nests deeper than {MAX_INPUT_DEPTH} arrays/objects")
             for k, x in v.items():
                 if type(k) is not str:
                     raise ValueError("input object keys must be strings")
@@ -262,8 +262,8 @@ def _push(handle: int, value: Any) -> None:
                 status |= _IN_ITEM(handle)
             status |= _IN_OBJECT(handle, len(v))
         elif t is list or t is tuple:
-            if depth > MAX_JSON_DEPTH:
-                raise InputTooDeep(f"input nests deeper than {MAX_JSON_DEPTH} arrays/objects")
+            if depth > MAX_INPUT_DEPTH:
+                raise InputTooDeep(f"input nests deeper than {MAX_INPUT_DEPTH} arrays/objects")
             for x in v:
                 add(x, depth + 1)
             status |= _IN_ARRAY(handle, len(v))
