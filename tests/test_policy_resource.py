@@ -88,11 +88,20 @@ async def test_a_rule_on_the_resource_version_decides_the_same_offline_live_repl
     offline = json.loads(text)
     assert (offline["decision"], offline["reasons"]) == ("deny", ["pre_release"])
 
-    # Live: the service serves the same revision (and shadows it as the candidate).
+    # Live: a service serving the policy without the rule reloads the author's revision (and
+    # shadows it as its candidate).
+    served = write_policy(tmp_path / "served", PRERELEASE.replace("-(rc|beta)", "-never-"))
     log_path = tmp_path / "decisions.jsonl"
-    client = await make_client({"policies": {"dir": str(policies),
+    client = await make_client({"policies": {"dir": str(served), "reload_interval_s": 0.2,
                                              "candidate_dir": str(policies)},
                                 "decision_log": {"path": str(log_path)}})
+    write_policy(served, PRERELEASE, tests=TESTS)
+    for _ in range(300):
+        status = await (await client.get("/api/v1/authz/status")).json()
+        if status["revision"] == offline["revision"]:
+            break
+        await asyncio.sleep(0.1)
+    assert status["revision"] == offline["revision"], status  # the revision eval decided with
     assert client.server.app[SHADOW].wait_idle(30)
     alice = await login(client, "alice")
     answers = {}
