@@ -13,7 +13,9 @@
 #   input.principal.grants  [{role, envs, kinds?, scope?}]: the grants of those roles (inheritance
 #                           resolved) whose `actions` cover input.action
 # and the action catalogue (code-owned) into data.controlplane.catalogue.actions.
-# The Rego data document holds only small tables: environments and approval requirements.
+# The Rego data document holds only small tables: environments, approval requirements and apps.
+# input.resource.value is the request's resource as sent (policies/README.md lists it per
+# action): the resource rules below read an installer run's app and version.
 package controlplane.authz
 
 import rego.v1
@@ -35,7 +37,7 @@ decide(inp) := verdict(inp, matching_grants(inp))
 verdict(inp, grants) := {"decision": "deny", "reasons": reasons, "approval": {}} if {
 	reasons := denials(inp, grants)
 	count(reasons) > 0
-} else := {"decision": "require_approval", "reasons": approval_reasons(inp), "approval": requirements(inp.env)} if {
+} else := {"decision": "require_approval", "reasons": approval_reasons(inp), "approval": requirements(inp)} if {
 	needs_approval(inp)
 } else := {"decision": "allow", "reasons": allow_reasons(grants), "approval": {}}
 
@@ -117,12 +119,54 @@ needs_approval(inp) if {
 	data.environments[inp.env].agent_requires_approval == true
 }
 
+# An installer run the resource rules gate (below) needs a ticket outside production too.
+needs_approval(inp) if {
+	inp.action == "installer.run.execute"
+	count(resource_reasons(inp)) > 0
+}
+
 approval_reasons(inp) := array.concat(
-	["production_mutation" | production(inp.env)],
-	["agent_requires_human_approval" | inp.principal.kind == "agent"],
+	array.concat(
+		["production_mutation" | production(inp.env)],
+		["agent_requires_human_approval" | inp.principal.kind == "agent"],
+	),
+	resource_reasons(inp),
 )
 
-requirements(env) := object.union(data.approval.defaults, object.get(data.approval.environments, env, {}))
+# The environment's requirements over the defaults, and an app's own for this env over both
+# (data.apps.<app>.approval.<env>: payments in prod needs two reviewers from two groups).
+requirements(inp) := object.union(
+	object.union(data.approval.defaults, object.get(data.approval.environments, inp.env, {})),
+	app_requirements(inp),
+)
+
+app_requirements(inp) := data.apps[inp.resource.value.app].approval[inp.env] if {
+	inp.action == "installer.run.execute"
+} else := {}
+
+# ---- resource rules: what an installer run runs (input.resource.value) --------------------
+
+# Only in environments that gate releases (data: environments.<env>.release_gate; staging):
+# - a pre-release version (`-rc`, `-beta`) needs a reviewed ticket, whoever runs it;
+# - an app listed in data.apps runs without approval only for its owning team (a group).
+# Runs of other apps, and resources without these members, are unchanged.
+resource_reasons(inp) := array.concat(
+	["pre_release" | pre_release(inp)],
+	["not_app_owner" | not_app_owner(inp)],
+) if {
+	inp.action == "installer.run.execute"
+	data.environments[inp.env].release_gate == true
+} else := []
+
+pre_release(inp) if {
+	is_string(inp.resource.value.version)
+	regex.match(`-(rc|beta)([.-]|$)`, inp.resource.value.version)
+}
+
+not_app_owner(inp) if {
+	team := data.apps[inp.resource.value.app].team
+	not team in object.get(inp.principal, "groups", [])
+}
 
 # ---- explain (offline tooling only; never on the request path) -----------------------------
 

@@ -208,3 +208,52 @@ test_explain_flags_a_production_mutation if {
 test_explain_entrypoint_reads_input if {
 	authz.explain.production == true with input as req("alice", "human", "tasks.read", "prod", [all_envs])
 }
+
+# ---- resource rules: an installer run's app and version (input.resource.value) -------------
+
+run_of(r, app, version, groups) := object.union(r, {
+	"principal": object.union(r.principal, {"groups": groups}),
+	"resource": {"id": "t1", "kind": "installer_run", "value": {"app": app, "version": version}},
+})
+
+test_owning_team_runs_its_app_in_staging if {
+	r := run_of(req("alice", "human", "installer.run.execute", "staging", [all_envs]), "payments", "2.4.0", ["payments-team"])
+	authz.decide(r).decision == "allow"
+}
+
+test_others_need_a_ticket_for_a_listed_app_in_staging if {
+	r := run_of(req("erin", "human", "installer.run.execute", "staging", [admin_any]), "payments", "2.4.0", ["sre-approvers"])
+	d := authz.decide(r)
+	d.decision == "require_approval"
+	d.reasons == ["not_app_owner"]
+}
+
+test_pre_release_needs_a_ticket_in_staging_even_for_the_team if {
+	r := run_of(req("alice", "human", "installer.run.execute", "staging", [all_envs]), "payments", "2.5.0-rc.1", ["payments-team"])
+	authz.decide(r).reasons == ["pre_release"]
+}
+
+test_pre_release_of_any_app_and_not_owner_both_reported if {
+	r := run_of(req("erin", "human", "installer.run.execute", "staging", [admin_any]), "checkout", "1.0.0-beta", [])
+	authz.decide(r).reasons == ["pre_release", "not_app_owner"]
+}
+
+test_unlisted_release_and_dev_unchanged if {
+	r := run_of(req("alice", "human", "installer.run.execute", "staging", [all_envs]), "web", "3.0.0-rcx", [])
+	authz.decide(r).decision == "allow"
+	dev := run_of(req("alice", "human", "installer.run.execute", "dev", [all_envs]), "payments", "2.5.0-rc.1", [])
+	authz.decide(dev).decision == "allow"
+}
+
+test_a_version_that_is_not_a_string_is_no_pre_release if {
+	r := run_of(req("alice", "human", "installer.run.execute", "staging", [all_envs]), "web", 3, [])
+	authz.decide(r).decision == "allow"
+}
+
+test_payments_in_prod_needs_two_reviewers_from_two_groups if {
+	r := run_of(req("alice", "human", "installer.run.execute", "prod", [all_envs]), "payments", "2.4.0", ["payments-team"])
+	d := authz.decide(r)
+	d.reasons == ["production_mutation"]
+	d.approval.quorum == 2
+	d.approval.require_groups == ["sre-approvers", "security"]
+}

@@ -31,6 +31,7 @@ import math
 from typing import Any, ClassVar
 
 __all__ = [
+    "MAX_INPUT_DEPTH",
     "MAX_JSON_DEPTH",
     "MAX_JSON_INTEGER",
     "MAX_JSON_VALUE_BYTES",
@@ -48,6 +49,11 @@ __all__ = [
 #: Deepest nesting of arrays/objects accepted anywhere (the top-level value is depth 1).
 #: Real resources, compose documents and policy inputs stay far below it.
 MAX_JSON_DEPTH = 64
+
+#: Deepest nesting of the policy input document: it holds a request's resource as sent at
+#: ``input.resource.value``, two levels below its top, and that resource is a body member (at
+#: most ``MAX_JSON_DEPTH - 1`` deep), so the input may reach one level more; one spare.
+MAX_INPUT_DEPTH = MAX_JSON_DEPTH + 2
 
 #: Largest compact UTF-8 JSON text of one value that is stored, hashed or evaluated: a request
 #: body's members (a ticket's resource, a compose document's fields, a task event's result), a

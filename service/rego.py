@@ -5,7 +5,7 @@ regopy wraps a native library with sharp edges, so they are all handled here:
   so a query reads results only from the output's JSON text, after ``regoOutputOk``;
 - an undefined result is an ``ok`` output whose text is ``undefined`` and has no results;
 - setting input node by node is ~4x cheaper than from JSON text; ``_push`` makes those calls
-  through regopy's own ctypes bindings, to a bounded depth (``service.limits.MAX_JSON_DEPTH``);
+  through regopy's own ctypes bindings, to a bounded depth (``service.limits.MAX_INPUT_DEPTH``);
 - everything used here beyond regopy's public API (``rego_shared``, the ``rego*`` functions and
   their ctypes signatures, ``_impl``) is asserted by tests/authz/test_rego_private_api.py, and
   pyproject.toml pins regopy to the minor version those tests passed with;
@@ -31,10 +31,11 @@ from typing import Any
 
 import regopy
 
-from service.limits import MAX_JSON_DEPTH
+from service.limits import MAX_INPUT_DEPTH
 
 __all__ = [
-    "Bundle", "InputTooDeep", "RegoCompileError", "RegoEvalError", "Undefined", "compile_bundle",
+    "Bundle", "InputTooDeep", "RegoCompileError", "RegoEvalError", "Undefined", "builtins_among",
+    "compile_bundle",
 ]
 
 
@@ -47,7 +48,7 @@ class RegoEvalError(Exception):
 
 
 class InputTooDeep(ValueError):
-    """An input document nests arrays/objects deeper than ``MAX_JSON_DEPTH`` (the top level is 1).
+    """An input document nests arrays/objects deeper than ``MAX_INPUT_DEPTH`` (the top level is 1).
 
     A ``ValueError`` like every other unconvertible input, so ``Bundle.query`` reports it as a
     ``RegoEvalError`` ("input cannot be converted") and the engine fails closed.
@@ -174,6 +175,14 @@ def compile_bundle(
     return Bundle(interpreter, bundle, eps)
 
 
+def builtins_among(names: Iterable[str]) -> set[str]:
+    """The ``names`` (``count``, ``regex.match``) that are built-in functions of the engine.
+
+    Offline tooling only (``cpctl policy lint`` calls it in its child process)."""
+    interpreter = regopy.Interpreter()
+    return {n for n in names if len(n) <= 200 and interpreter.is_builtin(n)}
+
+
 def query_once(modules: Iterable[Module], data: Mapping[str, Any], query: str) -> Any:
     """Run a one-off ad-hoc query (used by offline tooling, e.g. test discovery); not for hot paths."""
     interpreter = regopy.Interpreter()
@@ -238,7 +247,7 @@ def _push(handle: int, value: Any) -> bool:
     Refused (``ValueError``, ``TypeError``, ``OverflowError``): strings with NUL (a C string
     truncates them, and the policy would see another value than the service), non-string object
     keys, integers outside the 64-bit range (ctypes would wrap them around), types JSON does not
-    have, and arrays/objects nested deeper than ``MAX_JSON_DEPTH`` (``InputTooDeep``; the top-level
+    have, and arrays/objects nested deeper than ``MAX_INPUT_DEPTH`` (``InputTooDeep``; the top-level
     value is depth 1, scalars add no depth), so conversion never meets the recursion limit.
 
     Returns whether a string or key holds a ``"``, a ``\\`` or a control character (any
@@ -259,8 +268,8 @@ def _push(handle: int, value: Any) -> bool:
                 verbatim = True
             status |= _IN_STR(handle, _quoted(raw))
         elif t is dict:
-            if depth > MAX_JSON_DEPTH:
-                raise InputTooDeep(f"input nests deeper than {MAX_JSON_DEPTH} arrays/objects")
+            if depth > MAX_INPUT_DEPTH:
+                raise InputTooDeep(f"input nests deeper than {MAX_INPUT_DEPTH} arrays/objects")
             for k, x in v.items():
                 if type(k) is not str:
                     raise ValueError("input object keys must be strings")
@@ -274,8 +283,8 @@ def _push(handle: int, value: Any) -> bool:
                 status |= _IN_ITEM(handle)
             status |= _IN_OBJECT(handle, len(v))
         elif t is list or t is tuple:
-            if depth > MAX_JSON_DEPTH:
-                raise InputTooDeep(f"input nests deeper than {MAX_JSON_DEPTH} arrays/objects")
+            if depth > MAX_INPUT_DEPTH:
+                raise InputTooDeep(f"input nests deeper than {MAX_INPUT_DEPTH} arrays/objects")
             for x in v:
                 add(x, depth + 1)
             status |= _IN_ARRAY(handle, len(v))
@@ -332,7 +341,7 @@ _INT, _FLOAT, _STRING, _TRUE, _FALSE, _NULL = 1008, 1009, 1010, 1011, 1012, 1013
 _UNDEFINED, _RESULTS = 1014, 1017
 #: Deepest result read from a node tree: the input's bound, and as much again for what a
 #: policy wraps around it.
-_MAX_RESULT_DEPTH = 2 * MAX_JSON_DEPTH
+_MAX_RESULT_DEPTH = 2 * MAX_INPUT_DEPTH
 
 
 def _tree_expression(output: int) -> Any:

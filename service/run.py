@@ -20,7 +20,10 @@ from .authz.decision import Decision
 from .config import Config
 from .store.base import Store, TicketRecord, Tx
 
-__all__ = ["Outcome", "Protection", "Run", "Target", "TargetOf", "Write"]
+__all__ = ["AS_SENT", "Outcome", "Protection", "Run", "Target", "TargetOf", "Write"]
+
+#: ``Target.value`` default: the policy sees the resource as the request sent it.
+AS_SENT: Any = object()
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class Target:
     #: The stored record the target was read from (a ticket, a task), for handlers that only
     #: read it. Writers re-read inside their transaction.
     record: Any = field(default=None, compare=False, repr=False)
+    #: ``input.resource.value`` when it is not the resource itself (``AS_SENT``): a route whose
+    #: resource is a whole document gives the policy a bounded summary of it (compose import).
+    value: Any = field(default=AS_SENT, compare=False, repr=False)
 
     @functools.cached_property
     def hash(self) -> str:
@@ -43,8 +49,10 @@ class Target:
 
     def policy_resource(self, action: actions.Action) -> dict[str, Any]:
         """The ``resource`` member of the policy input (its kind is the action's, from the
-        catalogue)."""
-        doc: dict[str, Any] = {"id": self.id, "kind": action.resource_kind, "hash": self.hash}
+        catalogue): ``value`` is the resource as sent (the value ``hash`` covers), already
+        bounded by ``service.limits`` where the body was read."""
+        doc: dict[str, Any] = {"id": self.id, "kind": action.resource_kind, "hash": self.hash,
+                               "value": self.resource if self.value is AS_SENT else self.value}
         if self.owner is not None:
             doc["owner"] = self.owner
         if self.attributes:

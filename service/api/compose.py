@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from ..appkeys import COMPOSE_EVALUATOR, COMPOSE_RULES, CONFIG
+from ..authz.input import compose_value
 from ..chain import Outcome, Run, Target, protected
 from ..compose import preflight
 from ..compose.evaluator import EvaluationFailed
@@ -21,7 +22,8 @@ routes = web.RouteTableDef()
 async def _target(request: web.Request, body: Any) -> Target:
     env = body.get("env") or request.app[CONFIG].environments.strictest()
     # The fields are the resource: the audit record's resource hash names exactly what was checked.
-    return Target(resource=body["fields"], env=env)
+    # The policy sees a summary of them (``compose_value``: no environment maps or labels).
+    return Target(resource=body["fields"], env=env, value=compose_value(body["fields"]))
 
 
 @routes.post("/api/v1/compose/import")

@@ -20,6 +20,7 @@ from ..clock import iso as _iso
 from ..store.base import ReviewRecord, TicketRecord
 from .binding import hash_nonce, new_nonce, resource_hash
 from .command import is_command, masked
+from .summary import resource_summary
 
 __all__ = [
     "NotEligibleReviewer",
@@ -212,6 +213,7 @@ def ticket_view(ticket: TicketRecord, *, nonce: str | None = None) -> dict[str, 
         "subject_id": ticket.subject_id,
         "env": ticket.env,
         "resource": ticket.resource,
+        "resource_summary": resource_summary(ticket.resource),
         "resource_hash": ticket.resource_hash,
         "action": ticket.action,
         "command_hash": ticket.command_hash,

@@ -31,6 +31,8 @@ class Case:
     input: Mapping[str, Any]
     decision: str
     reasons: tuple[str, ...] | None
+    #: Approval requirements the decision must carry (only the members named).
+    approval: Mapping[str, Any] | None = None
 
     def mismatch(self, actual: Decision) -> str | None:
         """None when ``actual`` satisfies the case, else what differs."""
@@ -38,6 +40,11 @@ class Case:
             return f"decision {actual.decision} != {self.decision}"
         if self.reasons is not None and tuple(actual.reasons) != self.reasons:
             return f"reasons {list(actual.reasons)} != {list(self.reasons)}"
+        if self.approval is not None:
+            have = actual.to_dict()["approval"] or {}
+            for name, want in self.approval.items():
+                if have.get(name) != want:
+                    return f"approval.{name} {have.get(name)!r} != {want!r}"
         return None
 
 
@@ -68,6 +75,7 @@ def _load(path: Path, case_id: str) -> Case:
         doc["input"],
         expect["decision"],
         None if reasons is None else tuple(reasons),
+        expect.get("approval"),
     )
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from service import schemas
 
-__all__ = ["INPUT_SCHEMA", "STRIPPED_CONTEXT_FIELDS", "build_input", "strip", "validate_input"]
+__all__ = ["INPUT_SCHEMA", "STRIPPED_CONTEXT_FIELDS", "build_input", "compose_value", "strip",
+           "validate_input"]
 
 INPUT_SCHEMA = "authz-input.schema.json"
 
@@ -33,6 +34,25 @@ def build_input(
         "resource": dict(resource),
         "env": env,
         "context": dict(context or {}),
+    }
+
+
+def compose_value(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``input.resource.value`` of ``compose.import``: the project's name and each service's
+    image, not the whole fields document its ``hash`` covers.
+
+    The fields carry environment maps, secrets' sources and labels (credentials, often) and may
+    be 256 KiB: the preflight rules judge their content, while the policy decides who may run a
+    preflight of which project and images. So the input (and the decision log, replay and
+    shadow evaluation, which keep it) holds this summary, never the full document.
+    """
+    services = fields.get("services")
+    return {
+        "name": fields.get("name"),
+        "services": {
+            str(name): {"image": svc.get("image") if isinstance(svc, Mapping) else None}
+            for name, svc in (services.items() if isinstance(services, Mapping) else ())
+        },
     }
 
 

@@ -9,7 +9,10 @@ fatal), and the static checks read the source (``regosrc``):
 - ``unknown-ref``: ``data.a.b`` that is neither in the data files nor a rule of a package;
 - ``never-defined``: a body with ``false``, a comparison of two different constants, or one
   reference compared equal to two different constants;
-- ``with``: ``with`` forms regopy 1.5 mishandles and the test runner cannot rewrite.
+- ``with``: ``with`` forms regopy 1.5 mishandles and the test runner cannot rewrite;
+- ``undefined-function``: a call to a function that is neither a rule of the policy nor a
+  built-in of the engine (regopy compiles it; every evaluation that reaches it then fails with
+  "function not found"). The engine is asked which names are built-ins in the child process.
 
 Each problem is reported once, with file:line:col.
 """
@@ -29,7 +32,11 @@ from service.authz.projection import build_projection
 from service.authz.regotest import DECISION_ENTRYPOINT, _exit, _with_input, prepare
 from service.authz.source import Snapshot, SourceError, locate_errors
 
-__all__ = ["Problem", "lint"]
+__all__ = ["GATING", "Problem", "lint", "static_problems"]
+
+#: Problems ``cpctl policy test`` refuses to run with (exit 2): they make rules silently
+#: undefined, so the tests would report failures (or passes) about something else.
+GATING = ("unsafe-var", "undefined-function")
 
 _KEYWORDS = {
     "not", "some", "every", "in", "if", "else", "with", "as", "default", "contains", "import",
@@ -56,17 +63,21 @@ class Problem:
 
 def lint(snapshot: Snapshot, timeout: float = 60.0) -> list[Problem]:
     """Every problem found: the compile (in a child) first, then the static checks."""
-    problems = _compile_in_child(snapshot, timeout)
+    problems, builtins = _compile_in_child(snapshot, timeout)
+    return sorted([*problems, *static_problems(snapshot, builtins)],
+                  key=lambda p: (p.file, p.line, p.col))
+
+
+def static_problems(snapshot: Snapshot, builtins: set[str] | None = None) -> list[Problem]:
+    """The static checks alone (no compile). ``builtins``: the called names the engine knows
+    (from the lint child); None skips the undefined-function check."""
+    problems: list[Problem] = []
     try:
         data: Mapping[str, Any] = build_projection(snapshot.data).rego_data
     except SourceError as exc:
-        return [*problems, Problem("data", 0, 0, "data", str(exc))]
+        return [Problem("data", 0, 0, "data", str(exc))]
     infos = [regosrc.parse_module(m.name, m.source) for m in snapshot.all_modules]
-    rules_by_package: dict[str, set[str]] = {}
-    for info in infos:
-        rules_by_package.setdefault(info.package, set()).update(
-            r.name.split(".")[0] for r in info.rules
-        )
+    rules_by_package = _rules_by_package(infos)
     seen: set[tuple[str, int, int, str]] = set()
     for info in infos:
         for problem in [
@@ -74,6 +85,7 @@ def lint(snapshot: Snapshot, timeout: float = 60.0) -> list[Problem]:
             *_unknown_refs(info, data, rules_by_package),
             *_never_defined(info),
             *_with_forms(info),
+            *(_undefined_calls(info, rules_by_package, builtins) if builtins is not None else ()),
         ]:
             key = (problem.file, problem.line, problem.col, problem.code)
             if key not in seen:
@@ -82,27 +94,37 @@ def lint(snapshot: Snapshot, timeout: float = 60.0) -> list[Problem]:
     return sorted(problems, key=lambda p: (p.file, p.line, p.col))
 
 
-def _compile_in_child(snapshot: Snapshot, timeout: float) -> list[Problem]:
+def _compile_in_child(snapshot: Snapshot, timeout: float) -> tuple[list[Problem], set[str] | None]:
+    """Compile problems, and which called names are built-ins (None: the child could not say)."""
     try:
         proc = subprocess.run(  # our own interpreter and module
             [sys.executable, "-m", "service.authz.lint"], input=snapshot.to_json(),
             capture_output=True, text=True, timeout=timeout, check=False,
         )
     except subprocess.TimeoutExpired:
-        return [Problem("-", 0, 0, "compile", f"compiling timed out after {timeout:.0f}s")]
+        return [Problem("-", 0, 0, "compile", f"compiling timed out after {timeout:.0f}s")], None
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@lint@@ ")]
     if proc.returncode != 0 or not lines:
         return [Problem("-", 0, 0, "compile",
                         f"the policy engine aborted ({_exit(proc.returncode)}) compiling the "
-                        "modules; the static checks below still ran")]
-    message = json.loads(lines[-1][len("@@lint@@ ") :])["error"]
+                        "modules; the static checks below still ran")], None
+    answer = json.loads(lines[-1][len("@@lint@@ ") :])
+    message = answer["error"]
+    builtins = set(answer.get("builtins", []))
     if not message:
-        return []
+        return [], builtins
     sources = {m.name: m.source for m in snapshot.all_modules}
     located = locate_errors(message, sources)
     if not located:
-        return [Problem("-", 0, 0, "compile", message[:500])]
-    return [Problem(x.file, x.line, x.column, "compile", x.message) for x in located]
+        return [Problem("-", 0, 0, "compile", message[:500])], builtins
+    return [Problem(x.file, x.line, x.column, "compile", x.message) for x in located], builtins
+
+
+def called_names(snapshot: Snapshot) -> set[str]:
+    """Every name called as a function that no module defines (built-in candidates)."""
+    infos = [regosrc.parse_module(m.name, m.source) for m in snapshot.all_modules]
+    rules_by_package = _rules_by_package(infos)
+    return {name for info in infos for name, _ in _calls(info, rules_by_package)}
 
 
 def _child() -> int:
@@ -117,11 +139,75 @@ def _child() -> int:
         error = str(exc)
     except SourceError:
         error = ""  # reported by the parent's data check
-    print("@@lint@@ " + json.dumps({"error": error}), flush=True)
+    builtins = sorted(rego.builtins_among(called_names(snapshot)))
+    print("@@lint@@ " + json.dumps({"error": error, "builtins": builtins}), flush=True)
     return 0
 
 
 # ---- static checks -------------------------------------------------------------------------
+
+
+def _rules_by_package(infos: list[regosrc.ModuleInfo]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for info in infos:
+        out.setdefault(info.package, set()).update(r.name.split(".")[0] for r in info.rules)
+    return out
+
+
+#: Called like functions but not built-ins of regopy's ``is_builtin``.
+_CALL_KEYWORDS = {"print"}
+
+
+def _calls(info: regosrc.ModuleInfo, rules_by_package: dict[str, set[str]]
+           ) -> list[tuple[str, regosrc.Token]]:
+    """(name, token) of each call in ``info`` to a function no module of the policy defines:
+    a bare name that is not a rule of the package, ``alias.f`` / ``data.pkg.f`` whose package
+    has no rule ``f``, or any other dotted name (``regex.match``: a built-in, or nothing)."""
+    own = rules_by_package.get(info.package, set())
+    out: list[tuple[str, regosrc.Token]] = []
+    for rule in info.rules:
+        toks = [t for t in rule.tokens if t.kind != "newline"]
+        for k, t in enumerate(toks):
+            if t.kind != "ident" or k == 0 or toks[k - 1].text == ".":
+                continue
+            chain = [t.text]
+            j = k
+            while j + 2 < len(toks) and toks[j + 1].text == "." and toks[j + 2].kind == "ident":
+                chain.append(toks[j + 2].text)
+                j += 2
+            if j + 1 >= len(toks) or toks[j + 1].text != "(":
+                continue
+            head = chain[0]
+            if head in info.imports and info.imports[head].startswith("data."):
+                chain = info.imports[head].split(".") + chain[1:]
+                head = "data"
+            if head == "data":
+                package = ".".join(chain[1:-1])
+                if chain[-1] in rules_by_package.get(package, set()):
+                    continue
+            elif len(chain) == 1 and (head in own or head in _CALL_KEYWORDS):
+                continue
+            elif head in ("input", "future", "rego"):
+                continue
+            out.append((".".join(chain), t))
+    return out
+
+
+def _undefined_calls(info: regosrc.ModuleInfo, rules_by_package: dict[str, set[str]],
+                     builtins: set[str]) -> list[Problem]:
+    out = []
+    for name, t in _calls(info, rules_by_package):
+        if name.startswith("data."):
+            # a package of the policy without that rule (an unknown package is an unknown-ref)
+            undefined = name[len("data."):].rsplit(".", 1)[0] in rules_by_package
+        else:
+            undefined = name not in builtins
+        if undefined:
+            out.append(Problem(
+                info.name, t.line, t.col, "undefined-function",
+                f"`{name}` is neither a function of the policy nor a built-in: every evaluation "
+                "that reaches this call fails with \"function not found\" (a typo?)"))
+    return out
 
 
 def _unsafe_vars(info: regosrc.ModuleInfo, package_rules: set[str]) -> list[Problem]:
@@ -291,8 +377,9 @@ def _with_forms(info: regosrc.ModuleInfo) -> list[Problem]:
                     if target == "input":
                         msg = ("`with input as` here is evaluated as written and aborts regopy "
                                "1.5 over rules that depend on other rules; give every `with "
-                               "input` of a test_ rule the same value, one that does not use "
-                               "the test's own variables, and the runner evaluates it safely")
+                               "input` of a test_ rule the same value (a value, or variables "
+                               "the test binds before its first `with`), and the runner "
+                               "evaluates it safely")
                     else:
                         msg = (f"`with {target} as` is evaluated as written: regopy 1.5 leaves "
                                "rules that depend on a replaced rule undefined; pass the value "

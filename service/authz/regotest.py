@@ -225,7 +225,7 @@ def prepare(
             source = _strip_with(source, rule)
             helper = f"{_HELPER}with_input_{rule.name}"
             if helper not in helpers.values():
-                extra.append(f"{helper} := {value}")
+                extra.append(_helper_rule(helper, rule, value))
             helpers[ep] = "/".join([*info.package.split("."), helper])
         if extra:
             source = source.rstrip("\n") + "\n\n" + "\n".join(sorted(set(extra))) + "\n"
@@ -321,7 +321,8 @@ def _has_with(rule: regosrc.Rule) -> bool:
 
 def _with_input(rule: regosrc.Rule) -> str | None:
     """The ``V`` of a test whose ``with`` clauses are all ``with input as V`` (same V), when
-    ``V`` does not use the test's own variables."""
+    ``V`` does not use the test's own variables, or uses only variables bound before the first
+    ``with`` (``v := {...}`` then ``... with input as v``): ``_helper_rule`` computes it."""
     values: set[str] = set()
     bound: set[str] = set()
     for body in rule.bodies:
@@ -336,7 +337,37 @@ def _with_input(rule: regosrc.Rule) -> str | None:
         return None
     value = values.pop()
     used = {t.text for t in regosrc.tokenize(value) if t.kind == "ident"}
-    return None if used & bound else value
+    if not used & bound:
+        return value
+    prefix = _before_with(rule)
+    if prefix is None:
+        return None
+    before = {n for e in prefix for n in regosrc.bound_names(e)}
+    return value if used & bound <= before else None
+
+
+def _before_with(rule: regosrc.Rule) -> list[regosrc.Expr] | None:
+    """The expressions of a one-body test before its first ``with`` (None: several bodies)."""
+    if len(rule.bodies) != 1:
+        return None
+    prefix = []
+    for expr in rule.bodies[0].exprs:
+        if regosrc.with_clauses(expr)[1]:
+            break
+        prefix.append(expr)
+    return prefix
+
+
+def _helper_rule(helper: str, rule: regosrc.Rule, value: str) -> str:
+    """The rule whose value is the test's input: ``V``, or for a ``V`` built from the test's
+    variables, ``V`` after the expressions that bind them (the test's own prefix, re-run with
+    an empty input: what a test's expressions without ``with`` see under the runner)."""
+    used = {t.text for t in regosrc.tokenize(value) if t.kind == "ident"}
+    prefix = _before_with(rule) or []
+    if not used & {n for e in prefix for n in regosrc.bound_names(e)}:
+        return f"{helper} := {value}"
+    body = "\n".join(e.text for e in prefix)
+    return f"{helper} := {value} if {{\n{body}\n}}"
 
 
 def _strip_with(source: str, rule: regosrc.Rule) -> str:

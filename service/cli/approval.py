@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 from ..approvals.binding import resource_hash
 from ..approvals.command import command_hash, is_command, masked
+from ..approvals.summary import resource_summary
 from . import client as http
 from .client import EXIT_OK, ClientError, ConnectionFailed, UsageError, guarded
 
@@ -399,7 +400,7 @@ def list_tickets(args: argparse.Namespace) -> int:
         rows.append((
             str(t.get("id")), str(t.get("state")), str(t.get("env")), str(t.get("action")),
             str(t.get("subject_id")), str(t.get("requested_by")), str(t.get("created_at")),
-            _short(_resource_text(t.get("resource")), 40),
+            _short(_summary(t), 40),
         ))
     print(_table(rows))
     if page.get("next_cursor"):
@@ -489,6 +490,12 @@ def _describe(t: dict[str, Any]) -> str:
         reason = f" - {r.get('reason')}" if r.get("reason") else ""
         lines.append(f"  {r.get('at')} {r.get('reviewer')}{group}: {r.get('decision')}{reason}")
     return "\n".join(lines)
+
+
+def _summary(ticket: dict[str, Any]) -> str:
+    """The server's one-line summary of the ticket's resource (computed here for an older one)."""
+    summary = ticket.get("resource_summary")
+    return summary if isinstance(summary, str) else resource_summary(ticket.get("resource"))
 
 
 def _resource_text(resource: Any) -> str:

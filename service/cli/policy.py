@@ -23,12 +23,13 @@ from xml.sax.saxutils import escape, quoteattr
 import yaml
 
 from service import config as config_mod
-from service import rego, schemas
+from service import limits, rego, schemas
+from service.approvals.binding import resource_hash
 from service.authz import actions, coverage
 from service.authz.cases import SCHEMA_HEADER, Case, CaseError, load_cases
 from service.authz.engine import PolicyEngine
 from service.authz.input import validate_input
-from service.authz.lint import Problem, lint
+from service.authz.lint import GATING, Problem, lint
 from service.authz.regotest import (
     DECISION_ENTRYPOINT,
     EXPLAIN_ENTRYPOINT,
@@ -129,6 +130,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     case_sub = p.add_subparsers(dest="case_command", required=True, metavar="SUBCOMMAND")
     q = _sub(case_sub, "new", "write a decision case with the boilerplate filled in", """
         cpctl policy case new --subject alice --action installer.run.execute --env prod
+        cpctl policy case new --subject alice --action installer.run.execute --env staging \\
+            --resource '{"app": "payments", "version": "2.4.0-rc.1"}'
     """)
     q.add_argument("--subject", required=True, help="subject_id (kind from the identities file)")
     q.add_argument("--action", required=True, help="a catalogue action, e.g. storage.list")
@@ -137,6 +140,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="principal kind when the subject is not in the identities file")
     q.add_argument("--owner", default=None, help="resource owner (ticket actions)")
     q.add_argument("--resource-id", default="r-1")
+    q.add_argument("--resource", default=None, metavar="JSON",
+                   help="the request's resource as sent (input.resource.value; its hash is "
+                   "input.resource.hash), e.g. '{\"app\": \"web\", \"version\": \"1.2.3\"}'")
     q.add_argument("--note", default=None, help="what the case shows (default: generated)")
     q.add_argument("--out", type=Path, default=None, help="write here (default: stdout)")
     _dirs(q)
@@ -406,6 +412,20 @@ def _policy_explain(snapshot: Snapshot, data: Any, projected: Any) -> Any:
 def _test(args: argparse.Namespace, out: TextIO) -> int:
     policies, data = _header(args, out, args.format == "text")
     snapshot = _snapshot(policies, data)
+    # A rule with an unbound variable or a call to no function is silently undefined: the
+    # tests' results would be about something else ("33 passed, 1 failed"). Refuse instead.
+    gating = [p for p in lint(snapshot) if p.code in GATING]
+    if gating:
+        if args.format == "json":
+            print(json.dumps({"policies": str(policies), "error": "lint", "passed": 0,
+                              "failed": 0, "problems": [p.to_json() for p in gating]},
+                             indent=2), file=out)
+        else:
+            for p in gating:
+                print(f"error: {p}", file=out)
+            print(f"{len(gating)} problem(s) that make rules silently undefined: fix them "
+                  "first (cpctl policy lint); no test was run", file=out)
+        return 2
     cases = discover(snapshot)
     if args.run:
         try:
@@ -746,14 +766,24 @@ def _replay(args: argparse.Namespace, out: TextIO) -> int:
         print(f"candidate revision {engine.revision}: {report.total} decisions replayed, "
               f"{len(report.changes)} would change, {report.reasons_only} change reasons only",
               file=out)
+
+        def line(c: rp.Change, unexpected: bool) -> str:
+            r = c.recorded
+            return (f"{r.source} {r.ref} {r.subject} {r.input.get('action')} "
+                    f"{r.input.get('env')}: {c.transition} {list(r.reasons)} -> "
+                    f"{list(c.reasons)}{'' if r.exact else ' (approximate input)'}"
+                    f"{'  UNEXPECTED' if unexpected else ''}")
+
+        if report.unexpected:
+            # What fails the run comes first, every one of them (not --examples per group).
+            print(f"{len(report.unexpected)} change(s) not listed in "
+                  f"{args.expect or 'an --expect file'}:", file=out)
+            for c in report.unexpected:
+                print(f"  {line(c, True)}", file=out)
         for transition, changes in report.groups().items():
             print(f"  {transition}: {len(changes)}", file=out)
             for c in changes[: args.examples]:
-                r = c.recorded
-                mark = "" if c not in report.unexpected else "  UNEXPECTED"
-                print(f"    {r.source} {r.ref} {r.subject} {r.input.get('action')} "
-                      f"{r.input.get('env')}: {list(r.reasons)} -> {list(c.reasons)}"
-                      f"{'' if r.exact else ' (approximate input)'}{mark}", file=out)
+                print(f"    {line(c, c in report.unexpected)}", file=out)
         for m in report.count_mismatches:
             print(f"  expected count differs: {m}", file=out)
         if report.unexpected:
@@ -788,6 +818,9 @@ def _case_new(args: argparse.Namespace, out: TextIO) -> int:
         resource["owner"] = args.owner
     if action.mutating:
         resource["hash"] = "sha256:" + "ab" * 32
+    if args.resource is not None:
+        resource["value"] = _resource_value(args.resource)
+        resource["hash"] = resource_hash(resource["value"])
     doc = {
         "principal": {
             "subject_id": args.subject, "kind": kind, "session_id": f"sess-{args.subject}",
@@ -827,6 +860,20 @@ def _case_new(args: argparse.Namespace, out: TextIO) -> int:
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out} (expect {decision.decision} {list(decision.reasons)})", file=out)
     return 0
+
+
+def _resource_value(text: str) -> Any:
+    """``--resource``: one JSON value, within the bounds the service reads request bodies by."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _Fatal(f"--resource: not JSON: {exc}") from None
+    try:
+        limits.check_json(value)
+        limits.check_size(len(json.dumps(value, separators=(",", ":")).encode()))
+    except limits.JSONValueRefused as exc:
+        raise _Fatal(f"--resource{exc.pointer}: {exc.message}") from None
+    return value
 
 
 def _identity_kind(args: argparse.Namespace, subject: str) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..approvals.summary import resource_summary
 from ..logs import MASK
 from .html import Markup, join, render
 
@@ -225,12 +226,14 @@ def inbox_items(pending: Sequence[Mapping[str, Any]], recent: Sequence[Mapping[s
     def row(view: Mapping[str, Any]) -> Markup:
         return render("""<li class="ticket state-$state" data-ticket="$id">
 <a class="title" href="/console/tickets/$id"><span class="action">$action</span>
+ <span class="resource-summary">$summary</span>
  in <span class="env">$env</span> for <span class="subject">$subject</span></a>
 <p class="meta">requested by <span class="requester">$requester</span> · $age · $deadline
  · <span class="state">$state</span></p>
 $command
 <p class="reason">$reason</p>
-</li>""", id=view["id"], action=view["action"], env=view["env"], subject=view["subject_id"],
+</li>""", id=view["id"], action=view["action"], summary=_summary(view),
+            env=view["env"], subject=view["subject_id"],
             requester=view["requested_by"], state=view["state"],
             age=_time(view["created_at"], cls="age", label="requested"),
             deadline=_deadline(view), command=_command(view.get("command")),
@@ -273,6 +276,12 @@ def requests_page(views: Sequence[Mapping[str, Any]], *, who: str, csrf: str) ->
     return layout("My requests", body, who=who, csrf=csrf, current="requests")
 
 
+def _summary(view: Mapping[str, Any]) -> str:
+    """The ticket's resource in one short line (``app=payments version=2.4.0``)."""
+    summary = view.get("resource_summary")
+    return summary if isinstance(summary, str) else resource_summary(view.get("resource"))
+
+
 def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
 
@@ -313,7 +322,8 @@ $alert
 <dt>Requested</dt><dd>$created</dd>
 <dt>Reason</dt><dd class="reason">$reason</dd>
 <dt>Command</dt><dd>$command</dd>
-<dt>Resource</dt><dd><pre class="resource"><code>$resource</code></pre>
+<dt>Resource</dt><dd><p class="resource-summary">$summary</p>
+<pre class="resource"><code>$resource</code></pre>
 <small>hash <code>$resource_hash</code></small></dd>
 </dl></section>
 <section aria-labelledby="pol"><h2 id="pol">Policy</h2>
@@ -337,12 +347,14 @@ $review_form
         requester=view["requested_by"], created=_time(view["created_at"], cls="age"),
         reason=view.get("reason") or "", command=_command(view.get("command")),
         resource=_pretty(view["resource"]), resource_hash=view["resource_hash"],
+        summary=_summary(view),
         approved=len(approvals), quorum=view.get("quorum", 1),
         groups=_list(approval.get("require_groups", [])),
         roles=_list(approval.get("reviewer_roles", [])), reasons=_list(policy_reasons),
         reviews=reviews or Markup('<li class="muted">No reviews yet.</li>'),
         review_form=review_form, events=events)
-    return layout(f"Ticket {view['id']}", body, who=who, csrf=csrf)
+    return layout(f"Ticket {view['id']}: {view['action']} {_summary(view)}", body, who=who,
+                  csrf=csrf)
 
 
 def review_form(ticket_id: str, *, csrf: str, needs_step_up: bool, reason: str = "") -> Markup:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..approvals.command import is_command, masked
+from ..approvals.summary import resource_summary
 from ..clock import iso
 from ..store.base import OutboxEvent
 
@@ -52,6 +53,8 @@ def event_data(event: OutboxEvent, public_url: str | None,
         # Masked when the event was written; again here for events queued by an older build.
         data["command"] = masked(data["command"])
     data["console_url"] = console_url(public_url, event.ticket_id)
+    if "resource" in data:
+        data["resource_summary"] = resource_summary(data["resource"])
     if suggested_reviewers is not None:
         data["suggested_reviewers"] = list(suggested_reviewers)
     return data
@@ -82,12 +85,6 @@ def _clip(text: str, limit: int = SUMMARY_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _summary(value: Any) -> str:
-    if isinstance(value, str):
-        return _clip(value)
-    return _clip(json.dumps(value, separators=(", ", ": "), sort_keys=True, ensure_ascii=False))
-
-
 def _code(text: str) -> str:
     return "`" + _escape(text.replace("`", "'")) + "`"
 
@@ -98,12 +95,13 @@ def slack_message(event: OutboxEvent, data: dict[str, Any]) -> bytes:
     action, env = str(data.get("action", "")), str(data.get("env", event.env))
     requester, subject = str(data.get("requested_by", "")), str(data.get("subject_id", ""))
     who = requester if requester == subject else f"{requester} for {subject}"
+    summary = resource_summary(data.get("resource"))
     fields = [
         f"*Requester:*\n{_escape(who)}",
         f"*Action:*\n{_code(action)}",
         f"*Environment:*\n{_code(env)}",
         f"*Ticket:*\n{_code(event.ticket_id)}",
-        f"*Resource:*\n{_code(_summary(data.get('resource')))}",
+        f"*Resource:*\n{_code(summary)}",
     ]
     expiry = data.get("expires_at") if event.type == "approval.approved" else (
         data.get("pending_until") if event.type in ("approval.requested", "approval.reviewed")
@@ -113,7 +111,8 @@ def slack_message(event: OutboxEvent, data: dict[str, Any]) -> bytes:
     if event.type != "approval.requested":
         fields.append(f"*By:*\n{_escape(str(data.get('actor', '')))}")
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": _clip(f"{title}: {action} in {env}", 150)}},
+        {"type": "header", "text": {"type": "plain_text",
+                                    "text": _clip(_escape(f"{title}: {action} {summary} in {env}"), 150)}},
         {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in fields]},
     ]
     reason = data.get("reason")
@@ -139,6 +138,6 @@ def slack_message(event: OutboxEvent, data: dict[str, Any]) -> bytes:
         blocks.append({"type": "actions", "elements": [{
             "type": "button", "text": {"type": "plain_text", "text": "Open in the console"},
             "url": link}]})
-    text = f"{title}: {action} in {env} ({who}, {event.ticket_id})"
+    text = f"{title}: {action} {summary} in {env} ({who}, {event.ticket_id})"
     body = {"text": _escape(text), "blocks": blocks}
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")

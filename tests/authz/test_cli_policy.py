@@ -37,11 +37,12 @@ def test_policy_test_reports_failures(tmp_path):
 
 
 def test_policy_test_attributes_a_native_crash(tmp_path):
-    # `with input as v` (a variable of the test) cannot be rewritten: evaluated as written, it
-    # aborts regopy 1.5; only that test fails, named, and the others report their results.
+    # Two different `with input` values in one test cannot be rewritten: evaluated as written,
+    # they abort regopy 1.5; only that test fails, named, and the others report their results.
     crashing = (
         "package t\nimport rego.v1\na := 1 if input.x == 1\nb := 1 if a == 1\n"
-        'test_crash if { v := {"x": 1}; b == 1 with input as v }\ntest_fine if { true }\n'
+        'test_crash if { v := {"x": 1}; b == 1 with input as v; b == 1 with input as {"x": 2} }'
+        '\ntest_fine if { true }\n'
     )
     root = write_policy(
         tmp_path / "p", "package controlplane.authz\ndecision := 1\n", tests=crashing
@@ -141,14 +142,16 @@ def test_policy_lint_accepts_with_input_the_runner_rewrites_and_flags_the_rest(t
         tmp_path / "p",
         "package controlplane.authz\ndecision := 1\n",
         tests="package t\nimport rego.v1\ntest_x if { 1 == 1 with input as {} }\n"
-        "test_y if {\n  v := {}\n  1 == 1 with input as v\n}\n"
-        "test_z if { 1 == 1 with data.environments as {} }\n",
+        "test_y if {\n  v := {}\n  1 == 1 with input as v\n  2 == 2 with input as {}\n}\n"
+        "test_z if { 1 == 1 with data.environments as {} }\n"
+        "test_v if {\n  v := {}\n  1 == 1 with input as v\n}\n",
     )
     code, out = call("lint", str(root))
     assert code == 1
     assert "authz_test.rego:3:" not in out
     assert "authz_test.rego:6:3: with:" in out
-    assert "authz_test.rego:8:13: with: `with data.environments as` is evaluated as written" in out
+    assert "authz_test.rego:9:13: with: `with data.environments as` is evaluated as written" in out
+    assert "authz_test.rego:12:" not in out  # a test variable bound first: rewritten
 
 
 def test_the_cpctl_entry_point_runs_every_policy_subcommand(tmp_path):

@@ -250,8 +250,8 @@ def test_reload_rejects_bad_data_without_leaking_it(policy_dir):
 
 
 def test_reload_survives_a_policy_that_crashes_the_native_engine(policy_dir):
-    # `with input as v` over dependent rules crashes regopy 1.5 (the runner rewrites only a value
-    # that does not use the test's variables); vetting runs in a child process.
+    # `with input as` over dependent rules crashes regopy 1.5 (the runner rewrites a test only
+    # when all its `with input` clauses give one value); vetting runs in a child process.
     root = policy_dir(ALLOW_ALL)
     engine = engine_for(root)
     crashing = """
@@ -262,6 +262,7 @@ def test_reload_survives_a_policy_that_crashes_the_native_engine(policy_dir):
         test_crash if {
             v := {"x": 1}
             b == 1 with input as v
+            b == 1 with input as {"x": 2}
         }
     """
     write_policy(root, ALLOW_ALL.replace("everything", "new"), tests=crashing)

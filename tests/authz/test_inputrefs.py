@@ -38,6 +38,10 @@ def paths(*sources: str) -> list[str] | None:
         ('x if input["resource"].owner == "a"', ["resource.owner"]),
         ("x if input.resource.tags[0] == 1", ["resource.tags"]),
         ("x if { some k; input.resource[k] == 1 }", ["resource"]),
+        ('x if input.resource.value.app == "web"', ["resource.value.app"]),
+        # a dynamic key into the resource's value: its whole value is keyed
+        ("x if { some k; input.resource.value[k] == 1 }", ["resource.value"]),
+        ('x if { some v in input.resource.value.tags; v == "a" }', ["resource.value.tags"]),
         ("x if input.resource[input.principal.kind]", ["principal.kind", "resource"]),
         ("x if { some v in input.resource.list; v == 1 }", ["resource.list"]),
         ('x := object.get(input.resource, "owner", "none")', ["resource.owner"]),
@@ -117,9 +121,22 @@ def test_distinct_resource_ids_hit_the_cache():
     assert cache["hit_rate"] >= 0.99 and cache["size"] == 1
 
 
+def test_distinct_versions_of_one_app_hit_the_cache_of_a_policy_reading_the_app(tmp_path):
+    engine = PolicyEngine(write_policy(tmp_path / "app", HEAD + TRICKY["resource_value_app"]))
+    assert engine.load().ok
+    assert engine.status()["cache"]["paths"] == ["resource.value.app"]
+    for i in range(200):
+        engine.decide(doc(resource={"id": f"task-{i}", "kind": "installer_run",
+                                    "value": {"app": "web", "version": f"1.{i}.0"}}))
+    cache = engine.status()["cache"]
+    assert cache["hit_rate"] >= 0.95 and cache["size"] == 1
+
+
 # ---- soundness: same key, same uncached decision ------------------------------------------------
 
-KEYS = ["owner", "id", "kind", "k", "list", "tags", "scope", "env"]
+KEYS = ["owner", "id", "kind", "k", "list", "tags", "scope", "env", "app", "version"]
+APPS = ["web", "payments", "x"]
+VERSIONS = ["1.0.0", "2.4.0-rc.1", "3.0.0-beta", "x"]
 SUBJECTS = ["alice", "bob", "carol", "ci-bot", "agent-7", "nobody"]
 ACTIONS = ["approvals.create", "approvals.review", "installer.run.execute", "databases.list",
            "tasks.read"]
@@ -143,6 +160,13 @@ def inputs(draw: st.DrawFn) -> dict[str, Any]:
     resource = draw(st.dictionaries(st.sampled_from(KEYS), values, max_size=3))
     if draw(st.booleans()):
         resource["owner"] = draw(st.sampled_from(SUBJECTS))
+    # input.resource.value: the request's resource as sent, mostly an app/version object.
+    value = draw(st.one_of(
+        st.fixed_dictionaries({"app": st.sampled_from(APPS), "version": st.sampled_from(VERSIONS)},
+                              optional={"k": values, "tags": values}),
+        values))
+    if draw(st.integers(0, 3)):  # mostly present, as the chain always sends it
+        resource["value"] = value
     out["resource"] = resource
     return out
 
@@ -154,6 +178,8 @@ EDIT_PATHS = [
     ("principal", "auth_time"), ("principal", "kind"), ("principal", "subject_id"),
     ("principal", "step_up"), ("context", "method"), ("context", "path"), ("context",),
     ("context", "correlation_id"), ("context", "time"), ("env",), ("extra",),
+    ("resource", "value"), ("resource", "value", "app"), ("resource", "value", "version"),
+    ("resource", "value", "k"), ("resource", "value", "tags"),
 ]
 
 
@@ -171,10 +197,20 @@ def _edit(target: dict[str, Any], path: tuple[str, ...], value: Any, delete: boo
         node[path[-1]] = value
 
 
-edits = st.lists(
-    st.tuples(st.sampled_from(EDIT_PATHS), st.one_of(st.sampled_from(SUBJECTS), values),
-              st.booleans()),
-    min_size=1, max_size=3)
+#: Edits inside the resource's value only (and a few per-request fields beside it).
+VALUE_EDIT_PATHS = [p for p in EDIT_PATHS if p[:2] == ("resource", "value")] + [
+    ("resource", "id"), ("principal", "session_id"), ("context", "path")]
+
+
+def edits_of(paths: list[tuple[str, ...]]) -> st.SearchStrategy[Any]:
+    return st.lists(
+        st.tuples(st.sampled_from(paths),
+                  st.one_of(st.sampled_from(SUBJECTS), st.sampled_from(VERSIONS), values),
+                  st.booleans()),
+        min_size=1, max_size=3)
+
+
+edits = edits_of(EDIT_PATHS)
 
 TRICKY = {
     "dynamic_key": """
@@ -208,6 +244,23 @@ TRICKY = {
             same(input).resource.id == "x"
         } else := {"decision": "deny", "reasons": ["no"], "approval": {}}
     """,
+    "resource_value_app": """
+        decision := {"decision": "allow", "reasons": ["web"], "approval": {}} if {
+            input.resource.value.app == "web"
+        } else := {"decision": "deny", "reasons": ["other"], "approval": {}}
+    """,
+    "resource_value_version": """
+        decision := {"decision": "require_approval", "reasons": ["pre_release"],
+                     "approval": {"quorum": 1}} if {
+            regex.match(`-(rc|beta)`, input.resource.value.version)
+        } else := {"decision": "allow", "reasons": [input.resource.value.app], "approval": {}}
+    """,
+    "resource_value_dynamic_key": """
+        decision := {"decision": "allow", "reasons": ["some_x"], "approval": {}} if {
+            some k
+            input.resource.value[k] == "x"
+        } else := {"decision": "deny", "reasons": ["none"], "approval": {}}
+    """,
     "count_of_subtree": """
         decision := {"decision": "allow", "reasons": [sprintf("%d", [count(input.resource)])],
                      "approval": {}}
@@ -224,7 +277,8 @@ def _engine(root: Path) -> PolicyEngine:
 
 
 def _check_soundness(engine: PolicyEngine, key_paths: tuple[inputrefs.Path, ...] | None,
-                     examples: int = 40, shrink: bool = True) -> int:
+                     examples: int = 40, shrink: bool = True,
+                     changes_of: st.SearchStrategy[Any] = edits) -> int:
     """Run the property; return how many pairs shared a key (so the property was exercised)."""
     from service.authz.input import strip
 
@@ -240,7 +294,7 @@ def _check_soundness(engine: PolicyEngine, key_paths: tuple[inputrefs.Path, ...]
 
     @settings(max_examples=examples, deadline=None, derandomize=True, database=None, phases=phases,
               suppress_health_check=[HealthCheck.too_slow])
-    @given(base=inputs(), changes=edits)
+    @given(base=inputs(), changes=changes_of)
     def prop(base: dict[str, Any], changes: list[tuple[tuple[str, ...], Any, bool]]) -> None:
         other = copy.deepcopy(base)
         for path, value, delete in changes:
@@ -269,7 +323,34 @@ def test_the_property_catches_a_key_missing_a_path_the_policy_reads():
     assert current is not None and current.key_paths is not None
     unsound = tuple(p for p in current.key_paths if p != ("resource", "owner"))
     with pytest.raises(AssertionError):
-        _check_soundness(engine, unsound, examples=120, shrink=False)
+        _check_soundness(engine, unsound, examples=300, shrink=False)
+
+
+def test_the_property_catches_a_key_missing_a_path_into_the_resource_value(tmp_path):
+    engine = _engine(write_policy(tmp_path / "v", HEAD + TRICKY["resource_value_version"]))
+    current = engine._current
+    assert current is not None and current.key_paths is not None
+    assert ("resource", "value", "version") in current.key_paths
+    # Sound with the analysed key, under edits inside the value...
+    assert _check_soundness(engine, current.key_paths, examples=100,
+                            changes_of=edits_of(VALUE_EDIT_PATHS)) >= 5
+    # ...and the same property finds the key that leaves out the version.
+    unsound = tuple(p for p in current.key_paths if p != ("resource", "value", "version"))
+    with pytest.raises(AssertionError):
+        _check_soundness(engine, unsound, examples=300, shrink=False,
+                         changes_of=edits_of(VALUE_EDIT_PATHS))
+
+
+@pytest.mark.parametrize("name", ["resource_value_app", "resource_value_version",
+                                  "resource_value_dynamic_key"])
+def test_same_key_same_decision_under_edits_inside_the_resource_value(tmp_path, name):
+    engine = _engine(write_policy(tmp_path / name, HEAD + TRICKY[name]))
+    current = engine._current
+    assert current is not None and current.key_paths is not None
+    if name == "resource_value_dynamic_key":  # a dynamic key: the whole value is keyed
+        assert ("resource", "value") in current.key_paths
+    assert _check_soundness(engine, current.key_paths, examples=100,
+                            changes_of=edits_of(VALUE_EDIT_PATHS)) >= 5
 
 
 @pytest.mark.parametrize("name", sorted(TRICKY))

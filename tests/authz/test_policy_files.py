@@ -51,3 +51,13 @@ def test_no_agent_ever_gets_review_or_prod_mutation_allow(shipped):
                 assert d.decision == "deny"
             if env == "prod" and action.needs_ticket_in_production:
                 assert d.decision != "allow"
+
+
+def test_the_readme_documents_input_resource_per_action_as_the_catalogue_says():
+    from service.authz import actions
+
+    assert all(a.resource_value for a in actions.all_actions())
+    readme = (REPO / "policies" / "README.md").read_text()
+    begin = readme.index("<!-- generated from service/authz/actions.py")
+    table = readme[readme.index("\n", begin) + 1: readme.index("<!-- end of generated table -->")]
+    assert table == actions.resource_table(), "regenerate: actions.resource_table()"

@@ -118,7 +118,8 @@ def test_a_directory_without_tests_is_not_green(tmp_path):
 def test_lint_survives_an_engine_abort_and_still_reports(tmp_path):
     tests = (
         "package t\nimport rego.v1\nimport data.controlplane.authz\n"
-        "test_crash if {\n  v := {\"action\": 1}\n  authz.decision with input as v\n}\n"
+        "test_crash if {\n  v := {\"action\": 1}\n  authz.decision with input as v\n"
+        "  authz.decision with input as {\"action\": 2}\n}\n"
     )
     rego = (
         "package controlplane.authz\nimport rego.v1\nallowed if input.action\n"
@@ -296,3 +297,87 @@ def test_coverage_names_what_is_not_exercised_and_fails_under_threshold(tmp_path
     assert doc["clauses"]["percent"] < 90
     assert any(u["rule"] == "review_denials" or u["rule"] == "needs_approval"
                for u in doc["files"]["authz.rego"]["uncovered_clauses"])
+
+
+UNDEFINED_CALL = ALLOW + (
+    "pre_release(v) if regex.match(`-rc`, v)\n"
+    "gate if {\n  is_pre_release(input.resource.value.version)\n}\n"
+    "other if { strings.nope(input.env) }\n"
+    "fine if { pre_release(input.env); count(input.env) > 0; print(input.env) }\n"
+)
+UNDEFINED_CALL_TESTS = (
+    "package t\nimport rego.v1\nimport data.controlplane.authz\n"
+    'test_ok if { authz.decision.decision == "allow" with input as {"action": "x"} }\n'
+)
+
+
+def test_lint_flags_a_call_to_an_undefined_function(tmp_path):
+    root = write_policy(tmp_path / "p", UNDEFINED_CALL, tests=UNDEFINED_CALL_TESTS)
+    code, doc = call_json("lint", str(root), "--format", "json")
+    assert code == 1
+    got = {(p["file"], p["line"], p["col"], p["code"]) for p in doc["problems"]}
+    assert got == {("authz.rego", 6, 3, "undefined-function"),
+                   ("authz.rego", 8, 12, "undefined-function")}, doc["problems"]
+    messages = " ".join(p["message"] for p in doc["problems"])
+    assert "`is_pre_release`" in messages and "`strings.nope`" in messages
+
+
+def test_policy_test_refuses_to_run_what_lint_finds_unsafe(tmp_path):
+    """An unbound variable (a typo) would make its rule silently undefined, and the tests then
+    report "N passed, 1 failed" about something else: the runner refuses, with file:line."""
+    rego = ALLOW + "x if { input.a == truee }\n"
+    root = write_policy(tmp_path / "p", rego, tests=UNDEFINED_CALL_TESTS)
+    code, out = call("test", str(root))
+    assert code == 2, out
+    assert "authz.rego:4:19: unsafe-var: `truee`" in out
+    assert "passed" not in out
+    root = write_policy(tmp_path / "q", UNDEFINED_CALL, tests=UNDEFINED_CALL_TESTS)
+    code, out = call("test", str(root))
+    assert code == 2 and "authz.rego:6:3: undefined-function: `is_pre_release`" in out, out
+
+
+VAR_INPUT_POLICY = (
+    "package controlplane.authz\nimport rego.v1\n"
+    "pre if regex.match(`-rc`, input.resource.value.version)\n"
+    'decision := {"decision": "deny", "reasons": ["pre"], "approval": {}} if pre\n'
+    'else := {"decision": "allow", "reasons": ["ok"], "approval": {}}\n'
+)
+VAR_INPUT_TESTS = """\
+package t
+
+import rego.v1
+
+import data.controlplane.authz
+
+test_input_from_a_variable if {
+	v := {"action": "x", "resource": {"value": {"version": "1.0.0-rc"}}}
+	authz.decision.reasons == ["pre"] with input as v
+}
+
+test_input_built_in_steps if {
+	base := {"action": "x", "resource": {"value": {"version": "1.0.0"}}}
+	v := object.union(base, {"env": "dev"})
+	d := authz.decision with input as v
+	d.decision == "allow"
+}
+
+test_input_from_a_variable_fails_where_it_should if {
+	v := {"action": "x", "resource": {"value": {"version": "2.0.0-rc"}}}
+	d := authz.decision with input as v
+	d.decision == "allow"
+}
+"""
+
+
+def test_with_input_as_a_test_variable_works(tmp_path):
+    """The most common OPA testing idiom: the input bound to a variable of the test first."""
+    root = write_policy(tmp_path / "p", VAR_INPUT_POLICY, tests=VAR_INPUT_TESTS)
+    code, doc = call_json("test", str(root), "--format", "json")
+    results = {t["name"]: t["passed"] for t in doc["tests"]}
+    assert results == {"test_input_from_a_variable": True, "test_input_built_in_steps": True,
+                       "test_input_from_a_variable_fails_where_it_should": False}, doc
+    assert code == 1
+    failed = next(t for t in doc["tests"] if not t["passed"])
+    assert "aborted" not in json.dumps(failed)
+    code, out = call("lint", str(root))
+    assert code == 0 and "with" not in out.split("\n", 1)[1], out

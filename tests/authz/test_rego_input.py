@@ -2,7 +2,7 @@
 
 The converter gives the policy exactly the document, and refuses what it cannot convert (as
 evaluation errors, never a crash), including anything nested deeper than
-``service.limits.MAX_JSON_DEPTH``. regopy writes result strings into JSON text without escaping
+``service.limits.MAX_INPUT_DEPTH``. regopy writes result strings into JSON text without escaping
 quotes, backslashes or control characters, so the echo round trip below draws strings without
 them; what happens with them is tested separately. The private regopy API the converter uses is
 asserted in test_rego_private_api.py."""
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from service import rego
 from service.authz.decision import POLICY_ERROR
-from service.limits import MAX_JSON_DEPTH
+from service.limits import MAX_INPUT_DEPTH
 
 from .conftest import doc as authz_doc
 
@@ -98,30 +98,30 @@ def nested(depth: int, *, leaf: Any = 1, kind: str = "object") -> dict[str, Any]
 def test_nesting_up_to_the_depth_limit_converts(kind):
     # scalars add no depth; the top-level object is depth 1
     for leaf in (1, "s", None, 1.5):
-        deepest = nested(MAX_JSON_DEPTH, leaf=leaf, kind=kind)
+        deepest = nested(MAX_INPUT_DEPTH, leaf=leaf, kind=kind)
         assert echo(deepest) == deepest
-    empty_at_the_limit = nested(MAX_JSON_DEPTH - 1, leaf=[], kind=kind)
+    empty_at_the_limit = nested(MAX_INPUT_DEPTH - 1, leaf=[], kind=kind)
     assert echo(empty_at_the_limit) == empty_at_the_limit
 
 
 @pytest.mark.parametrize("leaf", [[], {}])
 def test_an_empty_container_past_the_limit_counts(leaf):
     with pytest.raises(rego.RegoEvalError, match="nests deeper"):
-        echo(nested(MAX_JSON_DEPTH, leaf=leaf))
+        echo(nested(MAX_INPUT_DEPTH, leaf=leaf))
 
 
 @pytest.mark.parametrize("kind", ["object", "array"])
 @pytest.mark.parametrize("extra", [1, 2, 1000, 100_000])
 def test_nesting_beyond_the_depth_limit_is_an_evaluation_error(kind, extra):
     with pytest.raises(rego.RegoEvalError, match=f"input cannot be converted: input nests deeper than "
-                       f"{MAX_JSON_DEPTH} arrays/objects"):
-        echo(nested(MAX_JSON_DEPTH + extra, kind=kind))
+                       f"{MAX_INPUT_DEPTH} arrays/objects"):
+        echo(nested(MAX_INPUT_DEPTH + extra, kind=kind))
     assert echo({"ok": True}) == {"ok": True}
 
 
 def test_depth_counts_mappings_and_tuples_too():
     value: Any = 1
-    for i in range(MAX_JSON_DEPTH):
+    for i in range(MAX_INPUT_DEPTH):
         value = MappingProxyType({"x": value}) if i % 2 else (value,)
     with pytest.raises(rego.RegoEvalError, match="nests deeper"):
         echo({"x": value})
@@ -139,14 +139,14 @@ def test_the_depth_error_is_a_value_error_the_query_reports_as_an_evaluation_err
     handle = rego._native.regoNewInput()
     try:
         with pytest.raises(rego.InputTooDeep):
-            rego._push(handle, nested(MAX_JSON_DEPTH + 1))
+            rego._push(handle, nested(MAX_INPUT_DEPTH + 1))
     finally:
         rego._native.regoFreeInput(handle)
 
 
 def test_the_engine_denies_a_too_deep_input_with_policy_error(shipped):
     deep = authz_doc()
-    deep["resource"]["labels"] = nested(MAX_JSON_DEPTH)
+    deep["resource"]["labels"] = nested(MAX_INPUT_DEPTH)
     decision = shipped.decide(deep)
     assert (decision.decision, decision.reasons) == ("deny", (POLICY_ERROR,))
 

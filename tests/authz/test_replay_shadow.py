@@ -144,3 +144,26 @@ def test_replay_refuses_unreadable_sources(tmp_path):
     assert code == 2 and "--log" in text
 
 
+
+
+def test_replay_text_lists_the_unexpected_changes_first(recorded, tmp_path):
+    """With --expect, the text report opens with the changes no expectation lists (all of them,
+    not --examples per group), before the expected groups."""
+    path, made = recorded
+    candidate = candidate_without_carols_role(tmp_path / "candidate")
+    expect = tmp_path / "expect.yaml"
+    expect.write_text(yaml.safe_dump({"expect": [
+        {"transition": "allow->deny", "subject": "carol", "action": "storage.*"}]}))
+    code, text = call("replay", "--log", str(path), "--policies", str(candidate),
+                      "--expect", str(expect), "--examples", "1")
+    assert code == 1
+    lines = [line for line in text.splitlines() if not line.startswith("policies:")]
+    unexpected = [d for d, _ in made if d["principal"]["subject_id"] == "carol"
+                  and not d["action"].startswith("storage.")
+                  and d["action"] in ("databases.list", "compose.import", "tasks.read",
+                                      "approvals.read", "approvals.list", "policy.read")]
+    assert lines[1].startswith(f"{len(unexpected)} change(s) not listed in {expect}"), lines[:3]
+    listed = lines[2: 2 + len(unexpected)]
+    assert all("UNEXPECTED" in line and " carol " in line for line in listed)
+    assert not any(" storage.list " in line for line in listed)
+    assert lines[2 + len(unexpected)].startswith("  allow->deny:")
