@@ -158,10 +158,18 @@ resource_reasons(inp) := array.concat(
 	data.environments[inp.env].release_gate == true
 } else := []
 
+# A label after a "-" that is, or starts, "rc" or "beta" ("3.0.0-rc", "2.1-beta.2", "1.0-rc-1").
+# No regex: the version is the caller's string (up to 256 KiB), and regopy's regex engine
+# crashes the process on long ones (policies/README.md, "Strings the caller controls").
 pre_release(inp) if {
 	is_string(inp.resource.value.version)
-	regex.match(`-(rc|beta)([.-]|$)`, inp.resource.value.version)
+	some label in array.slice(split(inp.resource.value.version, "-"), 1, 1000000)
+	pre_release_label(label)
 }
+
+pre_release_label(label) if label in {"rc", "beta"}
+
+pre_release_label(label) if strings.any_prefix_match(label, ["rc.", "beta."])
 
 not_app_owner(inp) if {
 	team := data.apps[inp.resource.value.app].team

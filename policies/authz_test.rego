@@ -245,6 +245,17 @@ test_unlisted_release_and_dev_unchanged if {
 	authz.decide(dev).decision == "allow"
 }
 
+test_pre_release_labels if {
+	every v in ["1.0-rc", "1.0-rc.2", "1.0-rc-1", "2.1-beta", "2.1-beta.3", "1-2-beta", "1.0-rc-"] {
+		authz.pre_release({"resource": {"value": {"version": v}}})
+	}
+	released := [v |
+		some v in ["1.0", "1.0-rcx", "1.0-src", "1.0-rc1", "1.0rc", "rc", "1.0-release", "1.0-"]
+		authz.pre_release({"resource": {"value": {"version": v}}})
+	]
+	released == []
+}
+
 test_a_version_that_is_not_a_string_is_no_pre_release if {
 	r := run_of(req("alice", "human", "installer.run.execute", "staging", [all_envs]), "web", 3, [])
 	authz.decide(r).decision == "allow"
