@@ -34,9 +34,11 @@ from ..appkeys import (
     STORE,
     STREAMS,
 )
+from ..approvals.policy import reviewer_candidates, suggested_reviewers
 from ..approvals.tickets import ticket_view
 from ..authn.errors import AuthnError, InvalidToken
 from ..authn.principal import ANONYMOUS, Principal
+from ..authn.stepup import METHOD_OIDC
 from ..authz import actions
 from ..errors import Forbidden, Problem, Unauthorized, to_problem
 from ..run import Outcome, Protection, Run, Target, Write
@@ -428,21 +430,33 @@ def _ticket_builder(request: web.Request, found: cookies.ConsoleSession, error: 
 async def _ticket_markup(request: web.Request, store: Any, ticket: TicketRecord,
                          found: cookies.ConsoleSession, principal: Principal, error: str | None,
                          reason: str) -> Markup:
-    now, config = clock.now(), request.app[CONFIG]
+    now, config, engine = clock.now(), request.app[CONFIG], request.app[ENGINE]
     records, _ = await queries.ticket_records(store, ticket)
-    refusal = queries.review_refusal(request.app[ENGINE], principal, ticket, now)
-    if refusal is None:
+    # The review endpoint's own decision (``check_review``), dry-run for an approval: a refusal
+    # names the role or group that is missing; one that only an approval meets (a group still
+    # missing) leaves the person free to reject.
+    refusal = queries.review_refusal(engine, principal, ticket, now, "approve")
+    may_reject = refusal is not None and queries.review_refusal(engine, principal, ticket,
+                                                                now) is None
+    if refusal is None or may_reject:
         needs = config.is_production(ticket.env) and not principal.step_up_verified(
             now, config.authn.step_up_window_s)
         form = pages.review_form(ticket.id, csrf=found.csrf, needs_step_up=needs or
-                                 error in ("step_up_required", "otp_invalid"), reason=reason)
-    elif refusal == "state_conflict":
+                                 error in ("step_up_required", "otp_invalid"), reason=reason,
+                                 sso=principal.authn_method == METHOD_OIDC)
+        if refusal is not None:
+            form = Markup(pages.cannot_review(refusal.code, refusal.detail) + form)
+    elif refusal.code == "state_conflict":
         form = Markup("")
     else:
-        form = pages.cannot_review(refusal)
+        form = pages.cannot_review(refusal.code, refusal.detail)
+    suggested = suggested_reviewers(
+        engine, config, await reviewer_candidates(store, request.app[AUTHENTICATOR].identities),
+        ticket, now) if ticket.state == "pending" else None
     return pages.ticket_page(_view(ticket), timeline=queries.timeline(records),
                              policy_reasons=queries.policy_reasons(records), review_form=form,
-                             who=principal.subject_id, csrf=found.csrf, error=error)
+                             who=principal.subject_id, csrf=found.csrf, error=error,
+                             reviewers=suggested)
 
 
 @routes.get("/console/tickets/{id}/events")
