@@ -151,9 +151,13 @@ def adopt_step_up(api: http.Client, answer: Any) -> dict[str, Any]:
     from then on, and the credentials file keeps it when the old one came from there."""
     _need_token(answer)
     if api.from_store:
+        # The new renewal credential is a stepped one: renewals keep the step-up (its age
+        # still counts from this step-up, never from a renewal).
         store = CredentialStore()
         previous = store.get(api.base_url) or {}
-        store.put(api.base_url, http.token_entry(answer, previous.get("subject_id")))
+        entry = http.token_entry(answer, previous.get("subject_id"))
+        store.put(api.base_url, entry)
+        api.adopt_entry(entry)
     api.token = answer["access_token"]
     return dict(answer)
 
