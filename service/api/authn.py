@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import clock
-from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, CONFIG, PRINCIPAL, STORE
+from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, CONFIG, ENGINE, PRINCIPAL, STORE
 from ..authn.principal import Principal
 from ..authn.sessions import Authenticator, IssuedToken
 from ..body import read_json
@@ -76,10 +76,15 @@ async def create_session(request: web.Request) -> web.Response:
 @routes.get("/api/v1/authn/sessions/current")
 @public
 async def current_session(request: web.Request) -> web.Response:
-    """The caller's principal (the same document the policy sees)."""
+    """The caller's principal (the same document the policy sees), with the roles and groups
+    the serving policy data gives them: those the IdP groups of an OIDC session are bound to
+    included (read at this moment, never from the token)."""
     principal = _caller(request)
     config = request.app[CONFIG]
-    return web.json_response(principal.to_input(clock.now(), config.authn.step_up_window_s))
+    doc = principal.to_input(clock.now(), config.authn.step_up_window_s)
+    facts = request.app[ENGINE].facts(principal.subject_id, "approvals.read", principal.idp_groups)
+    doc["roles"], doc["groups"] = sorted(facts["roles"]), sorted(facts["groups"])
+    return web.json_response(doc)
 
 
 @routes.delete("/api/v1/authn/sessions/current")

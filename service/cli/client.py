@@ -58,6 +58,7 @@ __all__ = [
     "guarded",
     "report_error",
     "server_url",
+    "signed_in_with_sso",
     "write_private",
 ]
 
@@ -155,6 +156,35 @@ _HINTS = {
 }
 
 
+# For a person signed in through single sign-on (no one-time codes): the provider instead.
+_SSO_HINTS = {
+    "step_up_required": "run `cpctl step-up --sso` (sign in again at your provider) and try again",
+    "insufficient_user_authentication": "run `cpctl step-up --sso` (sign in again at your "
+                                        "provider) and try again",
+    "unauthenticated": "run `cpctl login --sso` first",
+    "invalid_token": "the token is no longer valid; run `cpctl login --sso`",
+    "token_expired": "the session ended; run `cpctl login --sso`",
+    "session_revoked": "the session was ended; run `cpctl login --sso`",
+    "session_inactive": "the session is no longer active; run `cpctl login --sso`",
+}
+
+
+def signed_in_with_sso(server: str | None) -> bool:
+    """Whether the stored session for ``server`` (``--server`` or its defaults) was opened
+    through single sign-on (OIDC): such a person steps up at the provider, with no TOTP."""
+    try:
+        entry = CredentialStore().get(server_url(server))
+    except UsageError:
+        return False
+    return entry is not None and entry.get("authn_method") == "oidc"
+
+
+def _signed_in_with_sso(args: argparse.Namespace) -> bool:
+    if getattr(args, "token", None) or os.environ.get("CONTROLPLANE_TOKEN"):
+        return False  # not the stored session
+    return signed_in_with_sso(getattr(args, "server", None))
+
+
 def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Run a command handler; report client errors as one stderr line and an exit code."""
 
@@ -180,7 +210,8 @@ def report_error(args: argparse.Namespace, exc: ClientError | ConnectionFailed |
     prog = _prog(args)
     if isinstance(exc, ClientError):
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        hint = _HINTS.get(exc.code)
+        hint = (_SSO_HINTS.get(exc.code) if _signed_in_with_sso(args) else None) or _HINTS.get(
+            exc.code)
         if hint:
             print(f"{prog}: hint: {hint}", file=sys.stderr)
         doc = exc.as_json()
@@ -324,7 +355,7 @@ class Client:
             raise ClientError(0, "bad_response", "the server renewed without an access token")
         store = CredentialStore()
         previous = store.get(self.base_url) or {}
-        entry = token_entry(answer, previous.get("subject_id"))
+        entry = {**previous, **token_entry(answer, previous.get("subject_id"))}
         entry.setdefault("refresh_token", self.refresh_token)
         if self.from_store:
             store.put(self.base_url, entry)
