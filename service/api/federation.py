@@ -80,24 +80,38 @@ async def providers(request: web.Request) -> web.Response:
 
 
 async def _start(request: web.Request, purpose: str, session_id: str | None) -> web.Response:
-    federation = _federation(request)
     query = request.query
     console_path = query.get("next") if purpose == "login" else None
     if console_path is not None and (safe_next(console_path) != console_path
                                      or "cli_redirect" in query):
         raise BadRequest("next must be a console path (/console/...) and cannot go with "
                          "cli_redirect", code="invalid_request")
+    return await start(request, request.match_info["provider"], purpose, session_id,
+                       console_path, cli_redirect=query.get("cli_redirect"),
+                       cli_challenge=query.get("cli_challenge"))
+
+
+async def start(request: web.Request, provider: str, purpose: str, session_id: str | None,
+                console_path: str | None, *, cli_redirect: str | None = None,
+                cli_challenge: str | None = None) -> web.Response:
+    """Start a sign-in (``login``) or a step-up (``step_up`` of ``session_id``) at ``provider``.
+
+    With ``console_path`` the browser is sent to the provider (302) and the callback ends in
+    the console, landing there: a console session (sign-in), or the console session stepped up
+    (step-up: the console's "Confirm at the sign-in provider" button). A bearer step-up (API,
+    CLI) gets the URL to open instead (201)."""
+    federation = _federation(request)
     try:
         url, browser = await federation.oidc.start(
-            request.app[STORE].require(), request.match_info["provider"], clock.now(),
-            purpose=purpose, session_id=session_id, cli_redirect=query.get("cli_redirect"),
-            cli_challenge=query.get("cli_challenge"),
+            request.app[STORE].require(), provider, clock.now(),
+            purpose=purpose, session_id=session_id, cli_redirect=cli_redirect,
+            cli_challenge=cli_challenge,
         )  # fmt: skip
     except SignInRefused as exc:
         raise _refused(exc) from None
     except ProviderUnavailable:
         raise _unavailable() from None
-    if purpose == "step_up":
+    if purpose == "step_up" and console_path is None:
         # A bearer request (API or CLI) gets the URL to open; the pending request is bound to
         # the caller's session instead of a browser (the IdP must return the same person).
         response: web.Response = web.json_response({"authorization_url": url}, status=201)
@@ -183,6 +197,12 @@ async def _signed_in(request: web.Request, result: CallbackResult,
     if console_path is not None and result.purpose == "login":
         return await console_sso.signed_in(request, _authenticator(request), result.issued,
                                            console_path)
+    if console_path is not None and result.purpose == "step_up":
+        if not result.browser_bound:
+            # A console step-up ends in a console cookie: only in the browser that asked.
+            return console_sso.refused(request, "sso_failed", console_path)
+        return await console_sso.signed_in(request, _authenticator(request), result.issued,
+                                           console_path, stepped=True)
     return web.json_response(_token_body(result.issued), status=201)
 
 

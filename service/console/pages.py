@@ -83,6 +83,7 @@ MESSAGES: Mapping[str, str] = {
     "reviewer_group_required": "This ticket still needs an approval from another group.",
     "step_up_required": "Confirm with a one-time code from your authenticator to review this ticket.",
     "otp_invalid": "That one-time code was not accepted. Enter the current code.",
+    "step_up_required_sso": "Confirm at your sign-in provider to review this ticket.",
     "step_up_not_available": "Your account cannot step up (no authenticator enrolled).",
     "login_throttled": "Too many attempts. Wait a moment and try again.",
     "invalid_credentials": "Unknown user or wrong password.",
@@ -357,7 +358,7 @@ def review_form(ticket_id: str, *, csrf: str, needs_step_up: bool, reason: str =
     for a person signed in through single sign-on the button that confirms at the provider."""
     otp = Markup("")
     if needs_step_up and sso:
-        return Markup(sso_step_up_form(ticket_id, csrf=csrf) + review_form(
+        return Markup(sso_step_up_form(ticket_id) + review_form(
             ticket_id, csrf=csrf, needs_step_up=False, reason=reason))
     if needs_step_up:
         otp = Markup("""<p class="stepup"><label for="otp">One-time code (step-up)</label>
@@ -376,15 +377,13 @@ $otp
 </form>""", id=ticket_id, csrf=csrf, otp=otp, reason=reason)
 
 
-def sso_step_up_form(ticket_id: str, *, csrf: str) -> Markup:
+def sso_step_up_form(ticket_id: str) -> Markup:
     """Step up by signing in again at the provider (in this browser), back to the ticket."""
-    return render("""<form class="card stepup" method="post" action="/console/tickets/$id/step-up">
-<input type="hidden" name="csrf" value="$csrf">
-<p id="sso-step-up-help">Reviewing a production ticket needs a recent confirmation: sign in
-again at your sign-in provider; you come back to this ticket.</p>
-<p class="buttons"><button type="submit" aria-describedby="sso-step-up-help">Confirm at the
-sign-in provider</button></p>
-</form>""", id=ticket_id, csrf=csrf)
+    return render("""<p class="card stepup"><span id="sso-step-up-help">Reviewing a production
+ticket needs a recent confirmation: sign in again at your sign-in provider; you come back to
+this ticket.</span>
+<a class="button" id="sso-step-up" href="/console/tickets/$id/step-up"
+ aria-describedby="sso-step-up-help">Confirm at the sign-in provider</a></p>""", id=ticket_id)
 
 
 def cannot_review(code: str, detail: str | None = None) -> Markup:

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from .. import chain, clock
 from ..api import approvals as api_approvals
+from ..api import federation as api_federation
 from ..appkeys import (
     AUTHENTICATOR,
     CONFIG,
@@ -432,6 +433,7 @@ async def _ticket_markup(request: web.Request, store: Any, ticket: TicketRecord,
                          reason: str) -> Markup:
     now, config, engine = clock.now(), request.app[CONFIG], request.app[ENGINE]
     records, _ = await queries.ticket_records(store, ticket)
+    sso = principal.authn_method == METHOD_OIDC
     # The review endpoint's own decision (``check_review``), dry-run for an approval: a refusal
     # names the role or group that is missing; one that only an approval meets (a group still
     # missing) leaves the person free to reject.
@@ -443,7 +445,7 @@ async def _ticket_markup(request: web.Request, store: Any, ticket: TicketRecord,
             now, config.authn.step_up_window_s)
         form = pages.review_form(ticket.id, csrf=found.csrf, needs_step_up=needs or
                                  error in ("step_up_required", "otp_invalid"), reason=reason,
-                                 sso=principal.authn_method == METHOD_OIDC)
+                                 sso=sso)
         if refusal is not None:
             form = Markup(pages.cannot_review(refusal.code, refusal.detail) + form)
     elif refusal.code == "state_conflict":
@@ -455,8 +457,9 @@ async def _ticket_markup(request: web.Request, store: Any, ticket: TicketRecord,
         ticket, now) if ticket.state == "pending" else None
     return pages.ticket_page(_view(ticket), timeline=queries.timeline(records),
                              policy_reasons=queries.policy_reasons(records), review_form=form,
-                             who=principal.subject_id, csrf=found.csrf, error=error,
-                             reviewers=suggested)
+                             who=principal.subject_id, csrf=found.csrf,
+                             error="step_up_required_sso" if sso and error == "step_up_required"
+                             else error, reviewers=suggested)
 
 
 @routes.get("/console/tickets/{id}/events")
@@ -528,6 +531,36 @@ async def review(request: web.Request) -> web.StreamResponse:
     if new_cookie is not None:
         cookies.set_cookie(request, response, new_cookie)
     return response
+
+
+@routes.get("/console/tickets/{id}/step-up")
+@console()
+async def sso_step_up(request: web.Request) -> web.StreamResponse:
+    """"Confirm at the sign-in provider": a person signed in through OpenID Connect steps up by
+    signing in again at that provider (in this browser), then lands on the ticket again with
+    the console session stepped up (``federated.py``). Nothing is reviewed here.
+
+    A link, not a form: the console's CSP (``form-action 'self'``) rightly stops a form post
+    from being redirected to another site. A page elsewhere cannot start it for someone either:
+    the console cookie (``SameSite=Strict``) does not come with a navigation from another site,
+    and without a console session this only leads to the sign-in page."""
+    found = await _session(request)
+    if found is None:
+        return _to_login(request)
+    try:
+        back = cookies.safe_next(f"/console/tickets/{request.match_info['id']}")
+        facts = None
+        if found.principal.authn_method == METHOD_OIDC:
+            facts = await request.app[STORE].require().get_federated_session(
+                found.principal.session_id)
+        if facts is None or back == "/console/":
+            raise Forbidden("this session does not step up at a sign-in provider",
+                            code="step_up_not_available")
+        response = await api_federation.start(request, facts.provider, "step_up",
+                                              found.principal.session_id, back)
+    except Problem as problem:
+        return _problem_page(request, problem, found)
+    return _secure(response)
 
 
 async def _step_up(request: web.Request, found: cookies.ConsoleSession, otp: str

@@ -8,21 +8,34 @@ is in the reviewer group production tickets need; sam has the same IdP group but
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import re
 import shutil
 import time
 import uuid
 from html import unescape
+from pathlib import Path
 
 import pytest
 
 from service.app import create_app
 from service.appkeys import AUTHENTICATOR, CONFIG, ENGINE, STORE
+from service.authn import totp
 from service.notifications.reviewers import reviewers_of
 from service.store.base import OutboxEvent
-from tests.auth import bearer
+from tests.auth import TOTP_SECRETS, bearer
 from tests.authn.openid_provider import CLIENT_ID, CLIENT_SECRET, Browser, openid_provider, url
-from tests.console.console import request_ticket
+from tests.console.console import Visitor, request_ticket, token_of
+from tests.console.test_console_browser import (  # noqa: F401 (browser_required: a fixture)
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    browser_required,
+    execute,
+    start_cpctl,
+)
+from tests.cpctl import PROCESS_TIMEOUT_S, finish
 from tests.servers import REPO, EdgeTestServer
 
 ACCOUNTS = {
@@ -136,3 +149,143 @@ async def test_an_sso_approver_reviews_in_the_console_as_through_the_api(app_cli
     finally:
         for browser in (rita, sam, sam_cli):
             await browser.close()
+
+
+async def test_an_sso_approver_steps_up_at_the_provider_in_the_console(app_client):
+    """The production ticket's page offers "Confirm at the sign-in provider": it sends the
+    browser to the provider for a fresh login, and back to the ticket with the console session
+    stepped up; the approval then goes through."""
+    client = app_client
+    ticket = await request_ticket(client, "alice")
+    path = f"/console/tickets/{ticket['id']}"
+    rita = Browser()
+    try:
+        await console_sign_in(client, rita, "rita")
+        page = await console_page(client, rita, path)
+        assert f'href="{path}/step-up"' in page and 'name="otp"' not in page, page
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert csrf is not None
+        # Approving before stepping up is refused, saying where to confirm (not a TOTP code).
+        async with rita.http.post(url(client, f"{path}/review"), allow_redirects=False,
+                                  data={"csrf": csrf.group(1), "decision": "approve"}) as resp:
+            assert resp.status == 401, await resp.text()
+            assert 'data-code="step_up_required_sso"' in await resp.text()
+        async with rita.http.get(url(client, f"{path}/step-up"), allow_redirects=False) as resp:
+            assert resp.status == 302, await resp.text()
+            to_provider = resp.headers["Location"]
+        assert "prompt=login" in to_provider and "max_age=0" in to_provider
+        logins = rita.logins
+        status, _, landed = await rita.go(to_provider, login="rita")
+        assert status == 200 and rita.logins == logins + 1  # signed in again at the provider
+        assert f"url={path}" in landed or path in landed
+
+        page = await console_page(client, rita, path)
+        assert f'href="{path}/step-up"' not in page, page
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert csrf is not None
+        async with rita.http.post(url(client, f"{path}/review"), allow_redirects=False,
+                                  data={"csrf": csrf.group(1), "decision": "approve",
+                                        "reason": "CHG-7"}) as resp:
+            assert resp.status == 303, await resp.text()
+        response = await client.get(f"/api/v1/approvals/{ticket['id']}",
+                                    headers=bearer(await token_of(client, "alice")))
+        approved = await response.json()
+        assert approved["state"] == "approved", approved
+        assert [r["reviewer"] for r in approved["reviews"]] == [RITA]
+
+    finally:
+        await rita.close()
+    # Without a console session (e.g. a navigation from another site, which does not carry the
+    # SameSite=Strict cookie) it starts nothing: the sign-in page.
+    response = await client.get(f"{path}/step-up", allow_redirects=False)
+    assert response.status == 303 and response.headers["Location"].startswith("/console/login")
+    # A password session has no provider to confirm at.
+    bob = Visitor(client)
+    try:
+        assert (await bob.sign_in("bob")).status == 303
+        response = await bob.get(f"{path}/step-up")
+        assert response.status == 403
+        assert 'data-code="step_up_not_available"' in await response.text()
+    finally:
+        await bob.close()
+
+
+@pytest.mark.usefixtures("browser_required")
+async def test_an_sso_approver_approves_in_a_real_browser_and_the_run_executes(
+        app_client, tmp_path: Path) -> None:
+    """Real Chromium against the test provider: rita (approver through her IdP group) signs in
+    with "Sign in with Test IdP", sees alice's waiting production run in her inbox, confirms at
+    the provider (a fresh login there) and approves; alice's waiting ``cpctl installer run``
+    then runs with the ticket."""
+    from playwright.async_api import async_playwright, expect
+
+    artifacts = Path(os.environ.get("CONTROLPLANE_TEST_ARTIFACTS") or tmp_path) / "console"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    base = str(app_client.make_url("")).rstrip("/")
+    task_id, resource = "release-sso-7", {"app": "web", "version": "7.0.0"}
+    running = None
+    async with async_playwright() as pw:
+        chromium = await pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = await (await chromium.new_context(viewport={"width": 1100, "height": 900})
+                          ).new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+
+            async def at_provider() -> None:
+                """The provider's own login form, as the person fills it in."""
+                try:
+                    await page.locator('input[name="login"]').wait_for(timeout=10_000)
+                except Exception:
+                    raise AssertionError((page.url, await page.content())) from None
+                await page.locator('input[name="login"]').fill("rita")
+                await page.locator('input[name="password"]').fill("any-password")
+                await page.get_by_role("button", name="Sign-in").click()
+
+            await page.goto(base + "/console/")
+            await page.get_by_role("link", name="Sign in with Test IdP").click()
+            await at_provider()
+            await expect(page.get_by_role("heading", name="Inbox")).to_be_visible()
+            await expect(page.locator("header .who")).to_have_text(RITA)
+
+            # alice starts the production run; her cpctl requests the ticket and waits.
+            running = await asyncio.to_thread(
+                start_cpctl, base, tmp_path / "home", "alice", "installer", "run", "--task-id",
+                task_id, "--env", "prod", "--resource", json.dumps(resource),
+                "--reason", "release 7.0.0 (CHG-7)",
+                "--otp", totp.code_at(TOTP_SECRETS["alice"], time.time()))
+
+            # rita's open inbox shows it (her role comes from her IdP group).
+            row = page.locator("#inbox li[data-ticket]")
+            await expect(row).to_be_visible(timeout=PROCESS_TIMEOUT_S * 1000)
+            ticket_id = await row.get_attribute("data-ticket")
+            assert ticket_id
+            await page.screenshot(path=str(artifacts / "sso-inbox.png"), full_page=True)
+            await row.get_by_role("link").click()
+            await expect(page.locator("#state")).to_have_text("pending")
+            await expect(page.locator("#reviewers")).to_contain_text(RITA)
+
+            # Step up at the provider: a fresh login there, back on the ticket.
+            await page.get_by_role("link", name="Confirm at the sign-in provider").click()
+            await at_provider()
+            await expect(page.locator("#state")).to_have_text("pending")
+            assert page.url == f"{base}/console/tickets/{ticket_id}", page.url
+            await expect(page.get_by_role("link", name="Confirm at the sign-in provider")
+                         ).to_have_count(0)
+            await page.get_by_label("Reason").fill("CHG-7 approved")
+            await page.get_by_role("button", name="Approve").click()
+            await expect(page.locator("#state")).to_have_text(re.compile(r"approved|consumed"))
+            await page.screenshot(path=str(artifacts / "sso-approved.png"), full_page=True)
+
+            # alice's waiting cpctl runs with the ticket; the executor reports its steps.
+            await asyncio.to_thread(execute, base, task_id, running)
+            code, out, err = await asyncio.to_thread(finish, running)
+            assert code == 0, (out, err)
+            assert f"run accepted: task {task_id}, ticket {ticket_id} consumed" in out, out
+            await expect(page.locator("#state")).to_have_text("consumed", timeout=10_000)
+            assert errors == [], errors
+        finally:
+            if running is not None and running.poll() is None:
+                running.kill()
+                running.communicate()
+            await chromium.close()
