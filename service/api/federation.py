@@ -67,6 +67,17 @@ def _redirect(location: str) -> web.Response:
     return web.Response(status=302, headers={"Location": location})
 
 
+def _cookie(federation: Federation, name: str) -> tuple[str, str, bool]:
+    """``(name, path, secure)`` of a sign-in cookie (the browser binding, the console marker).
+
+    When the callback is served over HTTPS (``redirect_base_url``): ``__Host-<name>``,
+    ``Path=/``, ``Secure``, so a sibling subdomain cannot plant a binding of its own (a login
+    CSRF). Over plain HTTP (local development) the plain name on the sign-in paths."""
+    if federation.oidc.config.redirect_base_url.startswith("https://"):
+        return "__Host-" + name, "/", True
+    return name, "/api/v1/authn/oidc/", False
+
+
 def _unavailable() -> ServiceUnavailable:
     return ServiceUnavailable("the identity provider cannot be reached; try again later",
                               code="identity_provider_unavailable", headers={"Retry-After": "5"})
@@ -117,21 +128,18 @@ async def start(request: web.Request, provider: str, purpose: str, session_id: s
         response: web.Response = web.json_response({"authorization_url": url}, status=201)
     else:
         response = _redirect(url)
-    response.set_cookie(
-        BROWSER_COOKIE, browser, max_age=federation.oidc.config.login_ttl_s, httponly=True,
-        samesite="Lax", path="/api/v1/authn/oidc/",
-        secure=federation.oidc.config.redirect_base_url.startswith("https://"),
-    )  # fmt: skip
+    ttl = federation.oidc.config.login_ttl_s
+    name, path, secure = _cookie(federation, BROWSER_COOKIE)
+    response.set_cookie(name, browser, max_age=ttl, httponly=True, samesite="Lax", path=path,
+                        secure=secure)
+    name, path, secure = _cookie(federation, console_sso.MARKER_COOKIE)
     if console_path is not None:
-        # A console sign-in: the callback ends in a console cookie session, landing here.
-        response.set_cookie(
-            console_sso.MARKER_COOKIE, console_sso.marker(browser, console_path),
-            max_age=federation.oidc.config.login_ttl_s, httponly=True, samesite="Lax",
-            path="/api/v1/authn/oidc/",
-            secure=federation.oidc.config.redirect_base_url.startswith("https://"),
-        )  # fmt: skip
+        # A console sign-in (or step-up): the callback ends in a console cookie session,
+        # landing here.
+        response.set_cookie(name, console_sso.marker(browser, console_path), max_age=ttl,
+                            httponly=True, samesite="Lax", path=path, secure=secure)
     else:
-        response.del_cookie(console_sso.MARKER_COOKIE, path="/api/v1/authn/oidc/")
+        response.del_cookie(name, path=path)
     response.headers["Cache-Control"] = "no-store"
     return response
 
@@ -162,8 +170,10 @@ async def callback(request: web.Request) -> web.Response:
     hand off to the CLI's loopback port, or set the console's cookie for a console sign-in)."""
     federation = _federation(request)
     authenticator = _authenticator(request)
-    browser = request.cookies.get(BROWSER_COOKIE)
-    console_path = console_sso.console_next(request.cookies.get(console_sso.MARKER_COOKIE), browser)
+    browser_name, browser_path, _ = _cookie(federation, BROWSER_COOKIE)
+    marker_name, marker_path, _ = _cookie(federation, console_sso.MARKER_COOKIE)
+    browser = request.cookies.get(browser_name)
+    console_path = console_sso.console_next(request.cookies.get(marker_name), browser)
     try:
         result = await federation.oidc.callback(
             authenticator, request.match_info["provider"], request.query, browser, clock.now()
@@ -180,9 +190,9 @@ async def callback(request: web.Request) -> web.Response:
         response = console_sso.refused(request, "identity_provider_unavailable", console_path)
     else:
         response = await _signed_in(request, result, console_path)
-    response.del_cookie(BROWSER_COOKIE, path="/api/v1/authn/oidc/")
+    response.del_cookie(browser_name, path=browser_path)
     if console_path is not None:
-        response.del_cookie(console_sso.MARKER_COOKIE, path="/api/v1/authn/oidc/")
+        response.del_cookie(marker_name, path=marker_path)
     response.headers["Cache-Control"] = "no-store"
     return response
 

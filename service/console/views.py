@@ -207,7 +207,7 @@ async def login_form(request: web.Request) -> web.StreamResponse:
     """The sign-in form, with a pre-session CSRF token (double-submitted as a cookie)."""
     if await _session(request) is not None:
         return redirect(_safe_next(request.query.get("next")))
-    token = request.cookies.get(LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
+    token = cookies.presented(request, LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
     next_path = _safe_next(request.query.get("next"))
     # A refused single sign-on comes back here naming why (only codes the page explains).
     sso_error = request.query.get("sso_error")
@@ -232,7 +232,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     """Password sign-in: opens a store session (as ``POST /api/v1/authn/sessions`` does) and
     sets the console cookie for it; the access token never leaves the server."""
     form = await _form(request)
-    _check_csrf(request, request.cookies.get(LOGIN_CSRF_COOKIE), form)
+    _check_csrf(request, cookies.presented(request, LOGIN_CSRF_COOKIE), form)
     subject, password = form.get("subject_id", "")[:200], form.get("password", "")
     next_path = _safe_next(form.get("next"))
     authenticator, now = request.app[AUTHENTICATOR], clock.now()

@@ -16,6 +16,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from http.cookies import SimpleCookie
 from typing import Any
 
 import aiohttp
@@ -635,6 +636,27 @@ async def test_cpctl_login_sso_completes_through_the_loopback_redirect(app_clien
     assert proc.returncode == 0, err.decode()
     stored = json.loads((tmp_path / "credentials.json").read_text())["servers"][server]
     assert (await whoami(browser, app_client, stored["access_token"]))["step_up"]["verified"]
+
+
+async def test_sign_in_cookies_use_the_host_prefix_when_served_over_https(
+        aiohttp_client, make_config, issuer):
+    """Behind HTTPS (``redirect_base_url``) the browser binding and the console marker are
+    ``__Host-`` cookies (Secure, Path=/, no Domain): a sibling subdomain cannot plant its own
+    binding to sign someone in as itself. (Over plain HTTP, as in the other tests here, the
+    plain names on the sign-in paths: the development exception.)"""
+    config = make_config({"authn": {"oidc": {
+        "allow_http_loopback": True, "redirect_base_url": "https://cp.example.test",
+        "providers": providers(issuer)[:1]}}})
+    client = await aiohttp_client(EdgeTestServer(create_app(config)))
+    response = await client.get("/api/v1/authn/oidc/test/login", allow_redirects=False,
+                                params={"next": "/console/"})
+    assert response.status == 302, await response.text()
+    jar = SimpleCookie()
+    for header in response.headers.getall("Set-Cookie"):
+        jar.load(header)
+    assert sorted(jar) == ["__Host-cp_oidc_browser", "__Host-cp_oidc_console"]
+    for cookie in jar.values():
+        assert cookie["secure"] is True and cookie["path"] == "/" and not cookie["domain"]
 
 
 async def test_cpctl_whoami_and_hints_for_an_sso_user(group_client, browser, tmp_path):
