@@ -104,3 +104,40 @@ def test_cpctl_renews_its_token_until_the_session_ends(server, tmp_path: Path) -
     done = cpctl(base, creds, "whoami")
     assert done.returncode == 1 and "401 session_revoked" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_cpctl_approval_request_wait_after_the_first_token_expired(server, tmp_path: Path) -> None:
+    """The issue's case: ``cpctl approval request --wait`` run once the token from ``cpctl
+    login`` has expired (15 minutes by default) requests, waits and reports the approval."""
+    base, proc = server
+    creds = tmp_path / "credentials.json"
+    done = cpctl(base, creds, "login", "alice", "--password-stdin", stdin=PASSWORDS["alice"] + "\n")
+    assert done.returncode == 0, done.stderr
+    wait_expired(base, stored(base, creds)["access_token"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+    env.update({"CONTROLPLANE_URL": base, "CONTROLPLANE_CREDENTIALS": str(creds)})
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "service", "approval", "request", "--env", "prod", "--action",
+         "installer.run.execute", "--resource", '{"app": "web", "version": "9"}', "--reason",
+         "renewal", "--wait", "--json"],
+        cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        bob = Client(base)
+        bob.token = bob.post("/api/v1/authn/sessions", {"subject_id": "bob",
+                                                        "password": PASSWORDS["bob"]},
+                             auth=False)["access_token"]
+        deadline = time.monotonic() + 30
+        while not (items := bob.get("/api/v1/approvals", {"state": "pending",
+                                                          "subject_id": "alice"})["items"]):
+            assert time.monotonic() < deadline and waiting.poll() is None, waiting.communicate()
+            time.sleep(0.3)
+        bob.token = bob.post("/api/v1/authn/step-up", {"otp": otp("bob", proc)})["access_token"]
+        bob.post(f"/api/v1/approvals/{items[0]['id']}/reviews", {"decision": "approve"})
+        out, err = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
+    assert waiting.returncode == 0, (out, err)
+    assert json.loads(out)["state"] == "approved", out
