@@ -103,7 +103,8 @@ async def signed_in(request: web.Request, authenticator: Authenticator, issued: 
     value, _ = cookies.issue(authenticator, principal, expires_at=expires, now=now,
                              stepped=stepped and principal.step_up_at is not None)
     response = web.Response(
-        text=pages.signed_in_page(who=principal.subject_id, next_path=next_path),
+        text=pages.signed_in_page(who=principal.subject_id, next_path=next_path,
+                                  stepped=stepped),
         content_type="text/html", charset="utf-8", headers={"Refresh": f"0; url={next_path}"})
     pages.secure(response)
     cookies.set_cookie(request, response, value)

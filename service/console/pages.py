@@ -165,13 +165,14 @@ $sso""", alert=_alert(error), csrf=csrf, next=next_path, subject=subject, sso=ss
     return layout("Sign in", body)
 
 
-def signed_in_page(*, who: str, next_path: str) -> Markup:
-    """After a single sign-on: where the browser goes next (it follows the ``Refresh`` header
-    the page is served with; the link is there for the person)."""
-    body = render('<p>Signed in as <strong>$who</strong>.</p>'
+def signed_in_page(*, who: str, next_path: str, stepped: bool = False) -> Markup:
+    """After a single sign-on (or a step-up at the provider): where the browser goes next (it
+    follows the ``Refresh`` header the page is served with; the link is there for the person)."""
+    done = "Confirmed at the sign-in provider as" if stepped else "Signed in as"
+    body = render('<p>$done <strong>$who</strong>.</p>'
                   '<p><a id="continue" href="$next">Continue to the console</a></p>',
-                  who=who, next=next_path)
-    return layout("Signed in", body)
+                  done=done, who=who, next=next_path)
+    return layout("Confirmed" if stepped else "Signed in", body)
 
 
 def error_page(status: int, code: str, *, who: str | None = None, csrf: str | None = None

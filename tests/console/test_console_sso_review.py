@@ -177,7 +177,7 @@ async def test_an_sso_approver_steps_up_at_the_provider_in_the_console(app_clien
         logins = rita.logins
         status, _, landed = await rita.go(to_provider, login="rita")
         assert status == 200 and rita.logins == logins + 1  # signed in again at the provider
-        assert f"url={path}" in landed or path in landed
+        assert "Confirmed at the sign-in provider as" in landed and path in landed, landed
 
         page = await console_page(client, rita, path)
         assert f'href="{path}/step-up"' not in page, page
