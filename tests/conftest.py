@@ -63,10 +63,13 @@ E2E_TESTS = frozenset({
     "tests/test_policy_fleet.py",
     "tests/test_policy_shadow_process.py::test_no_shadow_process_outlives_cpctl_serve_workers",
     "tests/console/test_console_browser.py",
+    "tests/console/test_console_sso_review.py::"
+    "test_an_sso_approver_approves_in_a_real_browser_and_the_run_executes",
     "tests/cli/test_serve.py",
     "tests/cli/test_revisions_cli.py",
     "tests/authz/test_cli_policy.py::test_the_cpctl_entry_point_runs_every_policy_subcommand",
     "tests/cli/test_audit_cli.py",
+    "tests/cli/test_token_renewal_cli.py",
     "tests/test_http_edge.py::test_cpctl_serve_streams_end_on_sigterm_and_disconnects_log_nothing",
     "tests/authn/test_token_exchange.py::test_cpctl_login_token_file",
     "tests/cli/test_keyring_cli.py::test_rotation_under_a_running_server",

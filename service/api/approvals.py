@@ -10,8 +10,14 @@ from ..appkeys import AUDIT, AUTHENTICATOR, CONFIG, ENGINE, STORE
 from ..approvals.binding import resource_hash
 from ..approvals.command import Command
 from ..approvals.command import command_hash as bound_command_hash
-from ..approvals.policy import review_target, reviewer_facts, ticket_requirements
-from ..approvals.tickets import decide_review, new_ticket, ticket_view
+from ..approvals.policy import (
+    Reviewer,
+    check_review,
+    review_target,
+    reviewer_facts,
+    ticket_requirements,
+)
+from ..approvals.tickets import new_ticket, ticket_view
 from ..approvals.withdrawal import withdraw_unanswered
 from ..authn import stepup
 from ..authz import actions
@@ -162,18 +168,11 @@ async def review_approval(run: Write) -> Outcome:
     if run.config.is_production(ticket.env):
         stepup.require_fresh(run.principal, run.now, run.config.authn.step_up_window_s,
                              "reviewing a production ticket needs a recent step-up authentication")
-    facts = reviewer_facts(run.request.app[ENGINE], run.principal.subject_id, "approvals.review",
-                           run.principal.idp_groups)
-    outcome = decide_review(
-        ticket,
-        reviewer=run.principal.subject_id,
-        reviewer_kind=run.principal.kind,
-        reviewer_roles=facts.roles,
-        reviewer_groups=facts.groups,
-        decision=run.body["decision"],
-        reason=run.body.get("reason"),
-        now=run.now,
-    )
+    principal = run.principal
+    outcome = check_review(run.request.app[ENGINE], ticket,
+                           Reviewer(principal.subject_id, principal.kind, principal.idp_groups),
+                           decision=run.body["decision"], reason=run.body.get("reason"),
+                           now=run.now)
     updated = await run.tx.add_review(ticket.id, outcome.review, outcome.new_state,
                                       outcome.approved_expires_at, run.now)
     return Outcome(200, ticket_view(updated), audit={

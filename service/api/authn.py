@@ -1,4 +1,4 @@
-"""AuthN self-service: log in, step up, who am I, log out, JWKS.
+"""AuthN self-service: log in, step up, renew, who am I, log out, JWKS.
 
 These routes are outside the policy chain on purpose: logging in is how a principal comes to
 exist, and the others act only on the caller's own session. They are still fail-closed: a route
@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import clock
-from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, CONFIG, PRINCIPAL, STORE
+from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, CONFIG, ENGINE, PRINCIPAL, STORE
 from ..authn.principal import Principal
 from ..authn.sessions import Authenticator, IssuedToken
 from ..body import read_json
@@ -41,12 +41,15 @@ def _caller(request: web.Request) -> Principal:
 
 
 def _token_body(issued: IssuedToken) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "access_token": issued.access_token,
         "token_type": "Bearer",
         "expires_in": issued.expires_in,
         "session_id": issued.session_id,
     }
+    if issued.refresh_token is not None:
+        body["refresh_token"] = issued.refresh_token
+    return body
 
 
 def _client_addr(request: web.Request) -> str | None:
@@ -73,10 +76,15 @@ async def create_session(request: web.Request) -> web.Response:
 @routes.get("/api/v1/authn/sessions/current")
 @public
 async def current_session(request: web.Request) -> web.Response:
-    """The caller's principal (the same document the policy sees)."""
+    """The caller's principal (the same document the policy sees), with the roles and groups
+    the serving policy data gives them: those the IdP groups of an OIDC session are bound to
+    included (read at this moment, never from the token)."""
     principal = _caller(request)
     config = request.app[CONFIG]
-    return web.json_response(principal.to_input(clock.now(), config.authn.step_up_window_s))
+    doc = principal.to_input(clock.now(), config.authn.step_up_window_s)
+    facts = request.app[ENGINE].facts(principal.subject_id, "approvals.read", principal.idp_groups)
+    doc["roles"], doc["groups"] = sorted(facts["roles"]), sorted(facts["groups"])
+    return web.json_response(doc)
 
 
 @routes.delete("/api/v1/authn/sessions/current")
@@ -98,6 +106,19 @@ async def step_up(request: web.Request) -> web.Response:
         principal, body["otp"], clock.now(), _client_addr(request)
     )
     return web.json_response(_token_body(issued), status=201)
+
+
+@routes.post("/api/v1/authn/token/renew")
+@public
+async def renew(request: web.Request) -> web.Response:
+    """Trade the session's renewal credential (``refresh_token`` of a token answer) for a new
+    access token of the same live session: 401 once it is logged out, revoked or expired; the
+    step-up is carried over as it was, never renewed (``authn/renewal.py``)."""
+    body = await read_json(request, "authn-token-renew.schema.json")
+    issued = await _authenticator(request).renew(body["refresh_token"], clock.now())
+    response = web.json_response(_token_body(issued), status=201)
+    response.headers["Cache-Control"] = "no-store"
+    return response
 
 
 @routes.get("/api/v1/authn/jwks.json")

@@ -67,6 +67,17 @@ def _redirect(location: str) -> web.Response:
     return web.Response(status=302, headers={"Location": location})
 
 
+def _cookie(federation: Federation, name: str) -> tuple[str, str, bool]:
+    """``(name, path, secure)`` of a sign-in cookie (the browser binding, the console marker).
+
+    When the callback is served over HTTPS (``redirect_base_url``): ``__Host-<name>``,
+    ``Path=/``, ``Secure``, so a sibling subdomain cannot plant a binding of its own (a login
+    CSRF). Over plain HTTP (local development) the plain name on the sign-in paths."""
+    if federation.oidc.config.redirect_base_url.startswith("https://"):
+        return "__Host-" + name, "/", True
+    return name, "/api/v1/authn/oidc/", False
+
+
 def _unavailable() -> ServiceUnavailable:
     return ServiceUnavailable("the identity provider cannot be reached; try again later",
                               code="identity_provider_unavailable", headers={"Retry-After": "5"})
@@ -80,44 +91,55 @@ async def providers(request: web.Request) -> web.Response:
 
 
 async def _start(request: web.Request, purpose: str, session_id: str | None) -> web.Response:
-    federation = _federation(request)
     query = request.query
     console_path = query.get("next") if purpose == "login" else None
     if console_path is not None and (safe_next(console_path) != console_path
                                      or "cli_redirect" in query):
         raise BadRequest("next must be a console path (/console/...) and cannot go with "
                          "cli_redirect", code="invalid_request")
+    return await start(request, request.match_info["provider"], purpose, session_id,
+                       console_path, cli_redirect=query.get("cli_redirect"),
+                       cli_challenge=query.get("cli_challenge"))
+
+
+async def start(request: web.Request, provider: str, purpose: str, session_id: str | None,
+                console_path: str | None, *, cli_redirect: str | None = None,
+                cli_challenge: str | None = None) -> web.Response:
+    """Start a sign-in (``login``) or a step-up (``step_up`` of ``session_id``) at ``provider``.
+
+    With ``console_path`` the browser is sent to the provider (302) and the callback ends in
+    the console, landing there: a console session (sign-in), or the console session stepped up
+    (step-up: the console's "Confirm at the sign-in provider" button). A bearer step-up (API,
+    CLI) gets the URL to open instead (201)."""
+    federation = _federation(request)
     try:
         url, browser = await federation.oidc.start(
-            request.app[STORE].require(), request.match_info["provider"], clock.now(),
-            purpose=purpose, session_id=session_id, cli_redirect=query.get("cli_redirect"),
-            cli_challenge=query.get("cli_challenge"),
+            request.app[STORE].require(), provider, clock.now(),
+            purpose=purpose, session_id=session_id, cli_redirect=cli_redirect,
+            cli_challenge=cli_challenge,
         )  # fmt: skip
     except SignInRefused as exc:
         raise _refused(exc) from None
     except ProviderUnavailable:
         raise _unavailable() from None
-    if purpose == "step_up":
+    if purpose == "step_up" and console_path is None:
         # A bearer request (API or CLI) gets the URL to open; the pending request is bound to
         # the caller's session instead of a browser (the IdP must return the same person).
         response: web.Response = web.json_response({"authorization_url": url}, status=201)
     else:
         response = _redirect(url)
-    response.set_cookie(
-        BROWSER_COOKIE, browser, max_age=federation.oidc.config.login_ttl_s, httponly=True,
-        samesite="Lax", path="/api/v1/authn/oidc/",
-        secure=federation.oidc.config.redirect_base_url.startswith("https://"),
-    )  # fmt: skip
+    ttl = federation.oidc.config.login_ttl_s
+    name, path, secure = _cookie(federation, BROWSER_COOKIE)
+    response.set_cookie(name, browser, max_age=ttl, httponly=True, samesite="Lax", path=path,
+                        secure=secure)
+    name, path, secure = _cookie(federation, console_sso.MARKER_COOKIE)
     if console_path is not None:
-        # A console sign-in: the callback ends in a console cookie session, landing here.
-        response.set_cookie(
-            console_sso.MARKER_COOKIE, console_sso.marker(browser, console_path),
-            max_age=federation.oidc.config.login_ttl_s, httponly=True, samesite="Lax",
-            path="/api/v1/authn/oidc/",
-            secure=federation.oidc.config.redirect_base_url.startswith("https://"),
-        )  # fmt: skip
+        # A console sign-in (or step-up): the callback ends in a console cookie session,
+        # landing here.
+        response.set_cookie(name, console_sso.marker(browser, console_path), max_age=ttl,
+                            httponly=True, samesite="Lax", path=path, secure=secure)
     else:
-        response.del_cookie(console_sso.MARKER_COOKIE, path="/api/v1/authn/oidc/")
+        response.del_cookie(name, path=path)
     response.headers["Cache-Control"] = "no-store"
     return response
 
@@ -148,8 +170,10 @@ async def callback(request: web.Request) -> web.Response:
     hand off to the CLI's loopback port, or set the console's cookie for a console sign-in)."""
     federation = _federation(request)
     authenticator = _authenticator(request)
-    browser = request.cookies.get(BROWSER_COOKIE)
-    console_path = console_sso.console_next(request.cookies.get(console_sso.MARKER_COOKIE), browser)
+    browser_name, browser_path, _ = _cookie(federation, BROWSER_COOKIE)
+    marker_name, marker_path, _ = _cookie(federation, console_sso.MARKER_COOKIE)
+    browser = request.cookies.get(browser_name)
+    console_path = console_sso.console_next(request.cookies.get(marker_name), browser)
     try:
         result = await federation.oidc.callback(
             authenticator, request.match_info["provider"], request.query, browser, clock.now()
@@ -166,9 +190,9 @@ async def callback(request: web.Request) -> web.Response:
         response = console_sso.refused(request, "identity_provider_unavailable", console_path)
     else:
         response = await _signed_in(request, result, console_path)
-    response.del_cookie(BROWSER_COOKIE, path="/api/v1/authn/oidc/")
+    response.del_cookie(browser_name, path=browser_path)
     if console_path is not None:
-        response.del_cookie(console_sso.MARKER_COOKIE, path="/api/v1/authn/oidc/")
+        response.del_cookie(marker_name, path=marker_path)
     response.headers["Cache-Control"] = "no-store"
     return response
 
@@ -183,6 +207,12 @@ async def _signed_in(request: web.Request, result: CallbackResult,
     if console_path is not None and result.purpose == "login":
         return await console_sso.signed_in(request, _authenticator(request), result.issued,
                                            console_path)
+    if console_path is not None and result.purpose == "step_up":
+        if not result.browser_bound:
+            # A console step-up ends in a console cookie: only in the browser that asked.
+            return console_sso.refused(request, "sso_failed", console_path)
+        return await console_sso.signed_in(request, _authenticator(request), result.issued,
+                                           console_path, stepped=True)
     return web.json_response(_token_body(result.issued), status=201)
 
 

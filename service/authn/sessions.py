@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from ..config import AuthnConfig
 from ..store.base import Conflict, NotFound, SessionRecord, Store, ThrottleRule
-from . import assertions, passwords, totp
+from . import assertions, passwords, renewal, totp
 from .errors import (
     InvalidCredentials,
     InvalidToken,
@@ -83,6 +83,8 @@ class IssuedToken(NamedTuple):
     access_token: str
     expires_in: int
     session_id: str
+    #: A person's renewal credential (``renewal.py``); None for services and agents.
+    refresh_token: str | None = None
 
 
 class Authenticator:
@@ -325,6 +327,29 @@ class Authenticator:
         session = await self._active_session(principal.session_id, now)
         return self._issue(session, now, stepped_up=principal.step_up_at is not None)
 
+    async def renew(self, refresh_token: str, now: float) -> IssuedToken:
+        """A new access token for the live session a renewal credential names (``renewal.py``):
+        refused (an ``InvalidToken`` subclass) once that session is logged out, revoked or
+        expired, or its identity disabled; stepped up only when the credential was issued so,
+        and never a new step-up."""
+        def check() -> renewal.Renewal:
+            return renewal.verify(
+                self.keys, refresh_token, issuer=self.settings.issuer,
+                audience=self.settings.audience, max_lifetime_s=self.settings.session_ttl_s,
+                skew_s=self.settings.clock_skew_s, now=now)
+
+        try:
+            found = check()
+        except UnknownKey:
+            if not isinstance(self.keys, PublishedKeyRing) or not await self.keys.look_up(now):
+                raise
+            found = check()
+        principal = await self.session_principal(found.subject_id, found.kind, found.session_id,
+                                                 stepped=found.stepped, now=now)
+        session = await self._active_session(principal.session_id, now)
+        return self._issue(session, now,
+                           stepped_up=found.stepped and session.step_up_at is not None)
+
     async def revoke(self, principal: Principal, now: float) -> bool:
         """End the principal's session: its tokens fail from now on. False if already ended."""
         if not principal.is_authenticated:
@@ -482,7 +507,14 @@ class Authenticator:
             acr=ACR_STEP_UP if stepped_up else None,
             amr=list(AMR_STEP_UP) if stepped_up else None,
         )
-        return IssuedToken(token, expires_in, session.id)
+        refresh = None
+        if session.kind == "human":
+            # A person's session outlives its tokens: the CLI renews them (``renewal.py``).
+            refresh = renewal.issue(
+                self.keys, issuer=self.settings.issuer, audience=self.settings.audience,
+                subject_id=session.subject_id, kind=session.kind, session_id=session.id,
+                session_expires_at=session.expires_at, now=now, stepped=stepped_up)
+        return IssuedToken(token, expires_in, session.id, refresh)
 
 
 def _refusal(key: str) -> str:

@@ -8,6 +8,12 @@ Where things come from, strongest first:
 - credentials file: ``CONTROLPLANE_CREDENTIALS`` > ``$XDG_CONFIG_HOME/controlplane/credentials.json``
   > ``~/.config/controlplane/credentials.json``; directory 0700, file 0600, replaced atomically.
 
+A person's stored session lasts a shift: access tokens live minutes, so a client whose token
+came from the credentials file renews it (``POST /api/v1/authn/token/renew`` with the stored
+``refresh_token``) shortly before it expires and once more on a ``401 token_expired``, and
+keeps the new one in the file. A renewal refused (logged out, revoked, the session over)
+is reported as such: log in again. ``--token`` / ``CONTROLPLANE_TOKEN`` are never renewed.
+
 A problem+json answer becomes ``ClientError`` (exit 1), an unreachable server ``ConnectionFailed``
 (exit 2); ``guarded`` turns both into one line on stderr, never a traceback. The CLI reads its own
 ``CONTROLPLANE_URL/TOKEN/CREDENTIALS`` variables here; the service's configuration never does.
@@ -52,6 +58,7 @@ __all__ = [
     "guarded",
     "report_error",
     "server_url",
+    "signed_in_with_sso",
     "write_private",
 ]
 
@@ -68,6 +75,9 @@ RECONNECT_FIRST_S, RECONNECT_MAX_S, RECONNECT_GIVE_UP_S = 0.5, 15.0, 300.0
 #: Answers after which a stream is worth reopening: too many streams, a gateway or a restart.
 _TEMPORARY = frozenset({429, 502, 503, 504})
 _MAX_DETAIL = 300
+#: A stored token this close to its expiry is renewed before it is sent.
+RENEW_AHEAD_S = 60.0
+RENEW_PATH = "/api/v1/authn/token/renew"
 
 
 class ClientError(Exception):
@@ -146,6 +156,35 @@ _HINTS = {
 }
 
 
+# For a person signed in through single sign-on (no one-time codes): the provider instead.
+_SSO_HINTS = {
+    "step_up_required": "run `cpctl step-up --sso` (sign in again at your provider) and try again",
+    "insufficient_user_authentication": "run `cpctl step-up --sso` (sign in again at your "
+                                        "provider) and try again",
+    "unauthenticated": "run `cpctl login --sso` first",
+    "invalid_token": "the token is no longer valid; run `cpctl login --sso`",
+    "token_expired": "the session ended; run `cpctl login --sso`",
+    "session_revoked": "the session was ended; run `cpctl login --sso`",
+    "session_inactive": "the session is no longer active; run `cpctl login --sso`",
+}
+
+
+def signed_in_with_sso(server: str | None) -> bool:
+    """Whether the stored session for ``server`` (``--server`` or its defaults) was opened
+    through single sign-on (OIDC): such a person steps up at the provider, with no TOTP."""
+    try:
+        entry = CredentialStore().get(server_url(server))
+    except UsageError:
+        return False
+    return entry is not None and entry.get("authn_method") == "oidc"
+
+
+def _signed_in_with_sso(args: argparse.Namespace) -> bool:
+    if getattr(args, "token", None) or os.environ.get("CONTROLPLANE_TOKEN"):
+        return False  # not the stored session
+    return signed_in_with_sso(getattr(args, "server", None))
+
+
 def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Run a command handler; report client errors as one stderr line and an exit code."""
 
@@ -171,7 +210,8 @@ def report_error(args: argparse.Namespace, exc: ClientError | ConnectionFailed |
     prog = _prog(args)
     if isinstance(exc, ClientError):
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        hint = _HINTS.get(exc.code)
+        hint = (_SSO_HINTS.get(exc.code) if _signed_in_with_sso(args) else None) or _HINTS.get(
+            exc.code)
         if hint:
             print(f"{prog}: hint: {hint}", file=sys.stderr)
         doc = exc.as_json()
@@ -241,14 +281,17 @@ def client_for(args: argparse.Namespace, *, need_token: bool = True) -> Client:
     """A client for the command's ``--server``/``--token`` options (and their variables)."""
     url = server_url(getattr(args, "server", None))
     token = getattr(args, "token", None) or os.environ.get("CONTROLPLANE_TOKEN") or None
-    from_store = False
+    from_store, entry = False, None
     if token is None:
         entry = CredentialStore().get(url)
         if entry is not None:
             token, from_store = entry.get("access_token"), True
     if need_token and not token:
         raise UsageError(f"not logged in to {url}; run `cpctl login SUBJECT` first")
-    return Client(url, token, from_store=from_store)
+    api = Client(url, token, from_store=from_store)
+    if from_store and entry is not None:
+        api.adopt_entry(entry)
+    return api
 
 
 # ------------------------------------------------------------------------------------ client
@@ -288,6 +331,41 @@ class Client:
         # True when the token came from the credentials file (not --token / CONTROLPLANE_TOKEN):
         # only then may a command replace or forget the stored entry.
         self.from_store = from_store
+        #: The stored session's renewal credential and the token's expiry (``adopt_entry``).
+        self.refresh_token: str | None = None
+        self.expires_at: float | None = None
+
+    def adopt_entry(self, entry: Mapping[str, Any]) -> None:
+        """Use a credentials-file entry: its token, renewal credential and expiry."""
+        token, refresh = entry.get("access_token"), entry.get("refresh_token")
+        self.token = token if isinstance(token, str) else self.token
+        self.refresh_token = refresh if isinstance(refresh, str) else None
+        expires = entry.get("expires_at")
+        self.expires_at = float(expires) if isinstance(expires, (int, float)) else None
+
+    def renew(self) -> bool:
+        """Trade the renewal credential for a new access token of the same session (kept in
+        the credentials file); False when there is none. A refused renewal raises its
+        ``ClientError`` (``session_revoked``, ``session_inactive``...): log in again."""
+        if self.refresh_token is None:
+            return False
+        answer = self.request("POST", RENEW_PATH, body={"refresh_token": self.refresh_token},
+                              auth=False, renew=False).body
+        if not isinstance(answer, dict) or not isinstance(answer.get("access_token"), str):
+            raise ClientError(0, "bad_response", "the server renewed without an access token")
+        store = CredentialStore()
+        previous = store.get(self.base_url) or {}
+        entry = {**previous, **token_entry(answer, previous.get("subject_id"))}
+        entry.setdefault("refresh_token", self.refresh_token)
+        if self.from_store:
+            store.put(self.base_url, entry)
+        self.adopt_entry(entry)
+        return True
+
+    def _renew_ahead(self) -> None:
+        if (self.refresh_token is not None and self.expires_at is not None
+                and self.expires_at - time.time() < RENEW_AHEAD_S):
+            self.renew()
 
     def get(self, path: str, query: Mapping[str, Any] | None = None) -> Any:
         return self.request("GET", path, query=query).body
@@ -314,6 +392,31 @@ class Client:
         auth: bool = True,
         headers: Mapping[str, str] | None = None,
         form: Mapping[str, str] | None = None,
+        renew: bool = True,
+    ) -> Response:
+        if auth and renew:
+            self._renew_ahead()
+        try:
+            return self._send(method, path, body=body, query=query, auth=auth, headers=headers,
+                              form=form)
+        except ClientError as exc:
+            # The token expired in flight (or the clocks differ): renew once and send again.
+            if not (auth and renew and exc.status == 401 and exc.code == "token_expired"
+                    and self.renew()):
+                raise
+        return self._send(method, path, body=body, query=query, auth=auth, headers=headers,
+                          form=form)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any,
+        query: Mapping[str, Any] | None,
+        auth: bool,
+        headers: Mapping[str, str] | None,
+        form: Mapping[str, str] | None,
     ) -> Response:
         req = self._request(method, path, body=body, query=query, auth=auth, headers=headers,
                             form=form)
@@ -410,11 +513,21 @@ class Client:
         within it), raises ``StreamInterrupted``; resuming is the caller's choice.
         """
         headers = {"Last-Event-ID": last_event_id} if last_event_id else None
+        self._renew_ahead()
         req = self._request("GET", path, headers=headers, accept="text/event-stream")
         try:
             resp = _OPENER.open(req, timeout=read_timeout)
         except urllib.error.HTTPError as exc:
-            raise _client_error(exc) from None
+            error = _client_error(exc)
+            if not (error.status == 401 and error.code == "token_expired" and self.renew()):
+                raise error from None
+            req = self._request("GET", path, headers=headers, accept="text/event-stream")
+            try:
+                resp = _OPENER.open(req, timeout=read_timeout)
+            except urllib.error.HTTPError as again:
+                raise _client_error(again) from None
+            except OSError as again:
+                raise ConnectionFailed(f"cannot reach {self.base_url}: {_reason(again)}") from None
         except urllib.error.URLError as exc:
             raise ConnectionFailed(f"cannot reach {self.base_url}: {_reason(exc.reason)}") from None
         except OSError as exc:
@@ -554,7 +667,8 @@ class CredentialStore:
     """Tokens per server URL in one JSON file only its owner can read.
 
     Layout: ``{"version": 1, "servers": {URL: {"access_token", "token_type", "session_id",
-    "subject_id", "expires_at"}}}``. Every write replaces the file atomically (temp file in the
+    "subject_id", "expires_at", "refresh_token"}}}`` (``refresh_token``: a person's renewal
+    credential, as secret as the token). Every write replaces the file atomically (temp file in the
     same directory, 0600 from creation, then ``os.replace``).
     """
 
@@ -670,10 +784,14 @@ def token_entry(body: Mapping[str, Any], subject_id: str | None, now: float | No
     """What the credentials file keeps from a 201 token answer."""
     issued = time.time() if now is None else now
     expires_in = body.get("expires_in")
-    return {
+    entry = {
         "access_token": body["access_token"],
         "token_type": body.get("token_type", "Bearer"),
         "session_id": body.get("session_id"),
         "subject_id": subject_id,
         "expires_at": issued + float(expires_in) if isinstance(expires_in, (int, float)) else None,
     }
+    if isinstance(body.get("refresh_token"), str):
+        # A person's renewal credential: the CLI renews its token with it (``Client.renew``).
+        entry["refresh_token"] = body["refresh_token"]
+    return entry

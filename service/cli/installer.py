@@ -147,6 +147,10 @@ class _Run:
             # Services and agents have no one-time codes: a fresh key login stands in.
             raise UsageError("this run needs a fresh authentication: log in again with the key "
                              "(`cpctl login SUBJECT --key PEM`) and run again" + keep)
+        if isinstance(principal, dict) and principal.get("authn_method") == "oidc":
+            # Signed in through single sign-on: no one-time code, the provider confirms.
+            raise UsageError("this run needs a fresh step-up at your sign-in provider: run "
+                             "`cpctl step-up --sso` and run again" + keep)
         code, self.otp = self.otp, None  # a one-time code works once
         if code is None:
             if not sys.stdin.isatty():

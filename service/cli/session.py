@@ -151,9 +151,13 @@ def adopt_step_up(api: http.Client, answer: Any) -> dict[str, Any]:
     from then on, and the credentials file keeps it when the old one came from there."""
     _need_token(answer)
     if api.from_store:
+        # The new renewal credential is a stepped one: renewals keep the step-up (its age
+        # still counts from this step-up, never from a renewal).
         store = CredentialStore()
         previous = store.get(api.base_url) or {}
-        store.put(api.base_url, http.token_entry(answer, previous.get("subject_id")))
+        entry = {**previous, **http.token_entry(answer, previous.get("subject_id"))}
+        store.put(api.base_url, entry)
+        api.adopt_entry(entry)
     api.token = answer["access_token"]
     return dict(answer)
 
@@ -176,7 +180,11 @@ def _federated_login(args: argparse.Namespace, url: str, token_file: str | None)
     _need_token(answer)
     principal = http.Client(url, answer["access_token"]).get("/api/v1/authn/sessions/current")
     subject = principal.get("subject_id") if isinstance(principal, dict) else None
-    CredentialStore().put(url, http.token_entry(answer, subject))
+    entry = http.token_entry(answer, subject)
+    if isinstance(principal, dict) and isinstance(principal.get("authn_method"), str):
+        # How this session steps up: hints name `cpctl step-up --sso` for an OIDC one.
+        entry["authn_method"] = principal["authn_method"]
+    CredentialStore().put(url, entry)
     _message(args, f"logged in to {url} as {subject} through {how} "
                    f"(session {answer.get('session_id')}, token valid {answer.get('expires_in')} s)")
     if args.print_token:
@@ -222,7 +230,12 @@ def whoami(args: argparse.Namespace) -> int:
         f"session:    {principal.get('session_id')}",
         f"method:     {principal.get('authn_method')}, at {_iso(principal.get('auth_time'))}",
         f"step-up:    {step_text}",
+        f"roles:      {_names(principal.get('roles'))}",
+        f"groups:     {_names(principal.get('groups'))}",
     ]
+    if principal.get("authn_method") == "oidc":
+        # The IdP groups of the sign-in, which policy data binds to roles (shown above).
+        lines.append(f"idp groups: {_names(principal.get('idp_groups'))}")
     print("\n".join(lines))
     return EXIT_OK
 
@@ -280,6 +293,11 @@ def _assertion(path: Path, subject: str, audience: str) -> str:
     if not isinstance(key, Ed25519PrivateKey):
         raise UsageError(f"{path} is not an Ed25519 private key")
     return make_assertion(key, subject_id=subject, audience=audience, now=time.time())
+
+
+def _names(value: Any) -> str:
+    names = [str(v) for v in value] if isinstance(value, list) else []
+    return ", ".join(names) if names else "none"
 
 
 def _iso(value: Any) -> str:

@@ -12,6 +12,13 @@ the sign-in just opened), never a token in a page.
 The callback answers with a small page that moves on to the console by itself (``Refresh``):
 the callback is reached by a navigation the provider's site started, on which browsers do not
 send a ``SameSite=Strict`` cookie, so a plain redirect would arrive without the new session.
+
+Step-up works the same way: a production ticket's page offers a person signed in through a
+provider "Confirm at the sign-in provider" (``POST /console/tickets/<id>/step-up``), which starts
+the provider step-up of the console session (``prompt=login``, ``max_age=0``, the provider's
+``acr_values``) with a marker for the ticket's page; the callback checks the same person came
+back, recently and strongly enough (``oidc.py``), records the step-up on the session and answers
+with the console cookie for it, stepped up, in the browser that asked only.
 """
 
 from __future__ import annotations
@@ -84,16 +91,20 @@ def provider_buttons(listing: list[dict[str, str]], next_path: str) -> list[tupl
 
 
 async def signed_in(request: web.Request, authenticator: Authenticator, issued: IssuedToken,
-                    next_path: str) -> web.Response:
+                    next_path: str, *, stepped: bool = False) -> web.Response:
     """The callback's answer for a console sign-in: the console cookie for the store session
-    the sign-in opened (the access token stays on the server), and a page that moves on."""
+    the sign-in opened (the access token stays on the server), and a page that moves on.
+    ``stepped``: a console step-up at the provider (re-authentication of the same person,
+    recorded on the session): the cookie for that session, stepped up, back to the ticket."""
     now = clock.now()
     principal = await authenticator.authenticate_bearer(issued.access_token, now)
     stored = await request.app[STORE].require().get_session(principal.session_id)
     expires = stored.expires_at if stored is not None else now + authenticator.settings.token_ttl_s
-    value, _ = cookies.issue(authenticator, principal, expires_at=expires, now=now)
+    value, _ = cookies.issue(authenticator, principal, expires_at=expires, now=now,
+                             stepped=stepped and principal.step_up_at is not None)
     response = web.Response(
-        text=pages.signed_in_page(who=principal.subject_id, next_path=next_path),
+        text=pages.signed_in_page(who=principal.subject_id, next_path=next_path,
+                                  stepped=stepped),
         content_type="text/html", charset="utf-8", headers={"Refresh": f"0; url={next_path}"})
     pages.secure(response)
     cookies.set_cookie(request, response, value)

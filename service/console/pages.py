@@ -85,6 +85,7 @@ MESSAGES: Mapping[str, str] = {
     "reviewer_group_required": "This ticket still needs an approval from another group.",
     "step_up_required": "Confirm with a one-time code from your authenticator to review this ticket.",
     "otp_invalid": "That one-time code was not accepted. Enter the current code.",
+    "step_up_required_sso": "Confirm at your sign-in provider to review this ticket.",
     "step_up_not_available": "Your account cannot step up (no authenticator enrolled).",
     "login_throttled": "Too many attempts. Wait a moment and try again.",
     "invalid_credentials": "Unknown user or wrong password.",
@@ -166,13 +167,14 @@ $sso""", alert=_alert(error), csrf=csrf, next=next_path, subject=subject, sso=ss
     return layout("Sign in", body)
 
 
-def signed_in_page(*, who: str, next_path: str) -> Markup:
-    """After a single sign-on: where the browser goes next (it follows the ``Refresh`` header
-    the page is served with; the link is there for the person)."""
-    body = render('<p>Signed in as <strong>$who</strong>.</p>'
+def signed_in_page(*, who: str, next_path: str, stepped: bool = False) -> Markup:
+    """After a single sign-on (or a step-up at the provider): where the browser goes next (it
+    follows the ``Refresh`` header the page is served with; the link is there for the person)."""
+    done = "Confirmed at the sign-in provider as" if stepped else "Signed in as"
+    body = render('<p>$done <strong>$who</strong>.</p>'
                   '<p><a id="continue" href="$next">Continue to the console</a></p>',
-                  who=who, next=next_path)
-    return layout("Signed in", body)
+                  done=done, who=who, next=next_path)
+    return layout("Confirmed" if stepped else "Signed in", body)
 
 
 def error_page(status: int, code: str, *, who: str | None = None, csrf: str | None = None
@@ -294,7 +296,7 @@ def _list(values: Sequence[Any]) -> Markup:
 
 def ticket_page(view: Mapping[str, Any], *, timeline: Sequence[Mapping[str, Any]],
                 policy_reasons: Sequence[str], review_form: Markup, who: str, csrf: str,
-                error: str | None = None) -> Markup:
+                error: str | None = None, reviewers: Sequence[str] | None = None) -> Markup:
     stored = view.get("approval")
     approval: Mapping[str, Any] = stored if isinstance(stored, dict) else {}
     approvals = [r for r in view["reviews"] if r["decision"] == "approve"]
@@ -332,7 +334,7 @@ $alert
 <dt>Required groups</dt><dd><ul class="plain">$groups</ul></dd>
 <dt>Reviewer roles</dt><dd><ul class="plain">$roles</ul></dd>
 <dt>Policy reasons</dt><dd><ul class="plain">$reasons</ul></dd>
-</dl></section>
+$suggested</dl></section>
 <section aria-labelledby="rev"><h2 id="rev">Reviews</h2>
 <ul class="reviews">$reviews</ul>
 $review_form
@@ -352,14 +354,27 @@ $review_form
         groups=_list(approval.get("require_groups", [])),
         roles=_list(approval.get("reviewer_roles", [])), reasons=_list(policy_reasons),
         reviews=reviews or Markup('<li class="muted">No reviews yet.</li>'),
-        review_form=review_form, events=events)
+        review_form=review_form, events=events, suggested=_suggested(reviewers))
     return layout(f"Ticket {view['id']}: {view['action']} {_summary(view)}", body, who=who,
                   csrf=csrf)
 
 
-def review_form(ticket_id: str, *, csrf: str, needs_step_up: bool, reason: str = "") -> Markup:
-    """Approve / reject with a reason; the one-time-code field when a step-up is needed."""
+def _suggested(reviewers: Sequence[str] | None) -> Markup:
+    """Who could approve now (the review endpoint's own rule); nothing for a closed ticket."""
+    if reviewers is None:
+        return Markup("")
+    return render("""<dt>Who can approve</dt><dd><ul class="plain" id="reviewers">$items</ul></dd>
+""", items=_list(reviewers))
+
+
+def review_form(ticket_id: str, *, csrf: str, needs_step_up: bool, reason: str = "",
+                sso: bool = False) -> Markup:
+    """Approve / reject with a reason; when a step-up is needed, the one-time-code field, or
+    for a person signed in through single sign-on the button that confirms at the provider."""
     otp = Markup("")
+    if needs_step_up and sso:
+        return Markup(sso_step_up_form(ticket_id) + review_form(
+            ticket_id, csrf=csrf, needs_step_up=False, reason=reason))
     if needs_step_up:
         otp = Markup("""<p class="stepup"><label for="otp">One-time code (step-up)</label>
 <input id="otp" name="otp" inputmode="numeric" pattern="[0-9]{6}" maxlength="6"
@@ -377,8 +392,20 @@ $otp
 </form>""", id=ticket_id, csrf=csrf, otp=otp, reason=reason)
 
 
-def cannot_review(code: str) -> Markup:
-    return render('<p class="muted" data-code="$code">$text</p>', code=code, text=message(code))
+def sso_step_up_form(ticket_id: str) -> Markup:
+    """Step up by signing in again at the provider (in this browser), back to the ticket."""
+    return render("""<p class="card stepup"><span id="sso-step-up-help">Reviewing a production
+ticket needs a recent confirmation: sign in again at your sign-in provider; you come back to
+this ticket.</span>
+<a class="button" id="sso-step-up" href="/console/tickets/$id/step-up"
+ aria-describedby="sso-step-up-help">Confirm at the sign-in provider</a></p>""", id=ticket_id)
+
+
+def cannot_review(code: str, detail: str | None = None) -> Markup:
+    """Why this person cannot review: the refusal's own detail (it names the missing role or
+    group, as the API's does), else the code's message."""
+    text = f"{detail[:1].upper()}{detail[1:]}." if detail else message(code)
+    return render('<p class="muted" data-code="$code">$text</p>', code=code, text=text)
 
 
 def audit_page(ticket_id: str, records: Sequence[Mapping[str, Any]], *, truncated: bool,

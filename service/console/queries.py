@@ -1,10 +1,11 @@
 """What the console reads from the store: a reviewer's inbox, a person's requests, a ticket's
 audit records. Reads only; every page that shows them ran the chain first.
 
-Who may review a ticket is decided by ``approvals.tickets.decide_review`` itself, dry-run: the
-rules the review endpoint enforces (people only, no self-review, one review each, reviewer
-roles), from the same policy data (``reviewer_facts``), so the inbox never offers a ticket the
-review would refuse for those reasons.
+Who may review a ticket is decided by ``approvals.policy.check_review`` itself, dry-run: the
+function the review endpoint applies (people only, no self-review, one review each, reviewer
+roles and groups), from the same policy data and the same IdP groups of the session, so the
+inbox never offers a ticket the review would refuse for those reasons, and the ticket page
+names the role or group that is missing as the API's refusal does.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import clock
-from ..approvals.policy import ReviewerFacts, reviewer_facts
-from ..approvals.tickets import NotEligibleReviewer, decide_review
+from ..approvals import policy
+from ..approvals.policy import Reviewer
+from ..approvals.tickets import NotEligibleReviewer
 from ..authn.principal import Principal
 from ..authz.engine import PolicyEngine
 from ..store.base import MAX_PAGE, Store, TicketRecord
@@ -40,31 +42,26 @@ class Inbox:
     recent: list[TicketRecord]  # recently closed tickets this person reviewed, newest first
 
 
+def reviewer(principal: Principal) -> Reviewer:
+    """The signed-in person as a reviewer: with the IdP groups of their session."""
+    return Reviewer(principal.subject_id, principal.kind, principal.idp_groups)
+
+
 def review_refusal(engine: PolicyEngine, principal: Principal, ticket: TicketRecord,
-                   now: float, facts: ReviewerFacts | None = None) -> str | None:
-    """Why ``principal`` may not review ``ticket`` (a stable code), or None when they may."""
-    if ticket.state != "pending":
-        return "state_conflict"
-    facts = facts or reviewer_facts(engine, principal.subject_id, "approvals.review")
-    try:
-        # "reject" needs every rule but the group quorum, which only an approval has to meet.
-        decide_review(ticket, reviewer=principal.subject_id, reviewer_kind=principal.kind,
-                      reviewer_roles=facts.roles, reviewer_groups=facts.groups,
-                      decision="reject", reason=None, now=now)
-    except NotEligibleReviewer as exc:
-        return exc.code
-    return None
+                   now: float, decision: str = "reject") -> NotEligibleReviewer | None:
+    """Why ``principal`` may not give ``decision`` on ``ticket`` (code and detail), or None.
+    "reject" needs every rule but the group quorum, which only an approval has to meet."""
+    return policy.review_refusal(engine, ticket, reviewer(principal), now, decision)
 
 
 async def inbox(store: Store, engine: PolicyEngine, principal: Principal, now: float) -> Inbox:
     """The pending tickets ``principal`` may review (oldest first), and recent ones they reviewed."""
-    facts = reviewer_facts(engine, principal.subject_id, "approvals.review")
     pending: list[TicketRecord] = []
     cursor: str | None = None
     while len(pending) < INBOX_PENDING_MAX:
         page, cursor = await store.list_tickets(state="pending", limit=MAX_PAGE, before=cursor)
         pending.extend(t for t in page if t.pending_until > now
-                       and review_refusal(engine, principal, t, now, facts) is None)
+                       and review_refusal(engine, principal, t, now) is None)
         if cursor is None:
             break
     pending.sort(key=lambda t: (t.created_at, t.id))

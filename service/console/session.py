@@ -8,8 +8,16 @@ session_principal``): a logout anywhere, an expiry or a disabled identity ends t
 session at once, on every worker and replica. It carries a random CSRF token, the
 synchronizer token every state-changing form must echo (compared in constant time); the token
 is tied to this session and changes with each sign-in. The cookie is ``HttpOnly`` (page
-JavaScript never sees it), ``SameSite=Strict``, ``Path=/console``, and ``Secure`` when the
-browser came over TLS (``over_tls``).
+JavaScript never sees it) and ``SameSite=Strict``.
+
+Served over HTTPS (``over_tls``) every console cookie carries the ``__Host-`` prefix
+(``__Host-cp_console``: ``Secure``, ``Path=/``, no ``Domain``; RFC 6265bis §4.1.3.2), and only
+prefixed cookies are read: a browser accepts such a cookie only from this very host over TLS,
+so a sibling subdomain (which can set a cookie for the parent domain) cannot plant a session or
+a CSRF token the console would take. The development exception: over plain HTTP (``cpctl
+serve`` on loopback) browsers refuse ``Secure`` cookies, so the plain names are used there
+(``cp_console``, ``Path=/console``, not ``Secure``). A TLS-terminating proxy must say so with
+``X-Forwarded-Proto: https``, or the console takes itself for plain HTTP.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ __all__ = ["CONSOLE_TYP", "COOKIE", "ConsoleSession", "csrf_matches", "issue", "
 
 COOKIE = "cp_console"
 COOKIE_PATH = "/console"
+#: Over TLS: ``Secure``, ``Path=/``, no ``Domain``, enforced by the browser (RFC 6265bis).
+HOST_PREFIX = "__Host-"
 CONSOLE_TYP = "console-session+jwt"
 #: The console's audience: distinct from the API's, so the claims say what the credential is for.
 AUDIENCE_SUFFIX = "#console"
@@ -117,21 +127,32 @@ def over_tls(request: web.Request) -> bool:
     return request.secure or forwarded == "https"
 
 
+def cookie_name(request: web.Request, name: str = COOKIE) -> str:
+    """The name a console cookie has on this request: ``__Host-<name>`` over TLS."""
+    return HOST_PREFIX + name if over_tls(request) else name
+
+
+def _where(request: web.Request, name: str) -> tuple[str, str, bool]:
+    tls = over_tls(request)
+    return (HOST_PREFIX + name, "/", True) if tls else (name, COOKIE_PATH, False)
+
+
 def set_cookie(request: web.Request, response: web.StreamResponse, value: str,
                name: str = COOKIE) -> None:
     """Set a console cookie (a browser-session cookie: no Max-Age; the JWS carries the expiry)."""
-    response.set_cookie(name, value, path=COOKIE_PATH, httponly=True, samesite="Strict",
-                        secure=over_tls(request))
+    full, path, secure = _where(request, name)
+    response.set_cookie(full, value, path=path, httponly=True, samesite="Strict", secure=secure)
 
 
 def clear_cookie(request: web.Request, response: web.StreamResponse, name: str = COOKIE) -> None:
-    response.del_cookie(name, path=COOKIE_PATH, httponly=True, samesite="Strict",
-                        secure=over_tls(request))
+    full, path, secure = _where(request, name)
+    response.del_cookie(full, path=path, httponly=True, samesite="Strict", secure=secure)
 
 
-def presented(request: web.Request) -> str | None:
-    """The cookie value this request carries, if any."""
-    return request.cookies.get(COOKIE) or None
+def presented(request: web.Request, name: str = COOKIE) -> str | None:
+    """The value of the console cookie ``name`` this request carries, if any (over TLS only
+    the ``__Host-`` one: a cookie without the prefix may come from a sibling subdomain)."""
+    return request.cookies.get(cookie_name(request, name)) or None
 
 
 def invalid(exc: Exception) -> bool:

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from .. import chain, clock
 from ..api import approvals as api_approvals
+from ..api import federation as api_federation
 from ..appkeys import (
     AUTHENTICATOR,
     CONFIG,
@@ -34,9 +35,11 @@ from ..appkeys import (
     STORE,
     STREAMS,
 )
+from ..approvals.policy import reviewer_candidates, suggested_reviewers
 from ..approvals.tickets import ticket_view
 from ..authn.errors import AuthnError, InvalidToken
 from ..authn.principal import ANONYMOUS, Principal
+from ..authn.stepup import METHOD_OIDC
 from ..authz import actions
 from ..errors import Forbidden, Problem, Unauthorized, to_problem
 from ..run import Outcome, Protection, Run, Target, Write
@@ -204,7 +207,7 @@ async def login_form(request: web.Request) -> web.StreamResponse:
     """The sign-in form, with a pre-session CSRF token (double-submitted as a cookie)."""
     if await _session(request) is not None:
         return redirect(_safe_next(request.query.get("next")))
-    token = request.cookies.get(LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
+    token = cookies.presented(request, LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
     next_path = _safe_next(request.query.get("next"))
     # A refused single sign-on comes back here naming why (only codes the page explains).
     sso_error = request.query.get("sso_error")
@@ -229,7 +232,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     """Password sign-in: opens a store session (as ``POST /api/v1/authn/sessions`` does) and
     sets the console cookie for it; the access token never leaves the server."""
     form = await _form(request)
-    _check_csrf(request, request.cookies.get(LOGIN_CSRF_COOKIE), form)
+    _check_csrf(request, cookies.presented(request, LOGIN_CSRF_COOKIE), form)
     subject, password = form.get("subject_id", "")[:200], form.get("password", "")
     next_path = _safe_next(form.get("next"))
     authenticator, now = request.app[AUTHENTICATOR], clock.now()
@@ -428,21 +431,35 @@ def _ticket_builder(request: web.Request, found: cookies.ConsoleSession, error: 
 async def _ticket_markup(request: web.Request, store: Any, ticket: TicketRecord,
                          found: cookies.ConsoleSession, principal: Principal, error: str | None,
                          reason: str) -> Markup:
-    now, config = clock.now(), request.app[CONFIG]
+    now, config, engine = clock.now(), request.app[CONFIG], request.app[ENGINE]
     records, _ = await queries.ticket_records(store, ticket)
-    refusal = queries.review_refusal(request.app[ENGINE], principal, ticket, now)
-    if refusal is None:
+    sso = principal.authn_method == METHOD_OIDC
+    # The review endpoint's own decision (``check_review``), dry-run for an approval: a refusal
+    # names the role or group that is missing; one that only an approval meets (a group still
+    # missing) leaves the person free to reject.
+    refusal = queries.review_refusal(engine, principal, ticket, now, "approve")
+    may_reject = refusal is not None and queries.review_refusal(engine, principal, ticket,
+                                                                now) is None
+    if refusal is None or may_reject:
         needs = config.is_production(ticket.env) and not principal.step_up_verified(
             now, config.authn.step_up_window_s)
         form = pages.review_form(ticket.id, csrf=found.csrf, needs_step_up=needs or
-                                 error in ("step_up_required", "otp_invalid"), reason=reason)
-    elif refusal == "state_conflict":
+                                 error in ("step_up_required", "otp_invalid"), reason=reason,
+                                 sso=sso)
+        if refusal is not None:
+            form = Markup(pages.cannot_review(refusal.code, refusal.detail) + form)
+    elif refusal.code == "state_conflict":
         form = Markup("")
     else:
-        form = pages.cannot_review(refusal)
+        form = pages.cannot_review(refusal.code, refusal.detail)
+    suggested = suggested_reviewers(
+        engine, config, await reviewer_candidates(store, request.app[AUTHENTICATOR].identities),
+        ticket, now) if ticket.state == "pending" else None
     return pages.ticket_page(_view(ticket), timeline=queries.timeline(records),
                              policy_reasons=queries.policy_reasons(records), review_form=form,
-                             who=principal.subject_id, csrf=found.csrf, error=error)
+                             who=principal.subject_id, csrf=found.csrf,
+                             error="step_up_required_sso" if sso and error == "step_up_required"
+                             else error, reviewers=suggested)
 
 
 @routes.get("/console/tickets/{id}/events")
@@ -514,6 +531,36 @@ async def review(request: web.Request) -> web.StreamResponse:
     if new_cookie is not None:
         cookies.set_cookie(request, response, new_cookie)
     return response
+
+
+@routes.get("/console/tickets/{id}/step-up")
+@console()
+async def sso_step_up(request: web.Request) -> web.StreamResponse:
+    """"Confirm at the sign-in provider": a person signed in through OpenID Connect steps up by
+    signing in again at that provider (in this browser), then lands on the ticket again with
+    the console session stepped up (``federated.py``). Nothing is reviewed here.
+
+    A link, not a form: the console's CSP (``form-action 'self'``) rightly stops a form post
+    from being redirected to another site. A page elsewhere cannot start it for someone either:
+    the console cookie (``SameSite=Strict``) does not come with a navigation from another site,
+    and without a console session this only leads to the sign-in page."""
+    found = await _session(request)
+    if found is None:
+        return _to_login(request)
+    try:
+        back = cookies.safe_next(f"/console/tickets/{request.match_info['id']}")
+        facts = None
+        if found.principal.authn_method == METHOD_OIDC:
+            facts = await request.app[STORE].require().get_federated_session(
+                found.principal.session_id)
+        if facts is None or back == "/console/":
+            raise Forbidden("this session does not step up at a sign-in provider",
+                            code="step_up_not_available")
+        response = await api_federation.start(request, facts.provider, "step_up",
+                                              found.principal.session_id, back)
+    except Problem as problem:
+        return _problem_page(request, problem, found)
+    return _secure(response)
 
 
 async def _step_up(request: web.Request, found: cookies.ConsoleSession, otp: str

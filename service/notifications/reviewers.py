@@ -2,14 +2,16 @@
 
 Computed when the event is delivered, from the policy data and identities serving then and the
 ticket as it is then (reviews already given count), by ``approvals.policy.suggested_reviewers``:
-the review endpoint's own rules. A retry may so name fewer people than the first attempt did.
+the review endpoint's own rules. The candidates (``reviewer_candidates``) include the people
+federated sign-in has seen, with their IdP groups. A retry may so name fewer people than the
+first attempt did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..approvals.policy import Candidate, suggested_reviewers
+from ..approvals.policy import reviewer_candidates, suggested_reviewers
 from ..authn.identities import IdentityDirectory
 from ..authz.engine import PolicyEngine
 from ..config import Config
@@ -29,7 +31,7 @@ def reviewers_of(engine: PolicyEngine, config: Config,
         ticket = await store.get_ticket(event.ticket_id)
         if ticket is None:
             return []
-        candidates = [Candidate(i.subject_id, i.kind) for i in identities() if not i.disabled]
+        candidates = await reviewer_candidates(store, identities())
         return suggested_reviewers(engine, config, candidates, ticket, now)
 
     return reviewers

@@ -25,7 +25,12 @@ async def test_every_dev_identity_logs_in(client, subject):
     me = await (await client.get("/api/v1/authn/sessions/current", headers=bearer(token))).json()
     assert me["subject_id"] == subject
     assert me["kind"] == {"ci-bot": "service", "agent-7": "agent"}.get(subject, "human")
-    assert set(me) == {"subject_id", "kind", "session_id", "auth_time", "authn_method", "step_up"}
+    assert set(me) == {"subject_id", "kind", "session_id", "auth_time", "authn_method", "step_up",
+                       "roles", "groups"}
+    # The roles and reviewer groups the serving policy data gives them (never from the token).
+    assert me["roles"] == {"alice": ["operator"], "bob": ["approver"], "carol": ["viewer"],
+                           "ci-bot": ["ci"], "agent-7": ["agent"]}[subject]
+    assert me["groups"] == (["sre-approvers"] if subject == "bob" else [])
 
 
 async def test_tokens_carry_no_authorization_state(client):

@@ -16,6 +16,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from http.cookies import SimpleCookie
 from typing import Any
 
 import aiohttp
@@ -24,6 +25,7 @@ from aiohttp.test_utils import TestServer
 from joserfc import jwt
 from joserfc.jwk import ECKey
 
+from service import clock
 from service.app import create_app
 from service.appkeys import FEDERATION, STORE
 from service.authn.errors import (
@@ -634,6 +636,71 @@ async def test_cpctl_login_sso_completes_through_the_loopback_redirect(app_clien
     assert proc.returncode == 0, err.decode()
     stored = json.loads((tmp_path / "credentials.json").read_text())["servers"][server]
     assert (await whoami(browser, app_client, stored["access_token"]))["step_up"]["verified"]
+
+
+async def test_sign_in_cookies_use_the_host_prefix_when_served_over_https(
+        aiohttp_client, make_config, issuer):
+    """Behind HTTPS (``redirect_base_url``) the browser binding and the console marker are
+    ``__Host-`` cookies (Secure, Path=/, no Domain): a sibling subdomain cannot plant its own
+    binding to sign someone in as itself. (Over plain HTTP, as in the other tests here, the
+    plain names on the sign-in paths: the development exception.)"""
+    config = make_config({"authn": {"oidc": {
+        "allow_http_loopback": True, "redirect_base_url": "https://cp.example.test",
+        "providers": providers(issuer)[:1]}}})
+    client = await aiohttp_client(EdgeTestServer(create_app(config)))
+    response = await client.get("/api/v1/authn/oidc/test/login", allow_redirects=False,
+                                params={"next": "/console/"})
+    assert response.status == 302, await response.text()
+    jar = SimpleCookie()
+    for header in response.headers.getall("Set-Cookie"):
+        jar.load(header)
+    assert sorted(jar) == ["__Host-cp_oidc_browser", "__Host-cp_oidc_console"]
+    for cookie in jar.values():
+        assert cookie["secure"] is True and cookie["path"] == "/" and not cookie["domain"]
+
+
+async def test_cpctl_whoami_and_hints_for_an_sso_user(group_client, browser, tmp_path):
+    """``cpctl whoami`` shows the roles and groups the policy sees, the IdP-derived ones
+    included; an SSO user who must step up is pointed to ``cpctl step-up --sso``, not to a
+    one-time code they do not have."""
+    env = {"CONTROLPLANE_CREDENTIALS": str(tmp_path / "credentials.json")}
+    server = str(group_client.make_url("")).rstrip("/")
+    proc = await cpctl("login", "--sso", "--provider", "test", "--no-browser", "--server", server,
+                       env=env)
+    status, _, _ = await browser.go(await printed_url(proc), login="alice")
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert status == 200 and proc.returncode == 0, err.decode()
+
+    proc = await cpctl("whoami", "--server", server, env=env)
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert "roles:      operator" in lines, lines
+    assert "idp groups: test:sre, test:staff" in lines, lines
+    proc = await cpctl("whoami", "--json", "--server", server, env=env)
+    out, _ = await asyncio.wait_for(proc.communicate(), 20)
+    me = json.loads(out)
+    assert me["roles"] == ["operator"] and me["groups"] == []
+    assert me["idp_groups"] == ["test:sre", "test:staff"]
+
+    # A production run needs a fresh step-up: at the provider, for this person.
+    proc = await cpctl("installer", "run", "--server", server, "--env", "prod", "--task-id", "t-1",
+                       "--resource", '{"app": "web"}', env=env)
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    text = err.decode()
+    assert proc.returncode == 1 and "cpctl step-up --sso" in text, text
+    assert "--otp" not in text and "one-time code" not in text, text
+
+    # Once the session is ended, the hint is a sign-in through the provider, not a password.
+    stored = json.loads((tmp_path / "credentials.json").read_text())["servers"][server]
+    assert stored["authn_method"] == "oidc"
+    assert await group_client.app[STORE].require().revoke_session(stored["session_id"],
+                                                                 clock.now())
+    proc = await cpctl("whoami", "--server", server, env=env)
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    text = err.decode()
+    assert proc.returncode == 1 and "401 session_revoked" in text, text
+    assert "hint: the session was ended; run `cpctl login --sso`" in text, text
 
 
 # ------------------------------------------------------------- device authorization (RFC 8628)

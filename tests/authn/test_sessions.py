@@ -43,10 +43,10 @@ def assertion_for(subject: str, now: float = NOW, **kwargs: Any) -> str:
 
 
 async def test_password_login_opens_a_session(auth: Authenticator, store: Store) -> None:
-    access_token, expires_in, session_id = await auth.login_password(
+    access_token, expires_in, session_id, refresh_token = await auth.login_password(
         "alice", PASSWORDS["alice"], "10.0.0.1", NOW
     )
-    assert expires_in == 600
+    assert expires_in == 600 and refresh_token
     session = await store.get_session(session_id)
     assert session is not None
     assert (session.subject_id, session.kind, session.authn_method) == (

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 
@@ -19,6 +20,7 @@ from service.console.views import CSP
 from service.notifications.envelope import console_url
 from tests.auth import bearer, login, otp
 from tests.console.console import COMMANDS, Visitor, request_ticket, token_of
+from tests.console.test_console_cookies import sign_in as https_sign_in
 from tests.store.pg import temp_schema
 
 
@@ -396,16 +398,13 @@ async def test_the_ticket_page_stream_follows_the_ticket_to_its_end(client, visi
 
 
 async def test_behind_a_tls_proxy_the_cookie_is_secure_and_https_origins_pass(client, visitors):
-    visitor = Visitor(client)
-    visitors.append(visitor)
-    await visitor.page("/console/login")
-    host = visitor.base.authority
-    response = await visitor.post("/console/login", {
-        "csrf": visitor.csrf, "subject_id": "bob", "password": "bob-dev-password"},
-        headers={"X-Forwarded-Proto": "https", "Origin": f"https://{host}"})
+    # (The cookies' names and flags over HTTPS: test_console_cookies.py.)
+    host = client.make_url("").authority
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+        response, jar = await https_sign_in(http, str(client.make_url("")).rstrip("/"), "bob", {
+            "X-Forwarded-Proto": "https", "Origin": f"https://{host}"})
     assert response.status == 303
-    set_cookie = [h for h in response.headers.getall("Set-Cookie") if h.startswith("cp_console=")]
-    assert "secure" in set_cookie[0].lower()
+    assert jar["__Host-cp_console"]["secure"] is True
     # A foreign host is refused whatever the scheme.
     other = Visitor(client)
     visitors.append(other)

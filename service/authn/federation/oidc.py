@@ -91,6 +91,8 @@ class CallbackResult:
     redirect: str | None  # the CLI's loopback URL with the handoff code
     subject_id: str
     purpose: str
+    #: The callback came back to the browser that started the request (its binding cookie).
+    browser_bound: bool = False
 
 
 def _sha256(value: str) -> str:
@@ -261,7 +263,7 @@ class OidcSignIn:
         claims = await self._with_userinfo(provider, claims, answer[2].get("access_token"))
         subject, issued = await self._finish(authenticator, provider, record, claims, now)
         if record.cli_redirect is None or record.cli_challenge is None:
-            return CallbackResult(issued, None, subject, record.purpose)
+            return CallbackResult(issued, None, subject, record.purpose, bound)
         handoff = secrets.token_urlsafe(32)
         await store.put_handoff(HandoffRecord(
             _sha256(handoff), record.cli_challenge, issued.session_id,

@@ -144,6 +144,24 @@ class FederationSql(Unit):
             for r in rows
         ]
 
+    async def last_federated_session(self, subject_id: str) -> FederatedSession | None:
+        async with self._unit(write=False) as q:
+            row = await q.one(
+                "SELECT f.session_id, f.provider, f.foreign_sub, f.groups, f.updated_at "
+                "FROM federated_sessions f JOIN sessions s ON s.id = f.session_id "
+                "WHERE s.subject_id = ? ORDER BY f.updated_at DESC, f.session_id LIMIT 1",
+                subject_id,
+            )
+        if row is None:
+            return None
+        return FederatedSession(
+            session_id=row["session_id"],
+            provider=row["provider"],
+            foreign_sub=row["foreign_sub"],
+            groups=tuple(json.loads(row["groups"])),
+            updated_at=float(row["updated_at"]),
+        )
+
     async def purge_federation(self, now: float) -> int:
         """Forget pending logins and handoffs past their expiry, and the IdP facts of sessions
         that are gone (purged after their retention); the count."""
