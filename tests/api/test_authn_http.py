@@ -30,7 +30,7 @@ async def test_every_dev_identity_logs_in(client, subject):
     # The roles and reviewer groups the serving policy data gives them (never from the token).
     assert me["roles"] == {"alice": ["operator"], "bob": ["approver"], "carol": ["viewer"],
                            "ci-bot": ["ci"], "agent-7": ["agent"]}[subject]
-    assert me["groups"] == (["sre-approvers"] if subject == "bob" else [])
+    assert me["groups"] == {"bob": ["sre-approvers"], "alice": ["payments-team"]}.get(subject, [])
 
 
 async def test_tokens_carry_no_authorization_state(client):
