@@ -38,7 +38,7 @@ from .source import (
     read_source,
 )
 
-__all__ = ["NormalizeError", "normalize_files", "normalize_text", "project_variables"]
+__all__ = ["NormalizeError", "dotenv_path", "normalize_files", "normalize_text", "project_variables"]
 
 #: Keys whose values are user data, not Compose structure: never strip ``x-`` inside.
 _FREEFORM = frozenset({"environment", "labels", "annotations", "driver_opts", "options", "args",
@@ -65,6 +65,15 @@ def project_variables(
         variables = read_dotenv(path, environ)
     variables.update(environ)
     return variables
+
+
+def dotenv_path(files: Sequence[Path], env_file: Path | None = None) -> Path | None:
+    """The ``.env`` file the variables come from: ``env_file``, else ``.env`` beside the first
+    file when there is one."""
+    if env_file is not None:
+        return env_file
+    path = files[0].parent / ".env" if files else None
+    return path if path is not None and path.is_file() else None
 
 
 def normalize_files(
@@ -127,19 +136,14 @@ class _Loader:
         if not isinstance(raw, dict):
             raise NormalizeError(f"{name}: a compose file must be a mapping at the top level")
         raw = _drop_extensions(raw, top=True)
+        written = raw
         # Interpolation runs after YAML (anchors are already expanded) and before typing.
         try:
             raw = self.interpolator.walk(raw, "")
         except NormalizeError as exc:  # its message names the value's path: add the file
             raise NormalizeError(f"{name}: {exc}") from None
         model = _normalize_model(raw, name)
-        # "environment: [NAME]" takes NAME's value from the project environment, as in Compose.
-        for svc in (model.get("services") or {}).values():
-            env = svc.get("environment")
-            if isinstance(env, dict):
-                for key, value in env.items():
-                    if value is None and key in self.interpolator.variables:
-                        env[key] = self.interpolator.variables[key]
+        _environment_as_written(model, written, name)
         if model.get("services"):
             model["services"] = {svc: self._extended(model, svc, base_dir, name, [])
                                  for svc in model["services"]}
@@ -186,6 +190,34 @@ class _Loader:
         for item in paths:
             merged = _merge_models(merged, self.model(base_dir / str(item)))
         return merged
+
+
+#: A variable reference in a value as written (``$$`` is an escaped ``$``, removed first).
+_REFERENCE = re.compile(r"\$(\{|[A-Za-z_])")
+
+
+def _environment_as_written(model: dict[str, Any], written: Any, name: str) -> None:
+    """Environment values that reference variables keep the file's text (``${DB_PASSWORD}``),
+    and a bare name (``environment: [NAME]``) stays without a value: the fields say what the
+    file says, not what this machine's shell or ``.env`` holds (the secret-env rule judges the
+    file's own text; a literal in the ``.env`` beside the file is its own finding, from the
+    CLI's ``input.dotenv``). The references are still interpolated, so a missing required
+    variable is refused as before."""
+    services = written.get("services") if isinstance(written, dict) else None
+    if not isinstance(services, dict):
+        return
+    for svc_name, svc in (model.get("services") or {}).items():
+        env = svc.get("environment")
+        source = services.get(svc_name)
+        if not isinstance(env, dict) or not isinstance(source, dict):
+            continue
+        try:
+            texts = _mapping(source.get("environment"), name)
+        except NormalizeError:
+            continue
+        for key, text in texts.items():
+            if key in env and isinstance(text, str) and _REFERENCE.search(text.replace("$$", "")):
+                env[key] = text
 
 
 def _drop_extensions(value: Any, *, top: bool = False, names: bool = False) -> Any:

@@ -396,8 +396,13 @@ def evaluate(
     environments: Environments | None = None,
     budget_s: float | None = EVALUATION_BUDGET_S,
     cache: bool = True,
+    dotenv: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Evaluate every rule for every service of ``fields`` into the report.
+
+    ``dotenv`` is the variables of the ``.env`` file beside the compose file (the CLI's, offline
+    only: the server has no such file), given to the rules as ``input.dotenv``; secret-env
+    reports a secret literal there at ``/.env/<name>``.
 
     Whether ``env`` is production is the configuration's answer (``environments``, the
     service's; the configuration's defaults offline), given to the rules as
@@ -414,7 +419,7 @@ def evaluate(
     its caller (``cache=False`` evaluates and stores nothing).
     """
     return _report(fields, strict=strict, env=env, rules=rules, environments=environments,
-                   budget_s=budget_s, cache=cache).report
+                   budget_s=budget_s, cache=cache, dotenv=dotenv).report
 
 
 def evaluate_json(
@@ -445,9 +450,12 @@ def _report(
     environments: Environments | None,
     budget_s: float | None,
     cache: bool,
+    dotenv: Mapping[str, str] | None = None,
 ) -> _Entry:
     check_budget(fields)
     input_doc = report_input(strict=strict, env=env, environments=environments)
+    if dotenv:
+        input_doc["dotenv"] = dict(dotenv)
     key = None
     if cache:
         key = report_key(fields, input_doc, rules)

@@ -30,17 +30,19 @@ _NOT_XML_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010fff
 
 
 def render(
-    report: dict[str, Any], fmt: str, *, files: Sequence[str] = (), color: bool = False
+    report: dict[str, Any], fmt: str, *, files: Sequence[str] = (), color: bool = False,
+    dotenv: str | None = None,
 ) -> str:
     """Render ``report`` as ``table``, ``json``, ``junit`` or ``sarif``; ``files`` are the
-    compose files the report is about (for locations), ``color`` colours the table."""
+    compose files the report is about (for locations), ``dotenv`` the ``.env`` file its
+    ``/.env/<name>`` pointers are in, ``color`` colours the table."""
     if fmt == "json":
         return to_json(report)
     if fmt == "junit":
         return to_junit(report, files=files)
     if fmt == "sarif":
-        return to_sarif(report, files=files)
-    return to_table(report, files=files, color=color)
+        return to_sarif(report, files=files, dotenv=dotenv)
+    return to_table(report, files=files, color=color, dotenv=dotenv)
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -57,7 +59,8 @@ def _short(name: str, width: int) -> str:
     return name if len(name) <= width else name[: width - 1] + "~"
 
 
-def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool = False) -> str:
+def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool = False,
+             dotenv: str | None = None) -> str:
     """Rules down (by id), services across (by name), then the findings, each at its file and
     line when ``files`` are given, and the verdict. Control characters of the compose file's
     values are shown as ``\\xNN``: a value must not move the cursor or colour a terminal."""
@@ -77,7 +80,7 @@ def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool =
             row += "  " + _paint(_SYMBOL[result].ljust(width), result, color)
         lines.append(row.rstrip())
     if report["findings"]:
-        locator = Locator(files) if files else None
+        locator = Locator(files, dotenv=dotenv) if files else None
         lines += ["", "findings:"]
         for finding in report["findings"]:
             where = _where(locator, finding["pointer"])
@@ -174,7 +177,8 @@ def _xml_chars(root: ET.Element) -> None:
         element.attrib = {_xml_text(k): _xml_text(v) for k, v in element.attrib.items()}
 
 
-def to_sarif(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
+def to_sarif(report: dict[str, Any], *, files: Sequence[str] = (),
+             dotenv: str | None = None) -> str:
     """SARIF 2.1.0: rules as reportingDescriptors, every finding as a result located at the
     line and column of the key it is about, in the file that sets it (``service.compose.locate``;
     the last given file, line 1, when the source has no trace of it), with the JSON pointer into
@@ -182,7 +186,7 @@ def to_sarif(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
     rules = report.get("rules", [])
     index = {rule["id"]: i for i, rule in enumerate(rules)}
     fallback = Location(files[-1] if files else "compose.yaml", 1, 1)
-    locator = Locator(files) if files else None
+    locator = Locator(files, dotenv=dotenv) if files else None
     results = []
     for finding in report["findings"]:
         location = (locator.find(finding["pointer"]) if locator else None) or fallback

@@ -147,3 +147,33 @@ def test_server_mode_posts_the_body_with_the_token(
     assert set(seen[0]["body"]) == {"fields", "strict", "env"}
     code, _, err = cli("check", RISKY, "--server", url, "--token", "wrong")
     assert code == 2 and "401" in err
+
+
+def test_secret_env_judges_the_file_and_reports_the_dotenv_at_its_line(tmp_path: Path) -> None:
+    """A ``${VAR}`` reference is no literal, whatever the shell or the .env hold; a secret in
+    the .env beside the file is its own finding at the .env's line (warn)."""
+    (tmp_path / "compose.yaml").write_text(
+        "services:\n  db:\n    image: postgres:16\n    environment:\n"
+        "      POSTGRES_PASSWORD: ${DB_PASSWORD}\n      OTHER_PASSWORD: hunter2xyz\n")
+    (tmp_path / ".env").write_text("# local settings\nDB_PASSWORD=s3cr3tvalue99\n")
+    path = str(tmp_path / "compose.yaml")
+    for environ in ({}, {"DB_PASSWORD": "from-the-shell-99"}):
+        code, out, _ = cli("check", path, "--format", "json", environ=environ)
+        assert code == 1
+        found = {(f["pointer"], f["severity"], f["message"])
+                 for f in json.loads(out)["findings"] if f["rule"] == "secret-env"}
+        assert found == {
+            ("/services/db/environment/OTHER_PASSWORD", "fail",
+             "environment OTHER_PASSWORD holds a literal secret value"),
+            ("/.env/DB_PASSWORD", "warn",
+             "environment POSTGRES_PASSWORD: secret committed in .env (DB_PASSWORD)")}
+    code, out, _ = cli("check", path)
+    assert f"secret committed in .env (DB_PASSWORD)  ({tmp_path / '.env'}:2:1)" in out
+    # without the .env and without the literal, the file passes secret-env
+    (tmp_path / ".env").unlink()
+    (tmp_path / "compose.yaml").write_text(
+        "services:\n  db:\n    image: postgres:16\n    environment:\n"
+        "      POSTGRES_PASSWORD: ${DB_PASSWORD}\n")
+    code, out, _ = cli("check", path, "--format", "json", environ={"DB_PASSWORD": "s3cr3t99"})
+    assert code == 0
+    assert [f for f in json.loads(out)["findings"] if f["rule"] == "secret-env"] == []
