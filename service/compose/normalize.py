@@ -21,6 +21,7 @@ Decisions worth knowing (also in examples/compose/README.md):
 
 from __future__ import annotations
 
+import datetime
 import posixpath
 import re
 import shlex
@@ -227,6 +228,8 @@ def _drop_extensions(value: Any, *, top: bool = False, names: bool = False) -> A
         out = {}
         for key, item in value.items():
             if not names and isinstance(key, str) and key.startswith("x-"):
+                if top and key == WAIVERS:  # the one extension the preflight reads
+                    out[key] = item
                 continue
             if names:
                 out[key] = _drop_extensions(item)
@@ -856,9 +859,43 @@ def _normalize_model(raw: dict[str, Any], name: str) -> dict[str, Any]:
             model[key] = {str(k): _definition(v, f"/{key}/{k}") for k, v in value.items()}
         elif key == "name":
             model["name"] = _str(value)
+        elif key == WAIVERS:
+            model[key] = _waivers(value, f"{name}: /{WAIVERS}")
         else:
             model[key] = value
     return model
+
+
+#: The file's waivers: ``[{rule, service, reason, expires}]`` (service.compose.preflight).
+WAIVERS = "x-controlplane-waivers"
+_WAIVER_KEYS = ("rule", "service", "reason", "expires")
+
+
+def _waivers(value: Any, where: str) -> list[dict[str, str]]:
+    """``x-controlplane-waivers`` as a list of ``{rule, service[, reason][, expires]}`` strings
+    (a YAML date or timestamp in ``expires`` becomes its ISO text); whether a waiver is valid
+    (a reason, not expired, a rule that may be waived) is the preflight's to say."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise NormalizeError(f"{where}: expected a list of {{rule, service, reason, expires}}")
+    out = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise NormalizeError(f"{where}/{index}: expected a mapping")
+        waiver: dict[str, str] = {}
+        for key in _WAIVER_KEYS:
+            raw = item.get(key)
+            if isinstance(raw, (datetime.date, datetime.datetime)):
+                raw = raw.isoformat()
+            text = _str(raw)
+            if text is not None:
+                waiver[key] = text
+        for key in ("rule", "service"):
+            if not waiver.get(key):
+                raise NormalizeError(f"{where}/{index}: a waiver needs {key}")
+        out.append(waiver)
+    return out
 
 
 def _definition(value: Any, where: str) -> dict[str, Any]:
@@ -943,7 +980,9 @@ def _deep_merge(base: Any, over: Any) -> Any:
 def _merge_models(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
-        if key == "services" and isinstance(value, dict):
+        if key == WAIVERS and isinstance(value, list):  # every file's waivers, in -f order
+            out[key] = [*(out.get(key) or []), *value]
+        elif key == "services" and isinstance(value, dict):
             services = dict(out.get("services") or {})
             for name, svc in value.items():
                 if isinstance(svc, Reset):

@@ -216,6 +216,8 @@ CASES = [
     pytest.param("privileged-ports", svc(ports=[{"target": 8080, "published": "8080"}]), None,
                  "pass", id="high-host-port"),
     pytest.param("privileged-ports", svc(), None, "n/a", id="no-ports"),
+    # waivers (the file's x-controlplane-waivers: test_waivers_* below and in test_cli.py)
+    pytest.param("waivers", svc(), None, "n/a", id="no-waivers"),
     # restart on-failure without a maximum
     pytest.param("restart-max-attempts", svc(restart="on-failure"), None, "info",
                  id="on-failure-forever"),
@@ -312,3 +314,17 @@ def test_rule_catalogue_is_complete(rules: object) -> None:
         assert rule.error is None, rule
         assert rule.severity in ("fail", "warn", "info")
         assert rule.title and rule.rationale and rule.remediation
+
+
+def test_waivers_in_fields(check: Check) -> None:
+    waivers = [{"rule": "privileged", "service": "svc", "reason": "raw devices"},
+               {"rule": "run-as-root", "service": "svc"},
+               {"rule": "privileged", "service": "not-in-the-file"}]
+    report = check({"svc": svc(privileged=True, user="root")},
+                   **{"x-controlplane-waivers": waivers})
+    assert cell(report, "svc", "privileged") == {
+        "service": "svc", "rule": "privileged", "result": "pass",
+        "message": "waived: raw devices", "waived": True}
+    assert cell(report, "svc", "run-as-root")["result"] == "fail"  # no reason: not waived
+    assert cell(report, "svc", "waivers")["message"] == "waiver of run-as-root has no reason"
+    assert report["summary"]["waived"] == 1 and report["passed"] is False
