@@ -13,8 +13,6 @@ import json
 import os
 import sys
 import traceback
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -233,7 +231,9 @@ def _check(args: argparse.Namespace) -> int:
     if args.env:
         body["env"] = args.env
     try:
-        validate(SCHEMA, body)  # the same check the endpoint makes, before anything is sent
+        # the same check the endpoint makes, before anything is sent (the repository's schema:
+        # tests/compose/test_schema.py checks it against the metaschema, this process need not)
+        validate(SCHEMA, body, check_schema=False)
     except ValidationFailed as exc:
         for violation in exc.violations:
             print(f"cpctl compose: {violation.pointer or '/'}: {violation.message}",
@@ -277,6 +277,8 @@ def _is_tty(stream: TextIO) -> bool:
 
 
 def _remote(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any] | None:
+    import urllib.error  # here: an offline check does not pay for http.client's import
+    import urllib.request
     environ = getattr(args, "environ", None) or os.environ
     token = args.token or environ.get("CONTROLPLANE_TOKEN")
     url = args.server.rstrip("/") + "/api/v1/compose/import"

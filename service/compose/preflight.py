@@ -24,6 +24,7 @@ not pass.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -33,9 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from service.config import Environments
 from service.lru import LRU
 from service.rego import (
     Bundle,
@@ -45,6 +45,9 @@ from service.rego import (
     Undefined,
     compile_bundle,
 )
+
+if TYPE_CHECKING:  # imported when first needed: the CLI's start does not pay for the config
+    from service.config import Environments
 
 __all__ = [
     "CHUNK_SERVICES",
@@ -386,7 +389,12 @@ def check_budget(fields: Mapping[str, Any]) -> None:
 
 # --- evaluating ------------------------------------------------------------------------------
 
-_DEFAULT_ENVIRONMENTS = Environments.from_raw(Environments.DEFAULTS)
+@functools.cache
+def _default_environments() -> Environments:
+    """The configuration's default environments (offline, without a configuration)."""
+    from service.config import Environments  # see TYPE_CHECKING above
+
+    return Environments.from_raw(Environments.DEFAULTS)
 
 
 def evaluate(
@@ -482,7 +490,7 @@ def report_input(*, strict: bool, env: str | None,
     input_doc: dict[str, Any] = {"strict": strict}
     if env is not None:
         input_doc["env"] = env
-        envs = environments if environments is not None else _DEFAULT_ENVIRONMENTS
+        envs = environments if environments is not None else _default_environments()
         input_doc["production"] = envs.is_production(env)
     states = waiver_states(fields) if fields is not None else {}
     if states:
