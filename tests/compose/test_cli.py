@@ -296,3 +296,32 @@ def test_sarif_uris_are_percent_encoded_and_relative_to_srcroot(
         "uri": (folder / "compose file.yaml").as_uri()}
     assert first["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].endswith(
         "/my%20app%20%232/compose%20file.yaml")
+
+
+def test_version_and_compose_check_import_no_other_command_group(tmp_path: Path) -> None:
+    """``cpctl --version`` and ``cpctl compose check`` load neither aiohttp nor the other
+    command groups nor the service configuration (a process each; nothing timed here: the
+    figures are bench/compose_bench.py --cli-only's)."""
+    import subprocess
+    import sys
+
+    from tests.compose.support import REPO
+
+    path = tmp_path / "compose.yaml"
+    path.write_text("services:\n  web:\n    image: nginx:1.27\n")
+    script = (
+        "import contextlib, io, sys\n"
+        "from service.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main(sys.argv[1:])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = ['aiohttp', 'service.config', 'service.cli.serve', 'service.cli.policy',\n"
+        "         'service.cli.approval', 'urllib.request']\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n")
+    for argv in (["--version"], ["compose", "check", str(path), "--env-file", "/dev/null"]):
+        result = subprocess.run([sys.executable, "-c", script, *argv], cwd=REPO,
+                                capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip().splitlines()[-1] == "[]", (argv, result.stdout)
