@@ -243,6 +243,57 @@ def over_http(requests: int, connections: int = 16, new_file: str = "renamed") -
             "seconds": result.seconds, "connections": connections, "new_file": new_file}
 
 
+CLI_TARGETS = {"version_p50_s": 0.15, "check_p50_s": 0.35}
+
+
+def cli_start(reps: int = 10) -> dict[str, float]:
+    """Wall-clock medians of ``reps`` processes each: ``cpctl --version``, ``cpctl compose
+    check`` of the bench's 10-service file (written as YAML), and the floor, a Python process
+    that imports PyYAML and loads the same file."""
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "compose.yaml"
+        path.write_text(yaml.safe_dump(http_bench.compose_fields(10)), encoding="utf-8")
+        commands = {
+            "version": [sys.executable, "-m", "service", "--version"],
+            "check": [sys.executable, "-m", "service", "compose", "check", str(path),
+                      "--env-file", "/dev/null"],
+            "floor": [sys.executable, "-c",
+                      "import sys, yaml; yaml.safe_load(open(sys.argv[1], encoding='utf-8'))",
+                      str(path)],
+        }
+        out: dict[str, float] = {}
+        for name, command in commands.items():
+            walls = []
+            for _ in range(reps):
+                start = time.perf_counter()
+                subprocess.run(command, cwd=h.REPO, capture_output=True, check=False)
+                walls.append(time.perf_counter() - start)
+            out[f"{name}_p50_s"] = statistics.median(walls)
+        out["reps"] = reps
+        return out
+
+
+def cli_markdown(cli: dict[str, float]) -> list[str]:
+    def met(key: str) -> str:
+        return "yes" if cli[key] <= CLI_TARGETS[key] else "no"
+
+    return [
+        f"CLI processes (wall-clock median of {cli['reps']:g} each, the bench's 10-service file "
+        "as YAML):", "",
+        "| measure | p50 s | floor / target | met |", "|---|---:|---|---|",
+        f"| Python + PyYAML loading the file (the floor) | {cli['floor_p50_s']:.3f} | - | - |",
+        f"| `cpctl --version` | {cli['version_p50_s']:.3f} | <= "
+        f"{CLI_TARGETS['version_p50_s']:g} s | {met('version_p50_s')} |",
+        f"| `cpctl compose check` | {cli['check_p50_s']:.3f} | <= "
+        f"{CLI_TARGETS['check_p50_s']:g} s ({cli['check_p50_s'] / cli['floor_p50_s']:.1f}x "
+        f"the floor) | {met('check_p50_s')} |", ""]
+
+
 def markdown(doc: dict[str, Any]) -> str:
     ip = doc["in_process"]
     ratio = ip["uncached"]["p50_ms"] / ip["constant"]["p50_ms"]
@@ -296,6 +347,8 @@ def markdown(doc: dict[str, Any]) -> str:
                   f"{doc['reps']} runs):", "", "| rule | CPU ms |", "|---|---:|"]
         lines += [f"| {rule} | {ms:.2f} |" for rule, ms in doc["rules"]]
         lines += [f"| all rules | {sum(ms for _, ms in doc['rules']):.1f} |", ""]
+    if doc.get("cli"):
+        lines += cli_markdown(doc["cli"])
     runs = doc.get("http") or []
     if runs:
         lines += [
@@ -323,9 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--no-http", action="store_true")
     parser.add_argument("--rules", action="store_true", help="a per-rule CPU table")
+    parser.add_argument("--cli-only", action="store_true",
+                        help="only the CLI processes against their floor")
     args = parser.parse_args(argv)
+    if args.cli_only:
+        print("\n".join(["## Compose CLI start (`bench/compose_bench.py --cli-only`)", "",
+                         *cli_markdown(cli_start())]))
+        return 0
     doc: dict[str, Any] = {"reps": args.reps, "in_process": in_process(args.reps),
-                           "isolated": isolated(args.reps)}
+                           "isolated": isolated(args.reps), "cli": cli_start()}
     if args.rules:
         doc["rules"] = per_rule(args.reps)
     if not args.no_http:

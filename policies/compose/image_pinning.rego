@@ -69,7 +69,10 @@ _findings_1 := [{"service": s[0], "path": ["image"], "message": concat(" ", ["im
 	s[2] != ""
 ]
 
-_findings_2 := [{"service": s[0], "path": ["image"], "message": concat("", ["image ", s[1], " is not pinned by digest (required in ", input.env, ")"])} |
+# A tag without a digest in production: warn (--strict fails). 119 of the corpus's 176
+# image-pinning findings in prod were a version tag without a digest: digest pinning is a
+# deploy pipeline's practice (a bot bumps it) more than a hand-written file's.
+_findings_2 := [{"service": s[0], "path": ["image"], "message": concat("", ["image ", s[1], " is not pinned by digest (in ", input.env, " a tag can be moved to another image)"]), "severity": "warn"} |
 	lib.is_prod
 	some s in _pinnable
 	s[2] == ""

@@ -61,3 +61,7 @@ trim_space_safe(s) := trim_space(s) if {
 trim_safe(s, cutset) := trim(s, cutset) if {
 	not contains(s, backslash)
 } else := s
+
+# The top-level extension that holds the file's waivers (rule waivers.rego; the preflight marks
+# the findings they lift).
+waivers_key := "x-controlplane-waivers"

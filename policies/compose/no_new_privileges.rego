@@ -30,10 +30,9 @@ _nnp(text) := "true" if {
 	value := lib.trim_space_safe(parts[1])
 }
 
-# Missing: warn, fail in production (an explicit false fails everywhere).
-missing_severity := "fail" if {
-	lib.is_prod
-} else := "warn"
+# Missing: warn, in production too (276 of the corpus's 278 services lack it: a hygiene rule
+# that --strict makes fail); an explicit false fails everywhere.
+missing_severity := "warn"
 
 # What an nnp value says: on or off (other values say neither).
 switch := {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}

@@ -6,33 +6,14 @@ import data.controlplane.compose.lib
 
 meta := {
 	"id": "privileged-ports",
-	"title": "Privileged container port published",
+	"title": "Low host port published",
 	"severity": "info",
-	"rationale": "Listening on a port below 1024 inside the container needs root or CAP_NET_BIND_SERVICE: a service that publishes one either runs as root or keeps a capability it could do without. With cap_drop: [ALL] and no NET_BIND_SERVICE the service cannot bind it at all.",
-	"remediation": "Listen on a port >= 1024 inside the container and publish it as the low port (\"80:8080\"), or add NET_BIND_SERVICE explicitly next to cap_drop: [ALL].",
+	"rationale": "A container port below 1024 needs neither root nor NET_BIND_SERVICE on current engines (Docker >= 20.10 sets net.ipv4.ip_unprivileged_port_start=0 in each container's network namespace), so that is not checked. The host side still matters: a port below 1024 other than the web and DNS ports (80, 443, 53) is where legacy and administrative services listen (ftp, telnet, smtp, rpcbind, smb, ...), and a rootless engine cannot publish any of them unless the host's net.ipv4.ip_unprivileged_port_start allows it.",
+	"remediation": "Publish a port >= 1024 on the host, or make sure the low port is deliberate (and, under a rootless engine, allowed by the host's sysctl).",
 }
 
-# The sysctl that lets unprivileged processes bind low ports in the container's namespace.
-unprivileged_ports(svc) if {
-	start := object.get(object.get(svc, "sysctls", {}), "net.ipv4.ip_unprivileged_port_start", "")
-	start != ""
-	to_number(start) <= 1
-}
-
-# True when the service can bind a low port without root (NET_BIND_SERVICE added, or the sysctl).
-low_ports_allowed(svc) if "NET_BIND_SERVICE" in lib.caps(svc, "cap_add")
-
-low_ports_allowed(svc) if unprivileged_ports(svc)
-
-# With every capability dropped a low port cannot be bound without root: that breaks at start.
-port_severity(svc) := "warn" if {
-	"ALL" in lib.caps(svc, "cap_drop")
-} else := "info"
-
-story := {
-	"warn": " < 1024 with cap_drop ALL and no NET_BIND_SERVICE: it cannot be bound unless the process is root",
-	"info": " < 1024 needs root or NET_BIND_SERVICE",
-}
+# Host ports below 1024 that services are expected to publish: the web and DNS.
+expected_low_ports := {80, 443, 53}
 
 _not_applicable_1 := [name |
 	some name
@@ -40,15 +21,27 @@ _not_applicable_1 := [name |
 	count(object.get(svc, "ports", [])) == 0
 ]
 
-_findings_1 := [{"service": name, "path": ["ports", i, "target"], "message": concat("", ["container port ", format_int(p.target, 10), story[severity]]), "severity": severity} |
+# The first host port of a "published" value ("70", "8000-8010"); undefined when it has none.
+first_host_port(published) := n if {
+	is_string(published)
+	first := split(published, "-")[0]
+	lib.matchable(first)
+	regex.match(`^[0-9]{1,5}$`, first)
+	n := to_number(first)
+} else := published if {
+	is_number(published)
+}
+
+_findings_1 := [{"service": name, "path": ["ports", i, "published"], "message": concat("", ["host port ", format_int(n, 10), " < 1024 published (container port ", format_int(p.target, 10), ")"])} |
 	some name
 	svc := input.fields.services[name]
 	ports := object.get(svc, "ports", [])
 	some i
 	p := ports[i]
-	p.target < 1024
-	not low_ports_allowed(svc)
-	severity := port_severity(svc)
+	n := first_host_port(object.get(p, "published", ""))
+	n < 1024
+	n > 0
+	not n in expected_low_ports
 ]
 
 findings := _findings_1

@@ -7,9 +7,9 @@ import data.controlplane.compose.lib
 meta := {
 	"id": "resource-limits",
 	"title": "No memory or CPU limits",
-	"severity": "fail",
+	"severity": "warn",
 	"rationale": "Without a memory limit one leaking container can push the host into the OOM killer and take its neighbours down; without a CPU limit it can starve them.",
-	"remediation": "Set deploy.resources.limits.memory (fail without it) and deploy.resources.limits.cpus (warn without it); mem_limit and cpus are accepted and folded into deploy.resources.",
+	"remediation": "Set deploy.resources.limits.memory and deploy.resources.limits.cpus (warn without them; --strict fails); mem_limit and cpus are accepted and folded into deploy.resources.",
 }
 
 _findings_1 := [{"service": name, "path": ["deploy", "resources", "limits", "memory"], "message": "no memory limit"} |
@@ -18,7 +18,7 @@ _findings_1 := [{"service": name, "path": ["deploy", "resources", "limits", "mem
 	not lib.limits(svc).memory
 ]
 
-_findings_2 := [{"service": name, "path": ["deploy", "resources", "limits", "cpus"], "message": "no CPU limit", "severity": "warn"} |
+_findings_2 := [{"service": name, "path": ["deploy", "resources", "limits", "cpus"], "message": "no CPU limit"} |
 	some name
 	svc := input.fields.services[name]
 	not lib.limits(svc).cpus

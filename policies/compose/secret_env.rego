@@ -183,6 +183,49 @@ told := {
 	"unchecked": {"text": concat("", [" holds a value too long to inspect", _over, " with a credential marker"]), "severity": "fail"},
 }
 
+# The file's own text is judged: a value that references a variable (the normalizer keeps it as
+# written, "${DB_PASSWORD}") is no literal, but the default of a whole-value reference
+# ("${DB_PASSWORD:-hunter2}") is written in the file and judged as a value. A "$" followed by
+# a letter, "_" or "{" is a reference ("$$" is an escaped "$").
+reference(value) if {
+	contains(value, "$")
+	lib.matchable(value)
+	regex.match(`(^|[^$])(\$\$)*\$(\{|[A-Za-z_])`, value)
+}
+
+# A value over lib.max_match with a "$" is judged as written (no regex over it).
+literal(value) := value if {
+	not reference(value)
+} else := value if {
+	password_hash(value) # "$argon2id$v=19$...": a hash, whose "$" are its own
+} else := d if {
+	lib.matchable(value)
+	some m in regex.find_all_string_submatch_n(`^\$\{[A-Za-z_][A-Za-z0-9_]*:?-(.*)\}$`, value, 1)
+	d := m[1]
+	not reference(d)
+}
+
+# The variable a whole value refers to ("$DB_PASSWORD", "${DB_PASSWORD}", "${DB_PASSWORD:?...}").
+referenced_variable(value) := m[1] if {
+	reference(value)
+	lib.matchable(value)
+	some m in regex.find_all_string_submatch_n(`^\$\{?([A-Za-z_][A-Za-z0-9_]*)([:?+-].*)?\}?$`, value, 1)
+}
+
+# The .env file beside the compose file (or --env-file), which the CLI gives as input.dotenv
+# ({name: value}; never over HTTP): a secret literal there is committed next to the file, a
+# finding of its own at that .env's line (pointer /.env/<name>), warn: the file does not hold
+# it, and whether the .env is committed or a deploy-time file is not for the preflight to know.
+dotenv := object.get(input, "dotenv", {})
+
+dotenv_told := {
+	"secret": " secret committed in .env",
+	"credential": " value that looks like a credential committed in .env",
+	"hash": " password hash committed in .env",
+	"long_name": " secret committed in .env",
+	"unchecked": " value too long to inspect with a credential marker committed in .env",
+}
+
 _findings_1 := [{"service": name, "path": ["environment", key], "message": concat("", ["environment ", key, told[k].text]), "severity": told[k].severity} |
 	some name
 	svc := input.fields.services[name]
@@ -190,7 +233,34 @@ _findings_1 := [{"service": name, "path": ["environment", key], "message": conca
 	some key
 	value := value_all[key]
 	is_string(value)
-	k := kind(named_secret(key), value)
+	k := kind(named_secret(key), literal(value))
 ]
 
-findings := _findings_1
+# Values that come from the .env: a whole-value reference, or a bare name (environment: [NAME]).
+_from_dotenv := [[name, key, variable] |
+	some name
+	svc := input.fields.services[name]
+	value_all := object.get(svc, "environment", {})
+	some key
+	value := value_all[key]
+	variable := dotenv_variable(key, value)
+	is_string(object.get(dotenv, variable, null))
+]
+
+dotenv_variable(key, value) := key if {
+	value == null
+} else := referenced_variable(value) if {
+	is_string(value)
+}
+
+_findings_2 := [{"service": f[0], "pointer": concat("/", ["", ".env", lib.esc(f[2])]), "message": concat("", ["environment ", f[1], ":", dotenv_told[k], " (", f[2], ")"]), "severity": severity} |
+	some f in _from_dotenv
+	k := kind(named_secret(f[1]), dotenv[f[2]])
+	severity := dotenv_severity(k)
+]
+
+dotenv_severity(k) := "info" if {
+	k == "hash"
+} else := "warn"
+
+findings := array.concat(_findings_1, _findings_2)

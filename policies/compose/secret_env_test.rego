@@ -41,3 +41,22 @@ test_secret_names if {
 	not rule.secret_name("TOKEN_TTL")
 	not rule.secret_name("LOG_LEVEL")
 }
+
+test_references_are_no_literal if {
+	rule.reference("${DB_PASSWORD}")
+	rule.reference("$DB_PASSWORD")
+	rule.reference("postgres://u:${PW}@h")
+	not rule.reference("pa$$word")
+	not rule.reference("costs $5")
+	not rule.literal("${DB_PASSWORD}")
+	rule.literal("${DB_PASSWORD:-hunter2}") == "hunter2"
+	rule.literal("plain") == "plain"
+}
+
+test_referenced_variable if {
+	rule.referenced_variable("${DB_PASSWORD}") == "DB_PASSWORD"
+	rule.referenced_variable("$DB_PASSWORD") == "DB_PASSWORD"
+	rule.referenced_variable("${DB_PASSWORD:?set it}") == "DB_PASSWORD"
+	rule.dotenv_variable("API_TOKEN", null) == "API_TOKEN"
+	rule.dotenv_variable("X", "${Y}") == "Y"
+}

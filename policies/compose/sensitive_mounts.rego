@@ -8,26 +8,46 @@ meta := {
 	"id": "sensitive-mounts",
 	"title": "Container runtime socket or sensitive host path mounted",
 	"severity": "fail",
-	"rationale": "The Docker (or containerd/Podman) socket is root on the host: whoever can talk to it can start a privileged container, and a read-only mount does not make the API read-only. Mounting /, /etc, /home, /root, /proc, /sys, /dev, /boot, /var/lib or anything below them exposes host credentials (ssh keys, shadow, kubeconfigs), other services' data and kernel interfaces; read-only still discloses them.",
+	"rationale": "The Docker (or containerd/Podman) socket is root on the host: whoever can talk to it can start a privileged container, and a read-only mount does not make the API read-only. Mounting /, /etc, /root, /proc, /sys, /dev, /boot, /var/lib, /run, the system parts of /usr (bin, sbin, lib, src, ...), a home directory or its dot-directories (~/.ssh, ~/.aws, ...) or anything below them exposes host credentials (ssh keys, shadow, kubeconfigs), other services' data and kernel interfaces; read-only still discloses them. Application data elsewhere (~/app_data, /usr/share/appdata/app, /srv/app) is not reported.",
 	"remediation": "Do not mount the runtime socket (use a narrowly scoped socket proxy if an API is unavoidable, and give it the socket read-only) and mount only application directories, read-only where possible.",
 }
 
-# Host directories that must not be mounted, themselves or anything below them.
-sensitive_trees := ["/etc", "/home", "/root", "/proc", "/sys", "/boot", "/dev", "/var/lib", "/var/run", "/run", "/usr", "/lib", "/lib64", "/bin", "/sbin", "/snap", "/var/spool/cron"]
+# Host directories that must not be mounted, themselves or anything below them: system and
+# kernel interfaces, credentials, other services' state. (/usr and /home are not among them as
+# a whole: /usr/share/appdata/... and ~/minecraft_data are application data; their system and
+# credential parts are listed here and in credential_dir.)
+sensitive_trees := ["/etc", "/root", "/proc", "/sys", "/boot", "/dev", "/var/lib", "/var/run", "/run", "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib64", "/usr/libexec", "/usr/src", "/usr/include", "/usr/local/bin", "/usr/local/sbin", "/usr/local/lib", "/lib", "/lib64", "/bin", "/sbin", "/snap", "/var/spool/cron"]
 
 # Host directories that must not be mounted as a whole (their other subdirectories are common
-# application data: /var/log/app, /var/www, /srv, /opt/app).
-sensitive_dirs := {"/", "/var", "/opt", "/srv", "/mnt", "/media", "/var/log"}
+# application data: /var/log/app, /var/www, /srv, /opt/app, /usr/share/appdata, ~/app_data).
+sensitive_dirs := {"/", "/var", "/opt", "/srv", "/mnt", "/media", "/var/log", "/usr", "/usr/local", "/usr/share", "/home"}
 
 # Host files below a sensitive tree that are customary and harmless to share (the time zone).
 harmless_files := {"/etc/localtime", "/etc/timezone"}
 
 socket_names := {"docker.sock", "containerd.sock", "podman.sock", "crio.sock", "dockershim.sock", "cri-dockerd.sock"}
 
-# Relative to the invoking user's home: ~ itself, and every path below it.
-home_relative(path) if path == "~"
+# A home directory itself (~, /home/<user>) or a dot-directory or dot-file of one (~/.ssh,
+# /home/alice/.aws, ~/.docker/config.json): where ssh keys, cloud and registry credentials and
+# shell history live. Other paths below a home are application data.
+home_dir(path) if path == "~"
 
-home_relative(path) if startswith(path, "~/")
+home_dir(path) if {
+	parts := split(trim_suffix(path, "/"), "/")
+	count(parts) == 3
+	parts[0] == ""
+	parts[1] == "home"
+}
+
+credential_dir(path) if startswith(path, "~/.")
+
+credential_dir(path) if {
+	parts := split(path, "/")
+	count(parts) > 3
+	parts[0] == ""
+	parts[1] == "home"
+	startswith(parts[3], ".")
+}
 
 sensitive(path) := "container runtime socket" if {
 	parts := split(path, "/")
@@ -35,7 +55,9 @@ sensitive(path) := "container runtime socket" if {
 } else := "sensitive host path" if {
 	path in sensitive_dirs
 } else := "home directory" if {
-	home_relative(path)
+	home_dir(path)
+} else := "home directory" if {
+	credential_dir(path)
 } else := "sensitive host path" if {
 	not path in harmless_files
 	in_sensitive_tree(path)

@@ -10,15 +10,18 @@ test_sockets if {
 }
 
 test_trees_and_their_subdirectories if {
-	every path in ["/etc", "/etc/nginx", "/etc/ssh/ssh_host_rsa_key", "/home/alice", "/root/.ssh", "/proc/1", "/sys/fs/cgroup", "/boot", "/dev/bus/usb", "/var/lib/postgresql/data", "/", "/var"] {
+	every path in ["/etc", "/etc/nginx", "/etc/ssh/ssh_host_rsa_key", "/root/.ssh", "/usr", "/usr/bin", "/usr/src", "/lib/modules", "/proc/1", "/sys/fs/cgroup", "/boot", "/dev/bus/usb", "/var/lib/postgresql/data", "/", "/var"] {
 		rule.sensitive(path) == "sensitive host path"
 	}
 	rule.sensitive("~") == "home directory"
 	rule.sensitive("~/.ssh") == "home directory"
+	rule.sensitive("/home/alice/") == "home directory"
+	rule.sensitive("/home/alice") == "home directory"
+	rule.sensitive("/home/alice/.ssh/id_rsa") == "home directory"
 }
 
 test_harmless_paths if {
-	every path in ["/etc/localtime", "/etc/timezone", "/srv/app", "/var/log/app", "/opt/app/config", "./data", "/etcetera", "/homework"] {
+	every path in ["/etc/localtime", "/etc/timezone", "/srv/app", "/var/log/app", "/opt/app/config", "./data", "/etcetera", "/homework", "~/minecraft_data", "/home/alice/projects", "/usr/share/appdata/wireguard/config", "/usr/local/share/app"] {
 		not rule.sensitive(path)
 	}
 }

@@ -13,13 +13,11 @@ import json
 import os
 import sys
 import traceback
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from service.compose.normalize import NormalizeError, normalize_files
+from service.compose.normalize import NormalizeError, dotenv_path, normalize_files
 from service.compose.preflight import (
     EVALUATION_BUDGET_S,
     POLICY_DIR,
@@ -35,6 +33,7 @@ from service.compose.source import (
     MAX_INTERPOLATION_DEPTH,
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
+    read_dotenv,
 )
 from service.limits import JSONValueRefused, check_json
 from service.schemas import ValidationFailed, validate
@@ -190,6 +189,19 @@ def _fields(args: argparse.Namespace) -> dict[str, Any] | None:
     return None
 
 
+def _dotenv(args: argparse.Namespace) -> dict[str, str] | None:
+    """The variables of the ``.env`` beside the first file (or ``--env-file``), as the file
+    sets them (the shell does not override them here): what secret-env judges as committed
+    beside the compose file. ``_fields`` already read it, so it is readable."""
+    path = dotenv_path(args.files, args.env_file)
+    if path is None:
+        return None
+    try:
+        return read_dotenv(path)
+    except (NormalizeError, OSError):
+        return None
+
+
 def _one_line(text: str) -> str:
     """``text`` on one line (a message may quote a value that holds line breaks)."""
     return " ".join(text.split()) if "\n" in text or "\r" in text else text
@@ -219,7 +231,9 @@ def _check(args: argparse.Namespace) -> int:
     if args.env:
         body["env"] = args.env
     try:
-        validate(SCHEMA, body)  # the same check the endpoint makes, before anything is sent
+        # the same check the endpoint makes, before anything is sent (the repository's schema:
+        # tests/compose/test_schema.py checks it against the metaschema, this process need not)
+        validate(SCHEMA, body, check_schema=False)
     except ValidationFailed as exc:
         for violation in exc.violations:
             print(f"cpctl compose: {violation.pointer or '/'}: {violation.message}",
@@ -242,14 +256,16 @@ def _check(args: argparse.Namespace) -> int:
             return 2
         try:
             report = evaluate(fields, strict=body["strict"], env=body.get("env"), rules=rules,
-                              budget_s=args.budget)
+                              budget_s=args.budget, dotenv=_dotenv(args))
         except EvaluationBudgetExceeded as exc:
             print(f"cpctl compose: evaluation_budget_exceeded: {exc.message}", file=_err(args))
             return 2
     out = _out(args)
     environ = getattr(args, "environ", None) or os.environ
     color = args.format == "table" and _is_tty(out) and "NO_COLOR" not in environ
-    out.write(render(report, args.format, files=[str(f) for f in args.files], color=color))
+    dotenv = dotenv_path(args.files, args.env_file)
+    out.write(render(report, args.format, files=[str(f) for f in args.files], color=color,
+                     dotenv=str(dotenv) if dotenv is not None else None))
     return 0 if report["passed"] else 1
 
 
@@ -261,6 +277,8 @@ def _is_tty(stream: TextIO) -> bool:
 
 
 def _remote(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any] | None:
+    import urllib.error  # here: an offline check does not pay for http.client's import
+    import urllib.request
     environ = getattr(args, "environ", None) or os.environ
     token = args.token or environ.get("CONTROLPLANE_TOKEN")
     url = args.server.rstrip("/") + "/api/v1/compose/import"

@@ -114,7 +114,8 @@ class EvaluatorPool:
 
         Raises ``EvaluationBudgetExceeded`` (over the CPU budget, or the child over the wall-clock
         bound and killed) or ``EvaluationFailed``."""
-        input_doc = preflight.report_input(strict=strict, env=env, environments=environments)
+        input_doc = preflight.report_input(strict=strict, env=env, environments=environments,
+                                           fields=fields)
 
         def look_up() -> tuple[str, tuple[dict[str, Any], str] | None]:
             key = preflight.report_key(fields, input_doc, rules)

@@ -23,6 +23,7 @@ file that normalized.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ import yaml
 from .source import ComposeLoader
 
 __all__ = ["Location", "Locator"]
+
+_DOTENV_KEY = re.compile(r"^\s*(export\s+)?([A-Za-z_][A-Za-z0-9_.-]*)\s*=")
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,21 @@ class Location:
 class Locator:
     """Compose files parsed once into YAML node trees; ``find(pointer)`` for each finding."""
 
-    def __init__(self, files: Sequence[str | Path]) -> None:
+    def __init__(self, files: Sequence[str | Path], *, dotenv: str | Path | None = None) -> None:
         self._roots: list[tuple[str, yaml.Node]] = []
+        #: ``/.env/<name>`` pointers (secret-env's findings in the ``.env`` file): the line
+        #: that sets ``name`` in ``dotenv``.
+        self._dotenv: dict[str, Location] = {}
+        if dotenv is not None:
+            try:
+                lines = Path(dotenv).read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError):
+                lines = []
+            for number, line in enumerate(lines, 1):
+                match = _DOTENV_KEY.match(line)
+                if match is not None:  # the last assignment wins, as when the file is read
+                    self._dotenv[match.group(2)] = Location(str(dotenv), number,
+                                                            match.start(2) + 1)
         for name in files:
             try:
                 text = Path(name).read_text(encoding="utf-8")
@@ -60,6 +76,8 @@ class Locator:
     def find(self, pointer: str) -> Location | None:
         """The location of ``pointer`` (RFC 6901, into the normalized fields), or ``None``."""
         tokens = [t.replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:]]
+        if len(tokens) == 2 and tokens[0] == ".env":
+            return self._dotenv.get(tokens[1])
         if len(self._roots) > 1:
             merged = _merged_entry(self._roots, tokens)
             if merged is not None:

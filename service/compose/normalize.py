@@ -21,6 +21,7 @@ Decisions worth knowing (also in examples/compose/README.md):
 
 from __future__ import annotations
 
+import datetime
 import posixpath
 import re
 import shlex
@@ -38,7 +39,7 @@ from .source import (
     read_source,
 )
 
-__all__ = ["NormalizeError", "normalize_files", "normalize_text", "project_variables"]
+__all__ = ["NormalizeError", "dotenv_path", "normalize_files", "normalize_text", "project_variables"]
 
 #: Keys whose values are user data, not Compose structure: never strip ``x-`` inside.
 _FREEFORM = frozenset({"environment", "labels", "annotations", "driver_opts", "options", "args",
@@ -65,6 +66,15 @@ def project_variables(
         variables = read_dotenv(path, environ)
     variables.update(environ)
     return variables
+
+
+def dotenv_path(files: Sequence[Path], env_file: Path | None = None) -> Path | None:
+    """The ``.env`` file the variables come from: ``env_file``, else ``.env`` beside the first
+    file when there is one."""
+    if env_file is not None:
+        return env_file
+    path = files[0].parent / ".env" if files else None
+    return path if path is not None and path.is_file() else None
 
 
 def normalize_files(
@@ -127,19 +137,14 @@ class _Loader:
         if not isinstance(raw, dict):
             raise NormalizeError(f"{name}: a compose file must be a mapping at the top level")
         raw = _drop_extensions(raw, top=True)
+        written = raw
         # Interpolation runs after YAML (anchors are already expanded) and before typing.
         try:
             raw = self.interpolator.walk(raw, "")
         except NormalizeError as exc:  # its message names the value's path: add the file
             raise NormalizeError(f"{name}: {exc}") from None
         model = _normalize_model(raw, name)
-        # "environment: [NAME]" takes NAME's value from the project environment, as in Compose.
-        for svc in (model.get("services") or {}).values():
-            env = svc.get("environment")
-            if isinstance(env, dict):
-                for key, value in env.items():
-                    if value is None and key in self.interpolator.variables:
-                        env[key] = self.interpolator.variables[key]
+        _environment_as_written(model, written, name)
         if model.get("services"):
             model["services"] = {svc: self._extended(model, svc, base_dir, name, [])
                                  for svc in model["services"]}
@@ -188,6 +193,34 @@ class _Loader:
         return merged
 
 
+#: A variable reference in a value as written (``$$`` is an escaped ``$``, removed first).
+_REFERENCE = re.compile(r"\$(\{|[A-Za-z_])")
+
+
+def _environment_as_written(model: dict[str, Any], written: Any, name: str) -> None:
+    """Environment values that reference variables keep the file's text (``${DB_PASSWORD}``),
+    and a bare name (``environment: [NAME]``) stays without a value: the fields say what the
+    file says, not what this machine's shell or ``.env`` holds (the secret-env rule judges the
+    file's own text; a literal in the ``.env`` beside the file is its own finding, from the
+    CLI's ``input.dotenv``). The references are still interpolated, so a missing required
+    variable is refused as before."""
+    services = written.get("services") if isinstance(written, dict) else None
+    if not isinstance(services, dict):
+        return
+    for svc_name, svc in (model.get("services") or {}).items():
+        env = svc.get("environment")
+        source = services.get(svc_name)
+        if not isinstance(env, dict) or not isinstance(source, dict):
+            continue
+        try:
+            texts = _mapping(source.get("environment"), name)
+        except NormalizeError:
+            continue
+        for key, text in texts.items():
+            if key in env and isinstance(text, str) and _REFERENCE.search(text.replace("$$", "")):
+                env[key] = text
+
+
 def _drop_extensions(value: Any, *, top: bool = False, names: bool = False) -> Any:
     """Remove ``x-*`` keys from Compose structure, not from user data (labels, environment)
     nor from name maps (a service may be called ``x-ray``)."""
@@ -195,6 +228,8 @@ def _drop_extensions(value: Any, *, top: bool = False, names: bool = False) -> A
         out = {}
         for key, item in value.items():
             if not names and isinstance(key, str) and key.startswith("x-"):
+                if top and key == WAIVERS:  # the one extension the preflight reads
+                    out[key] = item
                 continue
             if names:
                 out[key] = _drop_extensions(item)
@@ -824,9 +859,43 @@ def _normalize_model(raw: dict[str, Any], name: str) -> dict[str, Any]:
             model[key] = {str(k): _definition(v, f"/{key}/{k}") for k, v in value.items()}
         elif key == "name":
             model["name"] = _str(value)
+        elif key == WAIVERS:
+            model[key] = _waivers(value, f"{name}: /{WAIVERS}")
         else:
             model[key] = value
     return model
+
+
+#: The file's waivers: ``[{rule, service, reason, expires}]`` (service.compose.preflight).
+WAIVERS = "x-controlplane-waivers"
+_WAIVER_KEYS = ("rule", "service", "reason", "expires")
+
+
+def _waivers(value: Any, where: str) -> list[dict[str, str]]:
+    """``x-controlplane-waivers`` as a list of ``{rule, service[, reason][, expires]}`` strings
+    (a YAML date or timestamp in ``expires`` becomes its ISO text); whether a waiver is valid
+    (a reason, not expired, a rule that may be waived) is the preflight's to say."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise NormalizeError(f"{where}: expected a list of {{rule, service, reason, expires}}")
+    out = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise NormalizeError(f"{where}/{index}: expected a mapping")
+        waiver: dict[str, str] = {}
+        for key in _WAIVER_KEYS:
+            raw = item.get(key)
+            if isinstance(raw, (datetime.date, datetime.datetime)):
+                raw = raw.isoformat()
+            text = _str(raw)
+            if text is not None:
+                waiver[key] = text
+        for key in ("rule", "service"):
+            if not waiver.get(key):
+                raise NormalizeError(f"{where}/{index}: a waiver needs {key}")
+        out.append(waiver)
+    return out
 
 
 def _definition(value: Any, where: str) -> dict[str, Any]:
@@ -911,7 +980,9 @@ def _deep_merge(base: Any, over: Any) -> Any:
 def _merge_models(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
-        if key == "services" and isinstance(value, dict):
+        if key == WAIVERS and isinstance(value, list):  # every file's waivers, in -f order
+            out[key] = [*(out.get(key) or []), *value]
+        elif key == "services" and isinstance(value, dict):
             services = dict(out.get("services") or {})
             for name, svc in value.items():
                 if isinstance(svc, Reset):

@@ -24,6 +24,7 @@ not pass.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -31,10 +32,10 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from service.config import Environments
 from service.lru import LRU
 from service.rego import (
     Bundle,
@@ -44,6 +45,9 @@ from service.rego import (
     Undefined,
     compile_bundle,
 )
+
+if TYPE_CHECKING:  # imported when first needed: the CLI's start does not pay for the config
+    from service.config import Environments
 
 __all__ = [
     "CHUNK_SERVICES",
@@ -65,6 +69,7 @@ __all__ = [
     "remember_report",
     "report_input",
     "report_key",
+    "waiver_states",
 ]
 
 #: The repository's compose policies (``policies/compose``).
@@ -384,7 +389,12 @@ def check_budget(fields: Mapping[str, Any]) -> None:
 
 # --- evaluating ------------------------------------------------------------------------------
 
-_DEFAULT_ENVIRONMENTS = Environments.from_raw(Environments.DEFAULTS)
+@functools.cache
+def _default_environments() -> Environments:
+    """The configuration's default environments (offline, without a configuration)."""
+    from service.config import Environments  # see TYPE_CHECKING above
+
+    return Environments.from_raw(Environments.DEFAULTS)
 
 
 def evaluate(
@@ -396,8 +406,13 @@ def evaluate(
     environments: Environments | None = None,
     budget_s: float | None = EVALUATION_BUDGET_S,
     cache: bool = True,
+    dotenv: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Evaluate every rule for every service of ``fields`` into the report.
+
+    ``dotenv`` is the variables of the ``.env`` file beside the compose file (the CLI's, offline
+    only: the server has no such file), given to the rules as ``input.dotenv``; secret-env
+    reports a secret literal there at ``/.env/<name>``.
 
     Whether ``env`` is production is the configuration's answer (``environments``, the
     service's; the configuration's defaults offline), given to the rules as
@@ -414,7 +429,7 @@ def evaluate(
     its caller (``cache=False`` evaluates and stores nothing).
     """
     return _report(fields, strict=strict, env=env, rules=rules, environments=environments,
-                   budget_s=budget_s, cache=cache).report
+                   budget_s=budget_s, cache=cache, dotenv=dotenv).report
 
 
 def evaluate_json(
@@ -445,9 +460,12 @@ def _report(
     environments: Environments | None,
     budget_s: float | None,
     cache: bool,
+    dotenv: Mapping[str, str] | None = None,
 ) -> _Entry:
     check_budget(fields)
-    input_doc = report_input(strict=strict, env=env, environments=environments)
+    input_doc = report_input(strict=strict, env=env, environments=environments, fields=fields)
+    if dotenv:
+        input_doc["dotenv"] = dict(dotenv)
     key = None
     if cache:
         key = report_key(fields, input_doc, rules)
@@ -465,14 +483,53 @@ def _report(
 # the cache stays with the caller, the evaluation runs in a child process).
 
 def report_input(*, strict: bool, env: str | None,
-                 environments: Environments | None) -> dict[str, Any]:
-    """The rules' input beside the fields: ``strict``, and ``env`` with ``production``."""
+                 environments: Environments | None,
+                 fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The rules' input beside the fields: ``strict``, ``env`` with ``production``, and with
+    ``fields`` that hold waivers, ``waiver_states`` (``waiver_states``)."""
     input_doc: dict[str, Any] = {"strict": strict}
     if env is not None:
         input_doc["env"] = env
-        envs = environments if environments is not None else _DEFAULT_ENVIRONMENTS
+        envs = environments if environments is not None else _default_environments()
         input_doc["production"] = envs.is_production(env)
+    states = waiver_states(fields) if fields is not None else {}
+    if states:
+        input_doc["waiver_states"] = states
     return input_doc
+
+
+#: The top-level extension of a compose file that holds its waivers.
+WAIVERS = "x-controlplane-waivers"
+
+
+def waiver_states(fields: Mapping[str, Any], now: datetime | None = None) -> dict[str, str]:
+    """``{index: "expired" | "invalid"}`` for the waivers of ``fields`` whose ``expires`` has
+    passed or is not an RFC 3339 date or date-time (the waivers rule reports them; the input
+    changes only when a waiver expires, so cached reports stay valid until then). A date
+    expires at its end (UTC); a date-time without an offset is read as UTC."""
+    now = now or datetime.now(UTC)
+    states: dict[str, str] = {}
+    for index, waiver in enumerate(fields.get(WAIVERS) or []):
+        expires = waiver.get("expires") if isinstance(waiver, Mapping) else None
+        if not isinstance(expires, str):
+            continue
+        end = _expiry(expires)
+        if end is None:
+            states[str(index)] = "invalid"
+        elif end <= now:
+            states[str(index)] = "expired"
+    return states
+
+
+def _expiry(text: str) -> datetime | None:
+    try:
+        if len(text) == 10:
+            return datetime.combine(date.fromisoformat(text), datetime.min.time(),
+                                    tzinfo=UTC) + timedelta(days=1)
+        moment = datetime.fromisoformat(text.replace("z", "Z"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def report_key(fields: Mapping[str, Any], input_doc: Mapping[str, Any], rules: RuleSet) -> str:
@@ -540,6 +597,8 @@ def _evaluate(
     matrix: list[dict[str, Any]] = []
     findings: list[dict[str, Any]] = []
     counts = dict.fromkeys(RESULTS, 0)
+    waivers = _active_waivers(fields, outputs.get("waivers"), services)
+    waived = 0
     for rule in rules.rules:
         output = outputs.get(rule.package)
         if output is None and rule.error is None and rules.bundle is not None:
@@ -551,7 +610,9 @@ def _evaluate(
             per_service, not_applicable, error = _read_output(rule, output, services)
         for service in services:
             cell, cell_findings = _cell(rule, service, error, per_service.get(service, []),
-                                        service in not_applicable)
+                                        service in not_applicable,
+                                        waivers.get((rule.id, service)))
+            waived += sum(1 for finding in cell_findings if finding.get("waived"))
             counts[cell["result"]] += 1
             matrix.append(cell)
             findings.extend(cell_findings)
@@ -567,7 +628,8 @@ def _evaluate(
         "env": env,
         "summary": {"services": len(services), "rules": len(rules.rules), "cells": len(matrix),
                     "fail": counts["fail"], "warn": counts["warn"], "info": counts["info"],
-                    "pass": counts["pass"], "n/a": counts["n/a"], "error": counts["error"]},
+                    "pass": counts["pass"], "n/a": counts["n/a"], "error": counts["error"],
+                    "waived": waived},
         "rules": [rule.describe() for rule in rules.rules],
         "matrix": matrix,
         "findings": findings,
@@ -797,11 +859,32 @@ def _path_pointer(service: str, path: Any) -> str | None:
     return "/".join(tokens)
 
 
+def _active_waivers(fields: Mapping[str, Any], output: Any, services: list[str]
+                    ) -> dict[tuple[str, str], dict[str, str]]:
+    """``{(rule, service): waiver}`` of the waivers that lift findings: those the waivers rule
+    found nothing wrong with (a reason, not expired, a rule that may be waived here). Without
+    the waivers rule's output (the rule is missing or failed) no waiver lifts anything; the
+    waivers rule itself cannot be waived."""
+    listed = fields.get(WAIVERS) or []
+    if not listed or not isinstance(output, dict) or not isinstance(output.get("findings"), list):
+        return {}
+    faulty = {item.get("pointer") for item in output["findings"] if isinstance(item, dict)}
+    known = set(services)
+    active: dict[tuple[str, str], dict[str, str]] = {}
+    for index, waiver in enumerate(listed):
+        if (isinstance(waiver, Mapping) and waiver.get("service") in known
+                and waiver.get("rule") != "waivers" and f"/{WAIVERS}/{index}" not in faulty):
+            active.setdefault((waiver["rule"], waiver["service"]), dict(waiver))
+    return active
+
+
 def _cell(
-    rule: Rule, service: str, error: str | None, items: list[dict[str, Any]], not_applicable: bool
+    rule: Rule, service: str, error: str | None, items: list[dict[str, Any]], not_applicable: bool,
+    waiver: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     base_pointer = "/services/" + _escape(service)
-    if error is not None:
+    cell: dict[str, Any]
+    if error is not None:  # an error is never waived
         cell = {"service": service, "rule": rule.id, "result": "error", "message": error}
         return cell, [_finding(rule, service, "error", error, base_pointer)]
     if not items:
@@ -809,13 +892,22 @@ def _cell(
         return {"service": service, "rule": rule.id, "result": result,
                 "message": "not applicable" if not_applicable else ""}, []
     severities = [item.get("severity", rule.severity) for item in items]
-    result = min(severities, key=_RANK.__getitem__)
-    cell = {"service": service, "rule": rule.id, "result": result,
-            "message": "; ".join(item["message"] for item in items)}
     cell_findings = [
         _finding(rule, service, severity, item["message"], item.get("pointer") or base_pointer)
         for item, severity in zip(items, severities, strict=True)
     ]
+    if waiver is not None:
+        # Waived findings stay in the report, marked, and no longer decide the cell.
+        note = {k: waiver[k] for k in ("reason", "expires") if k in waiver}
+        for finding in cell_findings:
+            finding["waived"] = True
+            finding["waiver"] = note
+        cell = {"service": service, "rule": rule.id, "result": "pass",
+                "message": "waived: " + waiver.get("reason", ""), "waived": True}
+        return cell, cell_findings
+    result = min(severities, key=_RANK.__getitem__)
+    cell = {"service": service, "rule": rule.id, "result": result,
+            "message": "; ".join(item["message"] for item in items)}
     return cell, cell_findings
 
 

@@ -7,9 +7,12 @@ so offline and ``--server`` runs print the same thing.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
+from pathlib import Path, PurePath
 from typing import Any
+from urllib.parse import quote
 from xml.etree import ElementTree as ET
 
 from .locate import Location, Locator
@@ -30,17 +33,19 @@ _NOT_XML_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010fff
 
 
 def render(
-    report: dict[str, Any], fmt: str, *, files: Sequence[str] = (), color: bool = False
+    report: dict[str, Any], fmt: str, *, files: Sequence[str] = (), color: bool = False,
+    dotenv: str | None = None,
 ) -> str:
     """Render ``report`` as ``table``, ``json``, ``junit`` or ``sarif``; ``files`` are the
-    compose files the report is about (for locations), ``color`` colours the table."""
+    compose files the report is about (for locations), ``dotenv`` the ``.env`` file its
+    ``/.env/<name>`` pointers are in, ``color`` colours the table."""
     if fmt == "json":
         return to_json(report)
     if fmt == "junit":
         return to_junit(report, files=files)
     if fmt == "sarif":
-        return to_sarif(report, files=files)
-    return to_table(report, files=files, color=color)
+        return to_sarif(report, files=files, dotenv=dotenv)
+    return to_table(report, files=files, color=color, dotenv=dotenv)
 
 
 def to_json(report: dict[str, Any]) -> str:
@@ -57,7 +62,8 @@ def _short(name: str, width: int) -> str:
     return name if len(name) <= width else name[: width - 1] + "~"
 
 
-def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool = False) -> str:
+def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool = False,
+             dotenv: str | None = None) -> str:
     """Rules down (by id), services across (by name), then the findings, each at its file and
     line when ``files`` are given, and the verdict. Control characters of the compose file's
     values are shown as ``\\xNN``: a value must not move the cursor or colour a terminal."""
@@ -65,6 +71,7 @@ def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool =
     cells = {(c["service"], c["rule"]): c["result"] for c in report["matrix"]}
     services = list(dict.fromkeys(_visible(c["service"]) for c in report["matrix"]))
     cells = {(_visible(service), rule): result for (service, rule), result in cells.items()}
+    waived = {(_visible(c["service"]), c["rule"]) for c in report["matrix"] if c.get("waived")}
     rule_width = max([len("rule"), *(len(r) for r in rules)])
     widths = [max(4, len(_short(s, _SERVICE_WIDTH))) for s in services]
     header = "rule".ljust(rule_width) + "".join(
@@ -74,16 +81,19 @@ def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool =
         row = rule.ljust(rule_width)
         for service, width in zip(services, widths, strict=True):
             result = cells.get((service, rule), "n/a")
-            row += "  " + _paint(_SYMBOL[result].ljust(width), result, color)
+            symbol = "wvd" if (service, rule) in waived else _SYMBOL[result]
+            row += "  " + _paint(symbol.ljust(width), result, color)
         lines.append(row.rstrip())
     if report["findings"]:
-        locator = Locator(files) if files else None
+        locator = Locator(files, dotenv=dotenv) if files else None
         lines += ["", "findings:"]
         for finding in report["findings"]:
             where = _where(locator, finding["pointer"])
             severity = _paint(f"{finding['severity'].upper():5}", finding["severity"], color)
+            waiver = (f" [waived: {finding['waiver'].get('reason', '')}]"
+                      if finding.get("waived") else "")
             text = _visible(f"{finding['service']} [{finding['rule']}] {finding['message']}  "
-                            f"({where or finding['pointer']})")
+                            f"({where or finding['pointer']}){waiver}")
             lines.append(f"  {severity} {text}")
     summary = report["summary"]
     verdict = "PASSED" if report["passed"] else "NOT PASSED"
@@ -92,6 +102,7 @@ def to_table(report: dict[str, Any], *, files: Sequence[str] = (), color: bool =
               f"{summary['fail']} fail, {summary['warn']} warn, {summary['info']} info, "
               f"{summary['pass']} pass, {summary.get('n/a', 0)} n/a, "
               f"{summary.get('error', 0)} error"
+              f"{', ' + str(summary['waived']) + ' waived' if summary.get('waived') else ''}"
               f"{' (strict: warnings fail)' if report['strict'] else ''}; "
               f"policy {report['policy_revision'][:19]}"]
     return "\n".join(lines) + "\n"
@@ -113,7 +124,8 @@ def _where(locator: Locator | None, pointer: str) -> str:
 
 def to_junit(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
     """One testsuite per service, one testcase per rule; fail/error cells (and warn when strict)
-    are failures, n/a cells are skipped, warn and info cells pass with their message as output."""
+    are failures, n/a cells and waived ones are skipped, warn and info cells pass with their
+    message as output."""
     by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for finding in report["findings"]:
         by_cell.setdefault((finding["service"], finding["rule"]), []).append(finding)
@@ -132,7 +144,10 @@ def to_junit(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
         details = "\n".join(f"{f['message']} ({f['pointer']})\nremediation: {f['remediation']}"
                             for f in by_cell.get((service, cell["rule"]), []))
         kind = None
-        if result == "error":
+        if cell.get("waived"):
+            kind = "skipped"  # a waived finding: accepted, with its reason
+            ET.SubElement(case, "skipped", message=cell["message"]).text = details
+        elif result == "error":
             kind = "errors"
             ET.SubElement(case, "error", message=cell["message"], type="error").text = details
         elif result == "fail" or (result == "warn" and report["strict"]):
@@ -174,15 +189,33 @@ def _xml_chars(root: ET.Element) -> None:
         element.attrib = {_xml_text(k): _xml_text(v) for k, v in element.attrib.items()}
 
 
-def to_sarif(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
+#: The ``uriBaseId`` of the artifacts below the working directory (``originalUriBaseIds``).
+SRCROOT = "SRCROOT"
+
+
+def _artifact(name: str, base: str) -> dict[str, str]:
+    """The ``artifactLocation`` of ``name``: a percent-encoded URI relative to ``SRCROOT`` (the
+    working directory ``base``, where CI runs and code-scanning UIs resolve paths) when the file
+    is below it, else an absolute ``file:`` URI."""
+    absolute = os.path.abspath(name)
+    relative = os.path.relpath(absolute, base)
+    if relative != ".." and not relative.startswith("../") and not os.path.isabs(relative):
+        return {"uri": quote(PurePath(relative).as_posix(), safe="/"), "uriBaseId": SRCROOT}
+    return {"uri": Path(absolute).as_uri()}
+
+
+def to_sarif(report: dict[str, Any], *, files: Sequence[str] = (),
+             dotenv: str | None = None, base: str | None = None) -> str:
     """SARIF 2.1.0: rules as reportingDescriptors, every finding as a result located at the
     line and column of the key it is about, in the file that sets it (``service.compose.locate``;
     the last given file, line 1, when the source has no trace of it), with the JSON pointer into
-    the normalized fields as logical location."""
+    the normalized fields as logical location. Artifact URIs are percent-encoded, relative to
+    ``SRCROOT`` = ``base`` (default: the working directory) when the file is below it."""
+    base = os.path.abspath(base if base is not None else os.getcwd())
     rules = report.get("rules", [])
     index = {rule["id"]: i for i, rule in enumerate(rules)}
     fallback = Location(files[-1] if files else "compose.yaml", 1, 1)
-    locator = Locator(files) if files else None
+    locator = Locator(files, dotenv=dotenv) if files else None
     results = []
     for finding in report["findings"]:
         location = (locator.find(finding["pointer"]) if locator else None) or fallback
@@ -191,7 +224,7 @@ def to_sarif(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
             "level": _SARIF_LEVEL.get(finding["severity"], "note"),
             "message": {"text": f"{finding['service']}: {finding['message']}"},
             "locations": [{
-                "physicalLocation": {"artifactLocation": {"uri": location.file},
+                "physicalLocation": {"artifactLocation": _artifact(location.file, base),
                                      "region": {"startLine": location.line,
                                                 "startColumn": location.column}},
                 "logicalLocations": [{"fullyQualifiedName": finding["pointer"],
@@ -201,6 +234,9 @@ def to_sarif(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
         }
         if finding["rule"] in index:
             result["ruleIndex"] = index[finding["rule"]]
+        if finding.get("waived"):  # x-controlplane-waivers: a suppression in the source
+            result["suppressions"] = [{"kind": "inSource", "status": "accepted",
+                                       "justification": finding["waiver"].get("reason", "")}]
         results.append(result)
     sarif = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
@@ -217,6 +253,7 @@ def to_sarif(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
                     "defaultConfiguration": {"level": _SARIF_LEVEL.get(rule["severity"], "note")},
                 } for rule in rules],
             }},
+            "originalUriBaseIds": {SRCROOT: {"uri": Path(base).as_uri().rstrip("/") + "/"}},
             "results": results,
             "properties": {"passed": report["passed"], "strict": report["strict"],
                            "policy_revision": report["policy_revision"]},

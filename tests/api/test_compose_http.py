@@ -173,3 +173,49 @@ async def test_over_the_time_budget_is_422_and_other_checks_are_served_meanwhile
     assert "split the file" in problem["detail"]
     assert problem["errors"][0]["pointer"] == "/fields/services"
     assert small_at < big_at, (small_at, big_at)  # answered while the large one ran
+
+
+async def test_waivers_over_http_are_the_files_and_the_same_as_the_cli(client, tmp_path):
+    """The waivers travel under fields (they are part of the file); the report equals the CLI's,
+    for a valid waiver, a reason-less one and one the policy refuses in prod."""
+    path = tmp_path / "compose.yaml"
+    path.write_text(
+        "services:\n  app:\n    image: nginx:1.27\n    privileged: true\n"
+        "    volumes: ['/etc/nginx:/etc/nginx']\n    cap_add: [SYS_ADMIN]\n"
+        "x-controlplane-waivers:\n"
+        "  - {rule: sensitive-mounts, service: app, reason: config (OPS-12), expires: 2099-12-31}\n"
+        "  - {rule: privileged, service: app, reason: raw devices}\n"
+        "  - {rule: capabilities, service: app}\n")
+    token = await login(client, "carol")
+    fields = normalize_files([path], environ={})
+    assert fields["x-controlplane-waivers"][0] == {
+        "rule": "sensitive-mounts", "service": "app", "reason": "config (OPS-12)",
+        "expires": "2099-12-31"}
+    for env in ("dev", "prod"):
+        out = io.StringIO()
+        compose_cli.run(["check", str(path), "--env", env, "--format", "json"], stdout=out,
+                        stderr=io.StringIO(), environ={})
+        response = await client.post("/api/v1/compose/import", headers=bearer(token),
+                                     json={"fields": fields, "env": env})
+        assert response.status == 200
+        report = await response.json()
+        assert report == json.loads(out.getvalue())
+        problems = sorted(f["message"] for f in report["findings"] if f["rule"] == "waivers")
+        waived = sorted(f["rule"] for f in report["findings"] if f.get("waived"))
+        if env == "dev":
+            assert problems == ["waiver of capabilities has no reason"]
+            assert waived == ["privileged", "sensitive-mounts"]
+        else:
+            assert problems == ["privileged may not be waived in prod",
+                                "waiver of capabilities has no reason"]
+            assert waived == ["sensitive-mounts"]
+
+
+async def test_a_malformed_waiver_over_http_is_422(client):
+    token = await login(client, "carol")
+    response = await client.post(
+        "/api/v1/compose/import", headers=bearer(token),
+        json={"fields": {"services": {"a": {"image": "a:1"}},
+                         "x-controlplane-waivers": [{"rule": "privileged", "reason": "r"}]}})
+    problem = await assert_problem(response, 422, "schema_validation_failed")
+    assert any(e["pointer"] == "/fields/x-controlplane-waivers/0" for e in problem["errors"])

@@ -15,6 +15,7 @@ from typing import Any
 
 from service.compose.normalize import normalize_files
 from service.compose.preflight import RuleSet, evaluate
+from service.compose.source import read_dotenv
 from tests.compose.support import CORPUS
 
 TABLE = Path(__file__).with_name("corpus_findings.json")
@@ -39,9 +40,17 @@ def counts(report: dict[str, Any]) -> dict[str, str]:
     return {rule: "/".join(map(str, row)) for rule, row in sorted(table.items())}
 
 
+def dotenv_of(path: Path) -> dict[str, str] | None:
+    """The variables of the corpus file's ``.env`` (as ``cpctl compose check`` gives them to the
+    rules: secret-env reports a secret committed there)."""
+    dotenv = CORPUS / "dotenv" / f"{path.stem}.env"
+    return read_dotenv(dotenv) if dotenv.is_file() else None
+
+
 def build(rules: RuleSet) -> dict[str, dict[str, str]]:
     """Findings per rule (fail/warn/info counts) of every corpus file, evaluated for ``prod``."""
-    return {path.name: counts(evaluate(fields_of(path), env="prod", rules=rules))
+    return {path.name: counts(evaluate(fields_of(path), env="prod", rules=rules,
+                                       dotenv=dotenv_of(path)))
             for path in corpus_files()}
 
 

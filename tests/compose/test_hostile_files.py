@@ -186,10 +186,11 @@ def test_a_byte_that_is_not_utf8_is_exit_2_naming_file_and_offset(tmp_path: Path
 def test_a_shell_variable_that_is_not_utf8_is_exit_2_not_26_error_cells(tmp_path: Path) -> None:
     path = tmp_path / "tag.yaml"
     path.write_text("services:\n  web:\n    image: nginx:${TAG}\n")
-    result = subprocess.run([sys.executable, "-m", "service", "compose", "check", str(path)],
+    result = subprocess.run([sys.executable, "-m", "service", "compose", "check", str(path),
+                             "--strict"],
                             cwd=REPO, env={**os.environ, "TAG": "1.25"}, capture_output=True,
                             text=True, timeout=RUN_TIMEOUT_S, check=False)
-    assert result.returncode == 1, result.stderr  # (no healthcheck etc.)
+    assert result.returncode == 1, result.stderr  # (no healthcheck etc.: warnings, --strict)
     result = subprocess.run([sys.executable, "-m", "service", "compose", "check", str(path)],
                             cwd=REPO, env={**os.environb, b"TAG": b"\xff"},
                             capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)

@@ -92,7 +92,9 @@ def test_sarif_results_carry_the_real_lines(tmp_path: Path) -> None:
         (hit,) = [r for r in results if r["ruleId"] == rule
                   and r["locations"][0]["logicalLocations"][0]["fullyQualifiedName"] == pointer]
         physical = hit["locations"][0]["physicalLocation"]
-        return (physical["artifactLocation"]["uri"], physical["region"]["startLine"],
+        location = physical["artifactLocation"]  # the tmp files are outside the working dir
+        assert "uriBaseId" not in location and location["uri"].startswith("file:///")
+        return (location["uri"].removeprefix("file://"), physical["region"]["startLine"],
                 physical["region"]["startColumn"])
 
     assert region("image-pinning", "/services/web/image") == (base, 7, 5)

@@ -97,7 +97,9 @@ def test_env_file_beside_first_file_and_shell_wins(tmp_path: Path) -> None:
     fields = normalize_files([tmp_path / "compose.yaml"],
                              environ={"X": "shell", "FROM_SHELL": "v"})
     assert fields["services"]["s"]["image"] == "a:1.0"
-    assert fields["services"]["s"]["environment"] == {"FROM_SHELL": "v", "X": "shell"}
+    # the environment says what the file says: the reference, the bare name (the shell and
+    # the .env are interpolated elsewhere, and secret-env judges the file's own text)
+    assert fields["services"]["s"]["environment"] == {"FROM_SHELL": None, "X": "${X}"}
     other = tmp_path / "other.env"
     other.write_text("TAG=2.0\n")
     fields = normalize_files([tmp_path / "compose.yaml"], environ={}, env_file=other)
@@ -186,7 +188,7 @@ def test_environment_list_and_map_are_the_same() -> None:
     as_list = one("services:\n s:\n  environment: [A=1, 'B=x=y', C, 'D=', E]\n", {"C": "env"})
     as_map = one("services:\n s:\n  environment: {A: 1, B: x=y, C: null, D: '', E: null}\n",
                  {"C": "env"})
-    want = {"A": "1", "B": "x=y", "C": "env", "D": "", "E": None}
+    want = {"A": "1", "B": "x=y", "C": None, "D": "", "E": None}  # C: as written
     assert as_list["environment"] == want
     assert as_map["environment"] == want
 

@@ -105,7 +105,11 @@ def test_fail_means_not_passed_and_info_does_not(check: Check) -> None:
 
 def test_env_changes_results(check: Check) -> None:
     assert cell(check({"a": WARN_ONLY}), "a", "image-pinning")["result"] == "pass"
-    assert cell(check({"a": WARN_ONLY}, env="prod"), "a", "image-pinning")["result"] == "fail"
+    # in prod a tag without a digest is a warning (--strict fails), an untagged image fails
+    assert cell(check({"a": WARN_ONLY}, env="prod"), "a", "image-pinning")["result"] == "warn"
+    untagged = {**WARN_ONLY, "image": "nginx"}
+    assert cell(check({"a": untagged}), "a", "image-pinning")["result"] == "warn"
+    assert cell(check({"a": untagged}, env="prod"), "a", "image-pinning")["result"] == "fail"
 
 
 def test_no_services(check: Check) -> None:
