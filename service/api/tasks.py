@@ -97,11 +97,12 @@ async def _stream(request: web.Request, store: Store, task_id: str, after: int) 
 @routes.post("/api/v1/tasks/{id}/events")
 @protected("tasks.report", target=_target, body="task-event.schema.json")
 async def report_event(run: Write) -> Outcome:
-    """Executors report started / progress / succeeded / failed; state follows from events."""
+    """Executors report started / progress / succeeded / failed; state follows from events.
+    The first ``started`` claims the task: another one answers 409 task_state_conflict."""
     task = await _task(run.tx, run.request)
     body = run.body
     change = next_state(task, body["kind"], body.get("progress"), body.get("result"))
-    data = {k: body[k] for k in ("progress", "message", "result") if k in body}
+    data = {k: body[k] for k in ("step", "progress", "message", "result") if k in body}
     data["correlation_id"] = run.correlation_id
     event = await run.tx.append_event(
         task.id, body["kind"], run.principal.subject_id, data, run.now,

@@ -19,6 +19,7 @@ from . import (
     revisions,
     serve,
     session,
+    task,
 )
 
 
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for module in (serve, session, approval, installer, audit, notifications, policy, compose,
-                   identities, keyring):
+                   identities, keyring, task):
         module.register(sub)
     revisions.extend(sub.choices["policy"])  # publish, activate, rollback, revisions, keygen
     return parser
