@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from service.cli.client import Client, CredentialStore, token_entry
+from service.cli.client import Client, ClientError, CredentialStore, token_entry
 from service.cli.task import EXIT_TIMEOUT
 from tests.auth import PASSWORDS, assertion
 from tests.cpctl import PROCESS_TIMEOUT_S, finish
@@ -113,3 +113,41 @@ def test_task_report_claims_the_task_once_and_ends_the_run(cpctl: Cpctl) -> None
     assert alice.get(f"/api/v1/tasks/{task_id}")["state"] == "succeeded"
     bad = cpctl.run("ci-bot", "task", "report", task_id, "--status", "failed", "--result", "[1]")
     assert bad.returncode == 1 and "--result must be a JSON object" in bad.stderr
+
+
+def test_the_example_executor_closes_the_loop_without_the_test_playing_executor(
+        cpctl: Cpctl) -> None:
+    cpctl.login("alice")
+    executor = subprocess.Popen(
+        [sys.executable, "examples/executor/executor.py", "--server", cpctl.base,
+         "--interval", "0.2"], cwd=REPO, env=cpctl.env("ci-bot"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        task_id = "dev-" + uuid.uuid4().hex[:8]
+        done = cpctl.run("alice", "installer", "run", "--task-id", task_id, "--env", "dev",
+                         "--resource", "web", "--timeout", str(PROCESS_TIMEOUT_S - 5))
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert "started by ci-bot: [example-executor] claimed" in done.stdout
+        assert f"task {task_id} succeeded" in done.stdout.splitlines()[-1]
+    finally:
+        executor.terminate()
+        _code, _out, err = finish(executor)
+    assert f"task {task_id}: claimed" in err and f"task {task_id}: succeeded" in err, err
+    assert "Traceback" not in err
+
+
+def test_pending_tasks_are_listed_for_executors_and_bad_states_are_refused(cpctl: Cpctl) -> None:
+    cpctl.login("alice")
+    task_id = "dev-" + uuid.uuid4().hex[:8]
+    accepted = cpctl.run("alice", "installer", "run", "--task-id", task_id, "--env", "dev",
+                         "--resource", "web", "--no-follow")
+    assert accepted.returncode == 0, accepted.stderr
+    token = CredentialStore(cpctl.home / "alice" / "credentials.json").get(cpctl.base)
+    assert token is not None
+    alice = Client(cpctl.base, token["access_token"])
+    pending = alice.get("/api/v1/tasks", {"state": "pending", "limit": 200})
+    assert task_id in [t["id"] for t in pending["items"]]
+    assert all(t["state"] == "pending" for t in pending["items"])
+    with pytest.raises(ClientError) as refused:
+        alice.get("/api/v1/tasks", {"state": "done"})
+    assert refused.value.status == 422 and refused.value.code == "invalid_query"
