@@ -70,6 +70,8 @@ E2E_TESTS = frozenset({
     "tests/authz/test_cli_policy.py::test_the_cpctl_entry_point_runs_every_policy_subcommand",
     "tests/cli/test_audit_cli.py",
     "tests/cli/test_token_renewal_cli.py",
+    "tests/cli/test_task_loop_cli.py",
+    "tests/test_walkthrough.py",
     "tests/test_http_edge.py::test_cpctl_serve_streams_end_on_sigterm_and_disconnects_log_nothing",
     "tests/authn/test_token_exchange.py::test_cpctl_login_token_file",
     "tests/cli/test_keyring_cli.py::test_rotation_under_a_running_server",

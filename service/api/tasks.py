@@ -11,10 +11,10 @@ from aiohttp import web
 from ..appkeys import CONFIG, STORE, STREAMS
 from ..chain import Outcome, Run, Target, Write, protected
 from ..errors import NotFound
-from ..store.base import Store, TaskRecord, Tx
+from ..store.base import TASK_STATES, Store, TaskRecord, Tx
 from ..streams import StreamWrite, event_stream_response, pump
 from ..tasks.tasks import EventView, next_state, task_view
-from .queries import query_int, query_page_limit
+from .queries import query_int, query_page_limit, query_str
 
 routes = web.RouteTableDef()
 
@@ -38,6 +38,21 @@ async def _target(request: web.Request, body: Any) -> Target:
     # strictest environment.
     return Target(resource={"task_id": task.id}, env=request.app[CONFIG].environments.strictest(),
                   id=task.id, owner=task.created_by, record=task)
+
+
+async def _list_target(request: web.Request, body: Any) -> Target:
+    return Target(resource={"collection": "tasks"},
+                  env=request.app[CONFIG].environments.strictest())
+
+
+@routes.get("/api/v1/tasks")
+@protected("tasks.read", target=_list_target)
+async def list_tasks(run: Run) -> Outcome:
+    """Tasks in one state, oldest first: executors find the pending runs to claim here."""
+    state = query_str(run.request, "state", choices=TASK_STATES) or "pending"
+    limit = query_page_limit(run.request, default=50, high=200)
+    tasks = await run.store.list_tasks(state, limit=limit)
+    return Outcome(200, {"items": [task_view(t) for t in tasks]}, audit={"state": state})
 
 
 @routes.get("/api/v1/tasks/{id}")
@@ -97,11 +112,12 @@ async def _stream(request: web.Request, store: Store, task_id: str, after: int) 
 @routes.post("/api/v1/tasks/{id}/events")
 @protected("tasks.report", target=_target, body="task-event.schema.json")
 async def report_event(run: Write) -> Outcome:
-    """Executors report started / progress / succeeded / failed; state follows from events."""
+    """Executors report started / progress / succeeded / failed; state follows from events.
+    The first ``started`` claims the task: another one answers 409 task_state_conflict."""
     task = await _task(run.tx, run.request)
     body = run.body
     change = next_state(task, body["kind"], body.get("progress"), body.get("result"))
-    data = {k: body[k] for k in ("progress", "message", "result") if k in body}
+    data = {k: body[k] for k in ("step", "progress", "message", "result") if k in body}
     data["correlation_id"] = run.correlation_id
     event = await run.tx.append_event(
         task.id, body["kind"], run.principal.subject_id, data, run.now,

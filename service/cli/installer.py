@@ -13,7 +13,8 @@ It answers the chain's questions itself, in the order the server asks them:
 The ticket, its nonce and the command hash travel as headers this command sets; the nonce comes
 from ``tickets.json`` (kept by ``approval request``) and is never printed. Exit 0 when the task
 succeeded (or was accepted, with ``--no-follow``), 1 when it failed or anything was refused
-(ticket rejected, expired or revoked included), 2 when the server cannot be reached.
+(ticket rejected, expired or revoked included), 2 when the server cannot be reached, 4 when the
+task did not end within ``--timeout`` (the executor contract: ``service/cli/task.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .approval import (
 )
 from .client import EXIT_ERROR, EXIT_OK, ClientError, UsageError, guarded
 from .session import prompt_otp, step_up_session
+from .task import EXIT_TIMEOUT, NO_EXECUTOR_AFTER_S, TaskTimedOut, follow_task
 
 __all__ = ["register", "run"]
 
@@ -70,7 +72,23 @@ def register(sub: Any) -> None:
                     help="stop once the run is accepted instead of following the task's events")
     rn.add_argument("--json", action="store_true",
                     help="print the accepted run and each step event as JSON lines")
+    rn.add_argument("--timeout", type=_seconds, metavar="S",
+                    help=f"stop following after S seconds if the task has not ended (exit "
+                         f"{EXIT_TIMEOUT}; the task itself goes on)")
+    rn.add_argument("--no-executor-after", type=_seconds, metavar="S", default=NO_EXECUTOR_AFTER_S,
+                    help="say so when no executor has reported on the task within S seconds "
+                         f"(default {NO_EXECUTOR_AFTER_S:g})")
     rn.set_defaults(func=guarded(run_installer))
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= 7 * 24 * 3600:
+        raise argparse.ArgumentTypeError("seconds must be more than 0 and at most a week")
+    return value
 
 
 def run(argv: Sequence[str]) -> int:
@@ -200,27 +218,20 @@ class _Run:
 
     def follow(self, accepted: dict[str, Any]) -> int:
         """Print the task's step events after the accepted one until the task ends; 0 when it
-        succeeded, 1 when it failed."""
+        succeeded, 1 when it failed, ``EXIT_TIMEOUT`` when it did not end within ``--timeout``
+        (a warning first when no executor reported within ``--no-executor-after``)."""
         task_id = str(accepted.get("task_id") or self.args.task_id)
-        path = f"/api/v1/tasks/{quote(task_id, safe='')}/events"
-        status: int | None = None
-
-        def seen(event: http.ServerEvent) -> bool:
-            nonlocal status
-            if event.event != "end":
-                self.show_event(event.json())
-                return False
-            end = event.json()
-            if isinstance(end, dict) and end.get("reason") == "session_ended":
-                raise UsageError("the session ended while following the task; log in again and "
-                                 f"see `GET /api/v1/tasks/{task_id}/events`")
-            status = self.finished(task_id)
-            return True
-
-        # Resumed after a drop from the last event seen (the stream's ids are event seqs).
-        self.api.follow(path, seen, last_event_id=str(accepted["event"].get("seq", "")) or None)
-        assert status is not None
-        return status
+        try:
+            # Resumed after a drop from the last event seen (the stream's ids are event seqs).
+            follow_task(self.api, task_id,
+                        last_event_id=str(accepted["event"].get("seq", "")) or None,
+                        on_event=self.show_event, timeout=self.args.timeout,
+                        no_executor_after=self.args.no_executor_after, warn=self.say)
+        except TaskTimedOut as exc:
+            self.say(f"{exc}; it goes on without this command (follow it with "
+                     f"`GET /api/v1/tasks/{task_id}/events`)")
+            return EXIT_TIMEOUT
+        return self.finished(task_id)
 
     def finished(self, task_id: str) -> int:
         task = self.api.get(f"/api/v1/tasks/{quote(task_id, safe='')}")
@@ -238,7 +249,7 @@ class _Run:
             return
         if not isinstance(event, dict):
             return
-        extra = []
+        extra = [f"[{event['step']}]"] if event.get("step") else []
         if event.get("progress") is not None:
             extra.append(f"{event['progress']}%")
         if event.get("message"):

@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         revisions,
         serve,
         session,
+        task,
     )
 
     parser = argparse.ArgumentParser(
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for module in (serve, session, approval, installer, audit, notifications, policy, compose,
-                   identities, keyring):
+                   identities, keyring, task):
         module.register(sub)
     revisions.extend(sub.choices["policy"])  # publish, activate, rollback, revisions, keygen
     return parser

@@ -510,6 +510,19 @@ async def test_expire_tickets(store: Store) -> None:
 # -------------------------------------------------------------------------------------- tasks
 
 
+async def test_tasks_are_listed_by_state_oldest_first(store: Store) -> None:
+    await store.ensure_task("b-later", "alice", T0 + 2)
+    await store.ensure_task("a-earlier", "alice", T0 + 1)
+    await store.ensure_task("c-running", "alice", T0)
+    await store.append_event("c-running", "started", "ci-bot", {}, T0 + 3, state="running")
+    assert [t.id for t in await store.list_tasks("pending")] == ["a-earlier", "b-later"]
+    assert [t.id for t in await store.list_tasks("pending", limit=1)] == ["a-earlier"]
+    assert [t.id for t in await store.list_tasks("running")] == ["c-running"]
+    assert await store.list_tasks("failed") == []
+    with pytest.raises(ValueError):
+        await store.list_tasks("done")
+
+
 async def test_tasks_and_events(store: Store) -> None:
     task = await store.ensure_task("task-1", "alice", T0)
     assert (task.state, task.progress, task.result, task.last_seq) == ("pending", 0, None, 0)

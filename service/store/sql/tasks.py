@@ -81,6 +81,19 @@ class TaskSql(Unit):
         async with self._unit(write=False) as q:
             return await _get(q, id)
 
+    async def list_tasks(self, state: str, limit: int = 100) -> list[TaskRecord]:
+        if state not in TASK_STATES:
+            raise ValueError(f"invalid task state {state!r}")
+        if limit < 1:
+            raise ValueError("limit must be positive")
+        async with self._unit(write=False) as q:
+            rows = await q.all(
+                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = ? ORDER BY created_at, id "
+                "LIMIT ?",
+                state, min(limit, MAX_LIST_LIMIT),
+            )  # fmt: skip
+            return [_task(q, r) for r in rows]
+
     async def append_event(
         self,
         task_id: str,
