@@ -24,6 +24,7 @@ from .appkeys import (
     FEDERATION,
     METRICS,
     NOTIFICATIONS,
+    POLICY_ACTIVATION_SIGNER,
     POLICY_FOLLOWER,
     POLICY_KEYS,
     SHADOW,
@@ -41,6 +42,7 @@ from .authn.published import PublishedKeyRing
 from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
 from .authn.sessions import Authenticator
+from .authz.activations import ActivationSigner, activation_keys
 from .authz.decide import observe
 from .authz.decisionlog import DecisionLog
 from .authz.engine import LOG_FIELDS, PolicyEngine
@@ -179,17 +181,42 @@ async def _policy_store(app: web.Application) -> AsyncIterator[None]:
         log.error("policy signing keys unusable: %s", exc)
         keys, trust_error = TrustedKeys({}), str(exc)
     app[POLICY_KEYS] = keys
+    signer, trusted_activations = await asyncio.to_thread(_activation_keys, config)
+    app[POLICY_ACTIVATION_SIGNER] = signer
     app[POLICY_FOLLOWER] = None
     if config.policies.source != "store":
+        app[ENGINE].reload_listeners.append(
+            lambda result: metrics.load_state("dir", app[ENGINE].status()["status"] == "ready"))
+        metrics.load_state("dir", app[ENGINE].status()["status"] == "ready")
         yield
         return
     link = app[STORE]
     follower = StoreFollower(app[ENGINE], lambda: link.store, config.policies.store, keys,
-                             trust_error=trust_error)
+                             trust_error=trust_error, activation_keys=trusted_activations)
     follower.listeners.append(metrics.converged)
+    follower.listeners.append(lambda _a, _r: metrics.load_state("store", follower.load_ok))
+    follower.activation_listeners.append(metrics.activation_refused)
     app[POLICY_FOLLOWER] = follower
     async with following(follower, lambda: link.store, config.policies.store.poll_interval_s):
         yield
+
+
+def _activation_keys(config: Config) -> tuple[ActivationSigner | None, TrustedKeys]:
+    """This replica's activation signer and the activation keys it trusts; an unreadable key
+    is logged and left out (fail closed: activations here 503, or refused everywhere)."""
+    store = config.policies.store
+    signer = None
+    if store.activation_key is not None:
+        try:
+            signer = ActivationSigner.from_file(store.activation_key)
+        except SignatureError as exc:
+            log.error("policy activation key unusable: %s", exc)
+    try:
+        trusted = activation_keys(store.trusted_activation_keys, signer)
+    except SignatureError as exc:
+        log.error("trusted policy activation keys unusable: %s", exc)
+        trusted = TrustedKeys({})
+    return signer, trusted
 
 
 async def _shadow_revision(app: web.Application) -> AsyncIterator[None]:

@@ -16,16 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import CONFIG, ENGINE, POLICY_KEYS, STORE
+from ..appkeys import (
+    CONFIG,
+    ENGINE,
+    POLICY_ACTIVATION_SIGNER,
+    POLICY_FOLLOWER,
+    POLICY_KEYS,
+    STORE,
+)
+from ..authz.activations import ActivationSigner
 from ..authz.revisions import Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
 from ..chain import Outcome, Run, Target, Write, protected
 from ..clock import iso
-from ..errors import Conflict, NotFound, SchemaValidationFailed
+from ..errors import Conflict, NotFound, SchemaValidationFailed, ServiceUnavailable
 from ..store.base import PolicyActivation, PolicyRevisionRecord
 from .queries import query_page_limit, query_str
 
@@ -146,12 +155,23 @@ async def list_revisions(run: Run) -> Outcome:
 # ---- activate and roll back ------------------------------------------------------------------
 
 
+def _signer(request: web.Request) -> ActivationSigner:
+    # Every replica refuses an unsigned activation: without a key this one cannot activate.
+    signer = request.app[POLICY_ACTIVATION_SIGNER]
+    if signer is None:
+        raise ServiceUnavailable(
+            "this replica has no usable policy activation key (policies.store.activation_key)",
+            code="policy_activation_key_missing")
+    return signer
+
+
 async def _activate_target(request: web.Request, body: Any) -> Target:
     store = request.app[STORE].require()
     rec = await store.get_policy_revision(body["revision"])
     if rec is None:
         raise NotFound("no such policy revision", code="policy_revision_not_found")
     _check_trusted(request, rec)
+    _signer(request)  # before any ticket is consumed
     return Target(resource={"revision": rec.id}, env=_fleet_env(request), id=rec.id, record=rec)
 
 
@@ -164,6 +184,7 @@ async def _rollback_target(request: web.Request, body: Any) -> Target:
     if rec is None:
         raise NotFound("no such policy revision", code="policy_revision_not_found")
     _check_trusted(request, rec)
+    _signer(request)
     # The same resource as activating that revision: one ticket shape for both.
     return Target(resource={"revision": rec.id}, env=_fleet_env(request), id=rec.id,
                   attributes={"rollback_from": active.revision_id}, record=active)
@@ -184,12 +205,13 @@ def _check_trusted(request: web.Request, rec: PolicyRevisionRecord) -> None:
 @routes.post("/api/v1/policy/activation")
 @protected("policy.activate", target=_activate_target, body="policy-activate.schema.json")
 async def activate_revision(run: Write) -> Outcome:
-    """Make a published revision the fleet's active one."""
+    """Make a published revision the fleet's active one (signed with this replica's activation
+    key, naming the approving ticket)."""
     activation = await run.tx.activate_policy_revision(
         run.target.record.id, kind="activate", by=run.principal.subject_id, at=run.now,
-        reason=run.body.get("reason"),
+        reason=run.body.get("reason"), sign=_signing(run), after_seq=_accepted(run),
     )
-    return _activated(activation)
+    return _activated(run, activation)
 
 
 @routes.post("/api/v1/policy/rollback")
@@ -200,14 +222,30 @@ async def rollback_revision(run: Write) -> Outcome:
     current: PolicyActivation = run.target.record
     activation = await run.tx.activate_policy_revision(
         current.previous_id, kind="rollback", by=run.principal.subject_id, at=run.now,
-        reason=run.body.get("reason"), expected=current.revision_id,
+        reason=run.body.get("reason"), expected=current.revision_id, sign=_signing(run),
+        after_seq=_accepted(run),
     )
-    return _activated(activation)
+    return _activated(run, activation)
 
 
-def _activated(activation: PolicyActivation) -> Outcome:
+def _signing(run: Write) -> Callable[[PolicyActivation], dict[str, str]]:
+    signer, ticket = _signer(run.request), run.ticket.id if run.ticket else None
+    return lambda activation: signer.sign(activation, ticket)
+
+
+def _accepted(run: Write) -> int:
+    # Above what this replica accepted, even if the database's history was cut back under it:
+    # replicas refuse an activation whose seq is not above the last one they followed.
+    follower = run.request.app[POLICY_FOLLOWER]
+    return follower.accepted_seq if follower is not None else 0
+
+
+def _activated(run: Write, activation: PolicyActivation) -> Outcome:
+    # The audit record names what was signed: seq, revision, the ticket and the signing key.
     return Outcome(200, activation_view(activation),
                    audit={"revision": activation.revision_id,
                           "previous": activation.previous_id or None,
-                          "seq": activation.seq, "kind": activation.kind})
+                          "seq": activation.seq, "kind": activation.kind,
+                          "ticket": run.ticket.id if run.ticket else None,
+                          "activation_kid": _signer(run.request).kid})
 

@@ -296,6 +296,9 @@ class PolicyActivation:
     activated_by: str
     activated_at: float
     reason: str | None = None
+    #: The activation's JWS (``authz.activations``); None: written unsigned (refused by every
+    #: store-following replica).
+    signature: dict[str, str] | None = None
 
 
 OutboxState: TypeAlias = Literal["pending", "delivered", "dead"]
@@ -580,10 +583,14 @@ class PolicyRevisionOps(Protocol):
     ) -> list[PolicyRevisionRecord]: ...
     # Makes ``revision_id`` the active revision (NotFound if it is not stored). ``expected``:
     # only if this is the active one now (``""``: none), else Conflict ``state_conflict``; one
-    # conditional write, so concurrent activations from any replica apply one at a time.
+    # conditional write, so concurrent activations from any replica apply one at a time. Its
+    # seq is above every stored activation's and above ``after_seq`` (the last one the caller's
+    # replica accepted). ``sign``: called with the activation (its seq known, inside the
+    # transaction) for the signature stored with it.
     async def activate_policy_revision(
         self, revision_id: str, *, kind: str, by: str, at: float, reason: str | None = None,
         expected: str | None = None,
+        sign: Callable[[PolicyActivation], dict[str, str]] | None = None, after_seq: int = 0,
     ) -> PolicyActivation: ...
     # The latest activation (what every replica must run), or None before the first.
     async def active_policy(self) -> PolicyActivation | None: ...
