@@ -42,6 +42,9 @@ __all__ = ["activation_view", "revision_view", "routes"]
 
 routes = web.RouteTableDef()
 
+#: The ticket resource of a rollback to directory mode (no store revision active).
+DIRECTORY = "directory"
+
 def _fleet_env(request: web.Request) -> str:
     # A revision decides for every environment the fleet serves: judged as the strictest.
     return request.app[CONFIG].environments.strictest()
@@ -64,7 +67,8 @@ def revision_view(rec: PolicyRevisionRecord, active: str | None) -> dict[str, An
 
 def activation_view(a: PolicyActivation) -> dict[str, Any]:
     return {
-        "seq": a.seq, "revision": a.revision_id, "previous": a.previous_id or None,
+        # revision None: back to directory mode (every replica runs its policies.dir).
+        "seq": a.seq, "revision": a.revision_id or None, "previous": a.previous_id or None,
         "kind": a.kind, "activated_by": a.activated_by, "activated_at": iso(a.activated_at),
         "reason": a.reason,
     }
@@ -178,8 +182,14 @@ async def _activate_target(request: web.Request, body: Any) -> Target:
 async def _rollback_target(request: web.Request, body: Any) -> Target:
     store = request.app[STORE].require()
     active = await store.active_policy()
-    if active is None or not active.previous_id:
+    if active is None or not (active.previous_id or active.revision_id):
         raise Conflict("there is no previous revision to roll back to", code="no_rollback_target")
+    if not active.previous_id:
+        # Right after the first activation: back to directory mode (each replica's
+        # policies.dir, as before any activation).
+        _signer(request)
+        return Target(resource={"revision": DIRECTORY}, env=_fleet_env(request), id=DIRECTORY,
+                      attributes={"rollback_from": active.revision_id}, record=active)
     rec = await store.get_policy_revision(active.previous_id)
     if rec is None:
         raise NotFound("no such policy revision", code="policy_revision_not_found")
@@ -217,7 +227,8 @@ async def activate_revision(run: Write) -> Outcome:
 @routes.post("/api/v1/policy/rollback")
 @protected("policy.activate", target=_rollback_target, body="policy-rollback.schema.json")
 async def rollback_revision(run: Write) -> Outcome:
-    """Activate the revision that was active before the current one (409 state_conflict if the
+    """Activate the revision that was active before the current one (right after the first
+    activation: none, back to directory mode; 409 state_conflict if the
     active revision changed since the request was authorised)."""
     current: PolicyActivation = run.target.record
     activation = await run.tx.activate_policy_revision(

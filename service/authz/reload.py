@@ -145,6 +145,8 @@ class StoreFollower:
         self._synced_at: float | None = None
         #: the engine rejected (vetting) the last revision it was given: its status says so
         self._engine_rejected = False
+        #: the directory's revision, once loaded after an activation of directory mode
+        self._directory: str | None = None
         self._lock = asyncio.Lock()
         self.wake = asyncio.Event()
         self.listening = False
@@ -160,6 +162,8 @@ class StoreFollower:
     @property
     def converged(self) -> bool:
         active = self._active
+        if active is not None and active.revision_id == "":  # directory mode again
+            return self._directory is not None and self._directory == self._engine.revision
         return active is not None and active.revision_id == self._engine.revision
 
     @property
@@ -214,6 +218,10 @@ class StoreFollower:
             # Nothing published and activated yet: the local policies.dir serves (bootstrap).
             self._caught_up()
             return
+        if active.revision_id == "":
+            await self._run_directory(active)
+            return
+        self._directory = None
         if active.revision_id == self._engine.revision:
             if self._engine_rejected:
                 # The engine still reports the revision it rejected; the fleet has moved back
@@ -249,6 +257,24 @@ class StoreFollower:
         log.info("policy revision %s of the store is running", snapshot.revision,
                  extra={"fields": {"event": "policy.store_revision_running",
                                    "revision": snapshot.revision, "seq": active.seq}})
+        self._caught_up()
+
+    async def _run_directory(self, active: PolicyActivation) -> None:
+        """A rollback to directory mode: run this process's policies.dir (read again)."""
+        if self.converged:
+            self._caught_up()
+            return
+        result = await asyncio.to_thread(self._engine.reload)
+        if not result.ok:
+            self._engine_rejected = True
+            self._behind(f"directory mode: the policies directory is rejected: {result.error}")
+            return
+        self._engine_rejected = False
+        self._directory = self._engine.revision
+        log.info("policy directory mode (activation seq %s): running %s", active.seq,
+                 self._engine.revision,
+                 extra={"fields": {"event": "policy.store_directory_running",
+                                   "revision": self._engine.revision, "seq": active.seq}})
         self._caught_up()
 
     def _refuse_activation(self, latest: PolicyActivation, exc: ActivationRefused) -> None:
@@ -297,7 +323,9 @@ class StoreFollower:
         bad = self._activation_refused
         return {
             "source": "store",
-            "active_revision": active.revision_id if active else None,
+            # None: no store revision (nothing activated yet, or rolled back to directory mode)
+            "active_revision": active.revision_id or None if active else None,
+            "directory_mode": active is None or active.revision_id == "",
             "active_seq": active.seq if active else None,
             "activated_at": _iso(active.activated_at) if active else None,
             "activated_by": active.activated_by if active else None,

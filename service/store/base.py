@@ -581,7 +581,8 @@ class PolicyRevisionOps(Protocol):
     async def list_policy_revisions(
         self, limit: int = 50, before: float | None = None
     ) -> list[PolicyRevisionRecord]: ...
-    # Makes ``revision_id`` the active revision (NotFound if it is not stored). ``expected``:
+    # Makes ``revision_id`` the active revision (NotFound if it is not stored; ``""``: none, every
+    # replica runs its policies directory again). ``expected``:
     # only if this is the active one now (``""``: none), else Conflict ``state_conflict``; one
     # conditional write, so concurrent activations from any replica apply one at a time. Its
     # seq is above every stored activation's and above ``after_seq`` (the last one the caller's

@@ -213,3 +213,26 @@ async def test_activations_are_signed_audited_and_need_the_activation_key(make_c
                         headers=bearer(bob))
     await assert_problem(r, 503, "policy_activation_key_missing")
     assert len(await bare.server.app[STORE].require().policy_activations()) == len(history)
+
+
+async def test_rollback_right_after_the_first_activation_returns_to_directory_mode(
+        make_client, tmp_path):
+    """Issue 30 (4): no 409 no_rollback_target after the first activation: the rollback is a
+    signed activation of no revision (every replica runs its policies.dir again)."""
+    key, public = keypair(tmp_path)
+    client = await make_client({**NON_PRODUCTION, "policies": {"store": store_keys(public)}})
+    alice = await login(client, "alice")
+    r = await client.post("/api/v1/policy/revisions", json=published(key, variant("only")),
+                          headers=bearer(alice))
+    only = (await r.json())["id"]
+    r = await client.post("/api/v1/policy/activation", json={"revision": only},
+                          headers=bearer(alice))
+    assert r.status == 200, await r.text()
+    back = await client.post("/api/v1/policy/rollback", json={"reason": "back to files"},
+                             headers=bearer(alice))
+    assert back.status == 200, await back.text()
+    body = await back.json()
+    assert (body["revision"], body["previous"], body["kind"]) == (None, only, "rollback")
+    again = await client.post("/api/v1/policy/rollback", json={}, headers=bearer(alice))
+    assert again.status == 200, await again.text()  # and forward again to the revision
+    assert (await again.json())["revision"] == only

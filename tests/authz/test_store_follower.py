@@ -333,3 +333,31 @@ def test_an_activation_signature_covers_every_field() -> None:
 
 def replace_signature(a: PolicyActivation, signature: Any, **changes: Any) -> PolicyActivation:
     return dataclasses.replace(a, signature=signature, **changes)
+
+
+async def test_a_rollback_to_directory_mode_runs_the_directory_again(tmp_path: Path) -> None:
+    """Issue 30 (4): the way back after the first activation: a signed activation of no
+    revision ("") makes every follower run its policies.dir again."""
+    store = await open_store(f"sqlite:///{tmp_path / 'cp.db'}")
+    engine = PolicyEngine(REPO / "policies", vet_in_subprocess=False)
+    assert engine.load().ok
+    directory = engine.revision
+    follower = StoreFollower(engine, lambda: store, PolicyStoreConfig((), 0.1, 0.5), TRUSTED,
+                             activation_keys=ACTIVATION_KEYS)
+    try:
+        first = await _publish(store, variant("first"))
+        await follower.sync()
+        assert engine.revision == first != directory
+        back = await store.activate_policy_revision(
+            "", kind="rollback", by="alice", at=time.time(), expected=first,
+            sign=lambda a: ACTIVATOR.sign(a, "ticket-9"))
+        assert (back.revision_id, back.previous_id) == ("", first)
+        await follower.sync()
+        status = follower.status()
+        assert engine.revision == directory and follower.converged and follower.load_ok
+        assert (status["active_revision"], status["directory_mode"], status["degraded"]) == (
+            None, True, False)
+        await follower.sync()  # stays there without reloading again
+        assert engine.revision == directory
+    finally:
+        await store.close()

@@ -108,8 +108,10 @@ class PolicyRevisionSql(Unit):
         sign: Callable[[PolicyActivation], dict[str, str]] | None = None, after_seq: int = 0,
     ) -> PolicyActivation:
         async with self._unit(write=True) as q:
-            exists = await q.one("SELECT id FROM policy_revisions WHERE id = ?", revision_id)
-            if exists is None:
+            # "": no store revision: every replica runs its own policies.dir again.
+            exists = revision_id == "" or await q.one(
+                "SELECT id FROM policy_revisions WHERE id = ?", revision_id)
+            if not exists:
                 raise NotFound("policy revision", revision_id)
             # SET's right-hand sides read the row as it was: previous_id gets the old active id.
             sql = ("UPDATE policy_head SET seq = seq + 1, previous_id = revision_id, "
