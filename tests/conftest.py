@@ -63,6 +63,7 @@ E2E_TESTS = frozenset({
     "tests/console/test_console_browser.py",
     "tests/cli/test_serve.py",
     "tests/cli/test_revisions_cli.py",
+    "tests/cli/test_policy_flow_cli.py::test_publish_activate_rollback_request_wait_and_present_their_tickets",
     "tests/authz/test_cli_policy.py::test_the_cpctl_entry_point_runs_every_policy_subcommand",
     "tests/cli/test_audit_cli.py",
     "tests/test_http_edge.py::test_cpctl_serve_streams_end_on_sigterm_and_disconnects_log_nothing",

@@ -135,8 +135,10 @@ _HINTS = {
     "token_expired": "the token expired; run `cpctl login SUBJECT`",
     "session_revoked": "the session was ended; run `cpctl login SUBJECT`",
     "session_inactive": "the session is no longer active; run `cpctl login SUBJECT`",
-    "approval_required": "`cpctl installer run` requests, waits for and presents the ticket "
-                         "itself; or `cpctl approval request ... --wait`",
+    "approval_required": "the protected cpctl commands (`installer run`, `policy publish`, "
+                         "`policy activate`, `policy rollback`) request, wait for and present "
+                         "the ticket themselves; or `cpctl approval request ... --wait` with "
+                         "the bindings above (--json shows them)",
     "ticket_not_approved": "wait for the reviewers: `cpctl approval wait ID`",
     "too_many_streams": "other live streams of yours are open (waits, consoles); close one or "
                         "retry shortly",

@@ -20,6 +20,7 @@ from . import (
     serve,
     session,
 )
+from .protected import option_values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``cpctl`` with ``argv``; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else sys.argv[1:])
+    args = parser.parse_args(option_values(list(argv) if argv is not None else sys.argv[1:]))
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -5,8 +5,9 @@ probe decision, ``*_test.rego``, in a child process), then checks the decision c
 bundle with the publisher's Ed25519 key (JWS, ``authz.revisions``) and sends it; nothing about
 the signature is trusted from the server. ``activate`` and ``rollback`` set the fleet's active
 revision. In a fleet that serves production each of them needs step-up and an approved ticket
-bound to the revision (the server's 403 ``approval_required`` names the bindings); present it
-with ``--ticket ID --nonce NONCE``.
+bound to the revision: like ``installer run`` (``protected.Protected``), each command steps up,
+requests the ticket the server names, waits for the reviewers and presents it itself;
+``--ticket ID`` presents one requested earlier (its kept nonce, or ``--nonce``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .. import clock
 from ..authz.cases import CaseError, load_cases
-from ..authz.engine import DEFAULT_ENVIRONMENTS, PolicyEngine, default_policies_dir
+from ..authz.engine import DEFAULT_ENVIRONMENTS, PolicyEngine
 from ..authz.regotest import run_tests_isolated
 from ..authz.revisions import (
     Bundle,
@@ -35,7 +36,9 @@ from ..authz.revisions import (
     sign,
 )
 from . import client as http
+from . import policydir
 from .client import EXIT_OK, UsageError, guarded
+from .protected import Protected, option_values
 
 __all__ = ["extend", "run"]
 
@@ -51,8 +54,12 @@ def extend(policy_parser: argparse.ArgumentParser) -> None:
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--json", action="store_true", help="print the server's JSON answer")
     ticket = argparse.ArgumentParser(add_help=False)
-    ticket.add_argument("--ticket", metavar="ID", help="an approved ticket for this change")
-    ticket.add_argument("--nonce", help="the ticket's nonce (shown once when it was requested)")
+    ticket.add_argument("--ticket", metavar="ID",
+                        help="present this ticket instead of requesting one (its nonce is the "
+                             "one cpctl kept when it was requested, unless --nonce is given)")
+    ticket.add_argument("--nonce", help="the ticket's nonce, if cpctl did not keep it")
+    ticket.add_argument("--otp", metavar="CODE",
+                        help="one-time code for the step-up (prompted for when needed and absent)")
 
     kg = commands.add_parser("keygen", help="create a policy-signing key (Ed25519)")
     kg.add_argument("key", type=Path, metavar="KEY.pem",
@@ -62,7 +69,8 @@ def extend(policy_parser: argparse.ArgumentParser) -> None:
     pb = commands.add_parser("publish", parents=[conn, out, ticket],
                              help="vet, sign and publish a policies directory as a revision")
     pb.add_argument("dir", nargs="?", type=Path, default=None,
-                    help="policies directory (default: the repository's policies/)")
+                    help="policies directory (default: ./policies, else the configured "
+                         "policies.dir; the one used is printed)")
     pb.add_argument("--key", type=Path, required=True, help="the policy-signing private key")
     pb.add_argument("--message", "-m", default="", help="why (signed, shown in revisions)")
     pb.add_argument("--author", default=None, help="who wrote it (default: the local user)")
@@ -95,7 +103,7 @@ def run(argv: list[str]) -> int:
     from .main import build_parser
 
     try:
-        args = build_parser().parse_args(["policy", *argv])
+        args = build_parser().parse_args(option_values(["policy", *argv]))
     except SystemExit as exc:
         return int(exc.code or 0)
     return int(args.func(args))
@@ -124,7 +132,11 @@ def keygen(args: argparse.Namespace) -> int:
 
 
 def publish(args: argparse.Namespace) -> int:
-    policies: Path = args.dir or default_policies_dir()
+    try:
+        policies, how = policydir.resolve(args.dir)
+    except policydir.PolicyDirError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"policies: {policies} ({how})", file=sys.stderr)
     try:
         key = load_private_key(args.key)
         bundle = Bundle.from_dir(policies)
@@ -146,8 +158,9 @@ def publish(args: argparse.Namespace) -> int:
         args.out.write_text(json.dumps(body), encoding="utf-8")
         print(f"signed {snapshot.revision} ({bundle.digest}) written to {args.out}")
         return EXIT_OK
-    answer = http.client_for(args).post("/api/v1/policy/revisions", body,
-                                        headers=_ticket_headers(args))
+    api = http.client_for(args)
+    answer = _protected(args, api, "publish", args.message or None).send(
+        lambda headers: api.post("/api/v1/policy/revisions", body, headers=headers))
     if args.json:
         print(json.dumps(answer, indent=2, sort_keys=True))
     else:
@@ -176,15 +189,17 @@ def activate(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"revision": args.revision}
     if args.reason:
         body["reason"] = args.reason
-    answer = http.client_for(args).post("/api/v1/policy/activation", body,
-                                        headers=_ticket_headers(args))
+    api = http.client_for(args)
+    answer = _protected(args, api, "activate", args.reason).send(
+        lambda headers: api.post("/api/v1/policy/activation", body, headers=headers))
     return _print_activation(args, answer)
 
 
 def rollback(args: argparse.Namespace) -> int:
     body = {"reason": args.reason} if args.reason else {}
-    answer = http.client_for(args).post("/api/v1/policy/rollback", body,
-                                        headers=_ticket_headers(args))
+    api = http.client_for(args)
+    answer = _protected(args, api, "rollback", args.reason).send(
+        lambda headers: api.post("/api/v1/policy/rollback", body, headers=headers))
     return _print_activation(args, answer)
 
 
@@ -208,13 +223,15 @@ def _print_activation(args: argparse.Namespace, answer: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(answer, indent=2, sort_keys=True))
     else:
-        print(f"active: {answer['revision']} (seq {answer['seq']}, {answer['kind']}; was "
+        active = answer["revision"] or "none: directory mode (every replica runs its policies.dir)"
+        print(f"active: {active} (seq {answer['seq']}, {answer['kind']}; was "
               f"{answer['previous'] or 'none'}); every replica follows within its "
               "convergence bound (see authz/status)")
     return EXIT_OK
 
 
-def _ticket_headers(args: argparse.Namespace) -> dict[str, str]:
-    if bool(args.ticket) != bool(args.nonce):
-        raise UsageError("--ticket and --nonce go together")
-    return {"Approval-Ticket": args.ticket, "Approval-Nonce": args.nonce} if args.ticket else {}
+def _protected(args: argparse.Namespace, api: http.Client, verb: str,
+               reason: str | None) -> Protected:
+    """The request -> wait -> present flow every protected cpctl command shares."""
+    return Protected(api, prog=f"cpctl policy {verb}", what=f"the {verb}", reason=reason,
+                     ticket=args.ticket, nonce=args.nonce, otp=args.otp, quiet=args.json)
