@@ -138,7 +138,7 @@ _HINTS = {
     "approval_required": "the protected cpctl commands (`installer run`, `policy publish`, "
                          "`policy activate`, `policy rollback`) request, wait for and present "
                          "the ticket themselves; or `cpctl approval request ... --wait` with "
-                         "the bindings above (--json shows them)",
+                         "the bindings above",
     "ticket_not_approved": "wait for the reviewers: `cpctl approval wait ID`",
     "too_many_streams": "other live streams of yours are open (waits, consoles); close one or "
                         "retry shortly",
@@ -173,6 +173,12 @@ def report_error(args: argparse.Namespace, exc: ClientError | ConnectionFailed |
     prog = _prog(args)
     if isinstance(exc, ClientError):
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        bindings = exc.body.get("bindings")
+        if exc.code == "approval_required" and isinstance(bindings, dict):
+            # What a ticket must be bound to, without --json: action, env and the resource.
+            print(f"{prog}: needs a ticket for {bindings.get('action')} on "
+                  f"{bindings.get('env')}, resource "
+                  f"{json.dumps(bindings.get('resource'), sort_keys=True)}", file=sys.stderr)
         hint = _HINTS.get(exc.code)
         if hint:
             print(f"{prog}: hint: {hint}", file=sys.stderr)

@@ -142,3 +142,17 @@ def test_a_nonce_may_start_with_a_dash_and_none_is_minted_so() -> None:
     assert (args.ticket, args.nonce) == ("T", "-jnYZ")
     # One in 64 URL-safe nonces used to start with '-': none of 2,000 does now.
     assert not any(new_nonce().startswith("-") for _ in range(2000))
+
+
+def test_an_approval_required_error_names_its_bindings_without_json(capsys) -> None:
+    import argparse
+
+    from service.cli.client import ClientError, report_error
+    exc = ClientError(403, "approval_required", "this action needs an approved ticket", body={
+        "bindings": {"action": "policy.publish", "env": "prod",
+                     "resource": {"revision": "sha256:1", "digest": "sha256:2"}}})
+    report_error(argparse.Namespace(command="policy"), exc)
+    err = capsys.readouterr().err
+    assert ('needs a ticket for policy.publish on prod, resource '
+            '{"digest": "sha256:2", "revision": "sha256:1"}') in err
+    assert "`policy publish`" in err and "installer run" in err
