@@ -15,6 +15,7 @@ holders of a signing key can make the service vet anything, and nothing unvetted
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable
 from datetime import datetime
@@ -22,25 +23,36 @@ from typing import Any
 
 from aiohttp import web
 
+from .. import clock
 from ..appkeys import (
     CONFIG,
     ENGINE,
     POLICY_ACTIVATION_SIGNER,
     POLICY_FOLLOWER,
     POLICY_KEYS,
+    PRINCIPAL,
     STORE,
 )
+from ..approvals.policy import review_target
+from ..authz import change
 from ..authz.activations import ActivationSigner
 from ..authz.revisions import Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
 from ..chain import Outcome, Run, Target, Write, protected
 from ..clock import iso
-from ..errors import Conflict, NotFound, SchemaValidationFailed, ServiceUnavailable
-from ..store.base import PolicyActivation, PolicyRevisionRecord
+from ..errors import (
+    ApprovalRepositoryUnavailable,
+    Conflict,
+    NotFound,
+    SchemaValidationFailed,
+    ServiceUnavailable,
+)
+from ..store.base import PolicyActivation, PolicyRevisionRecord, StoreError, TicketRecord
 from .queries import query_page_limit, query_str
 
 __all__ = ["activation_view", "revision_view", "routes"]
 
 routes = web.RouteTableDef()
+log = logging.getLogger("controlplane.api")
 
 #: The ticket resource of a rollback to directory mode (no store revision active).
 DIRECTORY = "directory"
@@ -99,9 +111,27 @@ async def _publish_target(request: web.Request, body: Any) -> Target:
     report = await asyncio.to_thread(request.app[ENGINE].vet_revision, snapshot)
     if not report.ok:
         raise _invalid("policy_rejected", "/bundle", report.summary()[:300])
+    await _propose(request, bundle, body["signature"], claims, created_at)
     return Target(resource={"revision": snapshot.revision, "digest": bundle.digest},
                   env=_fleet_env(request), id=snapshot.revision,
                   attributes={"kid": claims.kid}, record=(bundle, claims, created_at))
+
+
+async def _propose(request: web.Request, bundle: Bundle, signature: Any, claims: Claims,
+                   created_at: float) -> None:
+    # Signed by a trusted key and vetted: kept as a proposal, so the reviewers of its ticket
+    # read the change before it is approved (it is stored as a revision only by the publish).
+    store = request.app[STORE].store
+    if store is None:
+        return
+    try:
+        await store.add_policy_candidate(PolicyRevisionRecord(
+            id=claims.revision, digest=claims.digest, bundle=bundle.to_doc(),
+            signature=dict(signature), kid=claims.kid, author=claims.author,
+            message=claims.message, created_at=created_at,
+            published_by=request[PRINCIPAL].subject_id, published_at=clock.now()))
+    except StoreError as exc:  # the publish itself does not depend on it
+        log.warning("policy candidate not kept for review: %s", type(exc).__name__)
 
 
 @routes.post("/api/v1/policy/revisions")
@@ -157,6 +187,40 @@ async def list_revisions(run: Run) -> Outcome:
 
 
 # ---- activate and roll back ------------------------------------------------------------------
+
+
+# ---- the change a policy ticket is about -----------------------------------------------------
+
+
+async def _ticket_change_target(request: web.Request, body: Any) -> Target:
+    if not request.app[CONFIG].approvals.enabled:
+        raise ApprovalRepositoryUnavailable(
+            "no approval repository is configured (approvals.store: none)")
+    ticket_id = request.match_info["id"]
+    store = request.app[STORE].require()
+    ticket = await store.get_ticket(ticket_id) if len(ticket_id) <= 64 else None
+    if ticket is None:
+        raise NotFound("no such approval ticket", code="ticket_not_found")
+    return review_target(ticket)  # who may read the ticket may read its change
+
+
+@routes.get("/api/v1/approvals/{id}/change")
+@protected("approvals.read", target=_ticket_change_target)
+async def ticket_change(run: Run) -> Outcome:
+    """A policy ticket's change: signed message and author, vetting, the diff against the
+    revision the fleet runs and the recent decisions replayed against it (404
+    ``no_policy_change`` for other tickets, or a candidate no trusted key signed)."""
+    ticket: TicketRecord = run.target.record
+    config = run.config
+    keys: TrustedKeys = run.request.app[POLICY_KEYS]
+    found = await change.report(
+        run.store, keys, ticket.action, ticket.resource,
+        config.policies.dir, config.environments,
+        config.decision_log.path)
+    if found is None:
+        raise NotFound("this ticket carries no readable policy change", code="no_policy_change")
+    return Outcome(200, {"ticket_id": ticket.id, "action": ticket.action, **found},
+                   audit={"ticket_id": ticket.id})
 
 
 def _signer(request: web.Request) -> ActivationSigner:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +238,59 @@ async def test_rollback_right_after_the_first_activation_returns_to_directory_mo
     again = await client.post("/api/v1/policy/rollback", json={}, headers=bearer(alice))
     assert again.status == 200, await again.text()  # and forward again to the revision
     assert (await again.json())["revision"] == only
+
+
+async def test_a_publish_ticket_shows_its_change_and_replayed_impact(make_client, tmp_path):
+    """Issue 30 (2): before approval, the reviewer of a policy.publish ticket reads the signed
+    message and author, the vetting, the diff against the running revision and the recent
+    decisions replayed against the candidate (carol's viewer role revoked: her allowed reads
+    would be denied)."""
+    from tests.authz.test_replay_shadow import candidate_without_carols_role
+
+    key, public = keypair(tmp_path)
+    log_path = tmp_path / "decisions.jsonl"
+    client = await make_client({"policies": {"store": store_keys(public)},
+                                "decision_log": {"path": str(log_path)}})
+    alice = await step_up(client, await login(client, "alice"), "alice")
+    carol = await login(client, "carol")
+    for _ in range(3):
+        assert (await client.get("/api/v1/databases", headers=bearer(carol))).status == 200
+    deadline = time.monotonic() + 10
+    while not log_path.exists() or log_path.read_text().count("\n") < 3:
+        assert time.monotonic() < deadline, "the decision log was not written"
+        await asyncio.sleep(0.05)
+
+    bundle = Bundle.from_dir(candidate_without_carols_role(tmp_path / "candidate"))
+    body = published(key, bundle, "revoke carol's viewer role")
+    refused = await client.post("/api/v1/policy/revisions", json=body, headers=bearer(alice))
+    await assert_problem(refused, 403, "approval_required")
+    r = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "policy.publish",
+        "resource": {"revision": bundle.revision_id(), "digest": bundle.digest}})
+    assert r.status == 201, await r.text()
+    ticket = await r.json()
+
+    bob = await login(client, "bob")
+    r = await client.get(f"/api/v1/approvals/{ticket['id']}/change", headers=bearer(bob))
+    assert r.status == 200, await r.text()
+    change = await r.json()
+    assert (change["revision"], change["source"], change["author"], change["message"]) == (
+        bundle.revision_id(), "proposed", "alice", "revoke carol's viewer role")
+    assert change["vetting"]["passed"] is True
+    assert change["diff"]["files"] == [
+        {"file": "data/bindings.yaml", "status": "changed", "added": 1, "removed": 1}]
+    assert "-  carol: {roles: [viewer]}" in change["diff"]["text"]
+    impact = change["impact"]
+    assert impact["available"] is True and impact["total"] >= 3
+    carol_denied = impact["groups"]["allow->deny"]
+    assert carol_denied["count"] >= 3
+    assert {e["subject"] for e in carol_denied["examples"]} == {"carol"}
+    assert change["impact_summary"].startswith(f"{impact['changed']} of {impact['total']} "
+                                               "recent decisions would change: allow->deny")
+
+    other = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": {"app": "web"}})
+    r = await client.get(f"/api/v1/approvals/{(await other.json())['id']}/change",
+                         headers=bearer(bob))
+    await assert_problem(r, 404, "no_policy_change")

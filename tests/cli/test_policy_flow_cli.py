@@ -110,6 +110,14 @@ def test_publish_activate_rollback_request_wait_and_present_their_tickets(fleet,
     assert f"policies: {work / 'policies'} (default ./policies)" in err, err
     assert f"published {mine}" in out, out
     assert ticket["resource"]["revision"] == mine
+    shown = subprocess.run([sys.executable, "-m", "service", "approval", "show", ticket["id"]],
+                           cwd=work, env=env, capture_output=True, text=True,
+                           timeout=PROCESS_TIMEOUT_S)
+    assert shown.returncode == 0, shown.stderr
+    for line in (f"revision:   {mine} (published)", "message:    tighten reads",
+                 "vetting:    passed", "diff:       1 files, +2 -0 lines",
+                 "changed  authz.rego (+2 -0)", "impact:     no decision log is configured"):
+        assert line in shown.stdout, shown.stdout
 
     # A ticket requested earlier: `--ticket T` alone presents it (the kept nonce).
     requested = subprocess.run(

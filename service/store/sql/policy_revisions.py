@@ -83,6 +83,24 @@ class PolicyRevisionSql(Unit):
             raise Conflict("duplicate_id")
         return False
 
+    async def add_policy_candidate(self, rec: PolicyRevisionRecord) -> None:
+        async with self._unit(write=True) as q:
+            await q.exec(
+                "INSERT INTO policy_candidates (id, digest, bundle, signature, kid, author, "
+                "message, created_at, proposed_by, proposed_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                rec.id, rec.digest, _text(rec.bundle), _text(rec.signature), rec.kid, rec.author,
+                rec.message, rec.created_at, rec.published_by, rec.published_at,
+            )
+
+    async def get_policy_candidate(self, id: str) -> PolicyRevisionRecord | None:
+        async with self._unit(write=False) as q:
+            row = await q.one(
+                "SELECT id, digest, bundle, signature, kid, author, message, created_at, "
+                "proposed_by AS published_by, proposed_at AS published_at "
+                "FROM policy_candidates WHERE id = ?", id)
+        return None if row is None else _revision(row)
+
     async def get_policy_revision(self, id: str) -> PolicyRevisionRecord | None:
         async with self._unit(write=False) as q:
             row = await q.one(f"SELECT {_COLUMNS} FROM policy_revisions WHERE id = ?", id)
