@@ -30,6 +30,7 @@ from ..appkeys import (
     CORRELATION_ID,
     ENGINE,
     FEDERATION,
+    POLICY_KEYS,
     PRINCIPAL,
     STORE,
     STREAMS,
@@ -37,7 +38,8 @@ from ..appkeys import (
 from ..approvals.tickets import ticket_view
 from ..authn.errors import AuthnError, InvalidToken
 from ..authn.principal import ANONYMOUS, Principal
-from ..authz import actions
+from ..authz import actions, change
+from ..authz.revisions import TrustedKeys
 from ..errors import Forbidden, Problem, Unauthorized, to_problem
 from ..run import Outcome, Protection, Run, Target, Write
 from ..schemas import ValidationFailed, validate
@@ -442,7 +444,20 @@ async def _ticket_markup(request: web.Request, store: Any, ticket: TicketRecord,
         form = pages.cannot_review(refusal)
     return pages.ticket_page(_view(ticket), timeline=queries.timeline(records),
                              policy_reasons=queries.policy_reasons(records), review_form=form,
-                             who=principal.subject_id, csrf=found.csrf, error=error)
+                             who=principal.subject_id, csrf=found.csrf, error=error,
+                             change=await _policy_change(request, store, ticket))
+
+
+async def _policy_change(request: web.Request, store: Any,
+                         ticket: TicketRecord) -> dict[str, Any] | None:
+    """The change a policy ticket asks to approve (as GET /api/v1/approvals/{id}/change)."""
+    if ticket.action not in change.ACTIONS:
+        return None
+    config = request.app[CONFIG]
+    keys: TrustedKeys = request.app[POLICY_KEYS]
+    return await change.report(store, keys, ticket.action, ticket.resource,
+                               config.policies.dir, config.environments,
+                               config.decision_log.path)
 
 
 @routes.get("/console/tickets/{id}/events")
