@@ -61,6 +61,7 @@ E2E_TESTS = frozenset({
     "tests/test_policy_fleet.py",
     "tests/test_policy_shadow_process.py::test_no_shadow_process_outlives_cpctl_serve_workers",
     "tests/console/test_console_browser.py",
+    "tests/console/test_console_browser_policy.py",
     "tests/cli/test_serve.py",
     "tests/cli/test_revisions_cli.py",
     "tests/cli/test_policy_flow_cli.py::test_publish_activate_rollback_request_wait_and_present_their_tickets",
