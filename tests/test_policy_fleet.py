@@ -258,6 +258,9 @@ async def _follow(store: Store, replicas: list[Replica], key: Ed25519PrivateKey,
                     and d["active_revision"] == bad and d["running_active"] is False
                     and "untrusted_key" in (d["error"] or "")):
                 return False
+            # The load gauge says so for as long as the refused revision is the active one.
+            if await metric(replica, "controlplane_policy_load_ok", source="store") != 0.0:
+                return False
         return await everywhere(r1, converged=0.0)
 
     await until(refused, "every process refuses the untrusted revision and keeps serving")
@@ -267,6 +270,9 @@ async def _follow(store: Store, replicas: list[Replica], key: Ed25519PrivateKey,
         assert status == 200
         cids.append(cid)
     assert await decided_with(store, cids) == {r1}
+    await asyncio.sleep(1.0)  # several polls later the gauge has not recovered by itself
+    for replica in replicas:
+        assert await metric(replica, "controlplane_policy_load_ok", source="store") == 0.0
     # The API refuses to activate what no replica would run.
     status, body, _ = await replicas[0].call("POST", "/api/v1/policy/activation",
                                              json={"revision": bad})
