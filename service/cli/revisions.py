@@ -13,6 +13,7 @@ requests the ticket the server names, waits for the reviewers and presents it it
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
 import json
 import os
@@ -24,6 +25,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .. import clock
+from .. import config as config_mod
+from ..audit.record import scrub, seal
+from ..authz.activations import ActivationSigner
 from ..authz.cases import CaseError, load_cases
 from ..authz.engine import DEFAULT_ENVIRONMENTS, PolicyEngine
 from ..authz.regotest import run_tests_isolated
@@ -31,10 +35,14 @@ from ..authz.revisions import (
     Bundle,
     BundleError,
     SignatureError,
+    TrustedKeys,
     key_id,
     load_private_key,
     sign,
+    verify,
 )
+from ..store import open_store
+from ..store.base import StoreError
 from . import client as http
 from . import policydir
 from .client import EXIT_OK, UsageError, guarded
@@ -91,6 +99,24 @@ def extend(policy_parser: argparse.ArgumentParser) -> None:
                              help="activate the revision that was active before the current one")
     rb.add_argument("--reason", help="why (recorded with the activation)")
     rb.set_defaults(func=guarded(rollback))
+
+    bg = commands.add_parser(
+        "break-glass", parents=[out],
+        help="offline, for a revision that locks out its own approvers: sign an activation with "
+             "an activation key and write it to the store directly (no server, no ticket; "
+             "audited)")
+    target = bg.add_mutually_exclusive_group(required=True)
+    target.add_argument("revision", metavar="REVISION", nargs="?",
+                        help="a published revision to activate")
+    target.add_argument("--directory", action="store_true",
+                        help="back to directory mode: every replica runs its policies.dir")
+    bg.add_argument("--activation-key", type=Path, required=True, metavar="KEY.pem",
+                    help="an Ed25519 key whose public half every replica lists in "
+                         "policies.store.trusted_activation_keys (or its activation_key)")
+    bg.add_argument("--reason", required=True, help="why (signed, recorded and audited)")
+    bg.add_argument("--config", metavar="FILE",
+                    help="the service's configuration, for its store (env CONTROLPLANE_CONFIG)")
+    bg.set_defaults(func=guarded(break_glass))
 
     ls = commands.add_parser("revisions", parents=[conn, out],
                              help="published revisions: who, when, why, and which is active")
@@ -201,6 +227,70 @@ def rollback(args: argparse.Namespace) -> int:
     answer = _protected(args, api, "rollback", args.reason).send(
         lambda headers: api.post("/api/v1/policy/rollback", body, headers=headers))
     return _print_activation(args, answer)
+
+
+def break_glass(args: argparse.Namespace) -> int:
+    """Write a signed activation straight to the store, with its audit record in the same
+    transaction: the way out when the active revision denies everyone who could approve a
+    change. Only a key the replicas trust for activations makes them follow it."""
+    try:
+        config = config_mod.load_from_process(args.config)
+        signer = ActivationSigner.from_file(args.activation_key)
+        trusted = TrustedKeys.from_files(config.policies.store.trusted_keys)
+    except (config_mod.ConfigError, SignatureError) as exc:
+        raise UsageError(str(exc)) from None
+    if config.store.url is None:
+        raise UsageError("the configuration has no store (store.backend is none)")
+    if config.store.backend == "sqlite" and not config.store.sqlite_path.exists():
+        raise UsageError(f"no store at {config.store.sqlite_path} (is --config the service's?)")
+    try:
+        activation = asyncio.run(_break_glass(
+            config.store.url.reveal(), config.store.postgres_schema
+            if config.store.backend == "postgres" else None,
+            "" if args.directory else args.revision, signer, trusted, args.reason))
+    except StoreError as exc:
+        raise UsageError(f"the store: {exc}") from None
+    if args.json:
+        print(json.dumps(activation, indent=2, sort_keys=True))
+    else:
+        print(f"break-glass activation seq {activation['seq']}: "
+              f"{activation['revision'] or 'directory mode'} (was "
+              f"{activation['previous'] or 'none'}), signed by {signer.kid}; audited. Every "
+              "replica that trusts this key follows it within its convergence bound.")
+    return EXIT_OK
+
+
+async def _break_glass(url: str, schema: str | None, revision: str, signer: ActivationSigner,
+                       trusted: TrustedKeys, reason: str) -> dict[str, Any]:
+    store = await open_store(url, schema=schema)
+    try:
+        if revision:
+            rec = await store.get_policy_revision(revision)
+            if rec is None:
+                raise UsageError(f"no published revision {revision} in the store")
+            try:  # what no replica would run is not activated, even by break-glass
+                verify(Bundle.from_doc(rec.bundle), rec.signature, trusted, revision=rec.id)
+            except (SignatureError, BundleError) as exc:
+                raise UsageError(f"the revision's signature is not trusted here: {exc}") from None
+        who = f"break-glass:{getpass.getuser()}"
+        now = clock.now()
+        async with store.transaction() as tx:
+            activation = await tx.activate_policy_revision(
+                revision, kind="break_glass", by=who, at=now, reason=reason,
+                sign=lambda a: signer.sign(a, None))
+            await tx.append_audit(scrub({
+                "at": clock.iso(now), "correlation_id": None,
+                "principal": {"subject_id": who, "kind": "break_glass", "session_id": None},
+                "action": "policy.break_glass", "method": "CLI",
+                "path": "cpctl policy break-glass", "outcome": "executed",
+                "revision": revision or None, "previous": activation.previous_id or None,
+                "seq": activation.seq, "kind": "break_glass", "reason": reason,
+                "activation_kid": signer.kid}), seal)
+    finally:
+        await store.close()
+    return {"seq": activation.seq, "revision": activation.revision_id or None,
+            "previous": activation.previous_id or None, "kind": activation.kind,
+            "activated_by": who, "reason": reason}
 
 
 def revisions(args: argparse.Namespace) -> int:
