@@ -42,6 +42,7 @@ from .authn.published import PublishedKeyRing
 from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
 from .authn.sessions import Authenticator
+from .authz import change
 from .authz.activations import ActivationSigner, activation_keys
 from .authz.decide import observe
 from .authz.decisionlog import DecisionLog
@@ -63,7 +64,7 @@ from .middleware.metrics import setup_metrics
 from .middleware.problems import setup_problems
 from .notifications.dispatcher import Dispatcher, dispatching
 from .notifications.reviewers import reviewers_of
-from .store.base import StoreError
+from .store.base import OutboxEvent, Store, StoreError
 from .storelink import setup_store
 from .streams import setup_streams
 
@@ -332,9 +333,16 @@ async def _notifications(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     link, authenticator = app[STORE], app[AUTHENTICATOR]
+    async def policy_change(store: Store, event: OutboxEvent) -> dict[str, Any] | None:
+        keys: TrustedKeys = app[POLICY_KEYS]
+        found = await change.report(store, keys, str(event.data.get("action")),
+                                    event.data.get("resource"), config.policies.dir,
+                                    config.environments, config.decision_log.path)
+        return None if found is None else change.brief(found)
+
     dispatcher = Dispatcher(lambda: link.store, config.notifications,
                             reviewers_of(app[ENGINE], config, lambda: authenticator.identities),
-                            app[METRICS])
+                            app[METRICS], changes=policy_change)
     app[NOTIFICATIONS] = dispatcher
     async with dispatching(dispatcher, config.notifications):
         yield

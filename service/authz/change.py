@@ -23,7 +23,7 @@ from .engine import PolicyEngine
 from .replay import ReplayError, from_log, replay
 from .revisions import Bundle, BundleError, SignatureError, materialize, verify
 
-__all__ = ["ACTIONS", "DIRECTORY", "diff", "impact", "report"]
+__all__ = ["ACTIONS", "DIRECTORY", "brief", "diff", "impact", "report"]
 
 #: The tickets that carry a policy change.
 ACTIONS = ("policy.publish", "policy.activate")
@@ -155,6 +155,17 @@ async def report(store: Store, trusted: Mapping[str, Any], action: str, resource
     effect = await asyncio.to_thread(impact, candidate, environments, decision_log)
     return {**head, "against": against, "vetting": vetting, "diff": changes,
             "impact": effect, "impact_summary": summary(effect)}
+
+
+def brief(report_doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A report without the diff text and examples: what a notification carries."""
+    d = report_doc.get("diff") or {}
+    return {"revision": report_doc.get("revision"), "author": report_doc.get("author"),
+            "message": report_doc.get("message"), "against": report_doc.get("against"),
+            "vetting": report_doc.get("vetting"),
+            "diff": {"files": d.get("files") or [], "added": d.get("added", 0),
+                     "removed": d.get("removed", 0)},
+            "impact_summary": report_doc.get("impact_summary")}
 
 
 def _from_dir(directory: Path) -> Bundle | None:
