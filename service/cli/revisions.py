@@ -299,7 +299,8 @@ def revisions(args: argparse.Namespace) -> int:
         print(json.dumps(answer, indent=2, sort_keys=True))
         return EXIT_OK
     active = answer.get("active")
-    print(f"active: {active['revision']} (seq {active['seq']}, {active['kind']} by "
+    print(f"active: {active['revision'] or 'none: directory mode'} (seq {active['seq']}, "
+          f"{active['kind']} by "
           f"{active['activated_by']} at {active['activated_at']})" if active
           else "active: none (every replica serves its policies.dir)")
     for item in answer["items"]:
