@@ -25,6 +25,7 @@ from .appkeys import (
     FEDERATION,
     METRICS,
     NOTIFICATIONS,
+    POLICY_ACTIVATION_SIGNER,
     POLICY_FOLLOWER,
     POLICY_KEYS,
     SHADOW,
@@ -43,6 +44,8 @@ from .authn.published import PublishedKeyRing
 from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
 from .authn.sessions import Authenticator
+from .authz import change
+from .authz.activations import ActivationSigner, activation_keys
 from .authz.decide import observe
 from .authz.decisionlog import DecisionLog
 from .authz.engine import LOG_FIELDS, PolicyEngine
@@ -65,7 +68,7 @@ from .middleware.problems import setup_problems
 from .notifications.dispatcher import Dispatcher, dispatching
 from .notifications.reviewers import reviewers_of
 from .repeats import log_failure
-from .store.base import StoreError
+from .store.base import OutboxEvent, Store, StoreError
 from .storelink import setup_store
 from .streams import setup_streams
 
@@ -195,17 +198,42 @@ async def _policy_store(app: web.Application) -> AsyncIterator[None]:
         log.error("policy signing keys unusable: %s", exc)
         keys, trust_error = TrustedKeys({}), str(exc)
     app[POLICY_KEYS] = keys
+    signer, trusted_activations = await asyncio.to_thread(_activation_keys, config)
+    app[POLICY_ACTIVATION_SIGNER] = signer
     app[POLICY_FOLLOWER] = None
     if config.policies.source != "store":
+        app[ENGINE].reload_listeners.append(
+            lambda result: metrics.load_state("dir", app[ENGINE].status()["status"] == "ready"))
+        metrics.load_state("dir", app[ENGINE].status()["status"] == "ready")
         yield
         return
     link = app[STORE]
     follower = StoreFollower(app[ENGINE], lambda: link.store, config.policies.store, keys,
-                             trust_error=trust_error)
+                             trust_error=trust_error, activation_keys=trusted_activations)
     follower.listeners.append(metrics.converged)
+    follower.listeners.append(lambda _a, _r: metrics.load_state("store", follower.load_ok))
+    follower.activation_listeners.append(metrics.activation_refused)
     app[POLICY_FOLLOWER] = follower
     async with following(follower, lambda: link.store, config.policies.store.poll_interval_s):
         yield
+
+
+def _activation_keys(config: Config) -> tuple[ActivationSigner | None, TrustedKeys]:
+    """This replica's activation signer and the activation keys it trusts; an unreadable key
+    is logged and left out (fail closed: activations here 503, or refused everywhere)."""
+    store = config.policies.store
+    signer = None
+    if store.activation_key is not None:
+        try:
+            signer = ActivationSigner.from_file(store.activation_key)
+        except SignatureError as exc:
+            log.error("policy activation key unusable: %s", exc)
+    try:
+        trusted = activation_keys(store.trusted_activation_keys, signer)
+    except SignatureError as exc:
+        log.error("trusted policy activation keys unusable: %s", exc)
+        trusted = TrustedKeys({})
+    return signer, trusted
 
 
 async def _shadow_revision(app: web.Application) -> AsyncIterator[None]:
@@ -322,9 +350,16 @@ async def _notifications(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     link, authenticator = app[STORE], app[AUTHENTICATOR]
+    async def policy_change(store: Store, event: OutboxEvent) -> dict[str, Any] | None:
+        keys: TrustedKeys = app[POLICY_KEYS]
+        found = await change.report(store, keys, str(event.data.get("action")),
+                                    event.data.get("resource"), config.policies.dir,
+                                    config.environments, config.decision_log.path)
+        return None if found is None else change.brief(found)
+
     dispatcher = Dispatcher(lambda: link.store, config.notifications,
                             reviewers_of(app[ENGINE], config, lambda: authenticator.identities),
-                            app[METRICS])
+                            app[METRICS], changes=policy_change)
     app[NOTIFICATIONS] = dispatcher
     async with dispatching(dispatcher, config.notifications):
         yield

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .audit.log import AuditLog
     from .authn.federation import Federation
     from .authn.sessions import Authenticator
+    from .authz.activations import ActivationSigner
     from .authz.decisionlog import DecisionLog
     from .authz.engine import PolicyEngine
     from .authz.reload import StoreFollower
@@ -44,6 +45,7 @@ __all__ = [
     "FEDERATION",
     "METRICS",
     "NOTIFICATIONS",
+    "POLICY_ACTIVATION_SIGNER",
     "POLICY_FOLLOWER",
     "POLICY_KEYS",
     "PRINCIPAL",
@@ -66,6 +68,10 @@ COMPONENTS: web.AppKey[dict[str, Reporter]] = web.AppKey("components")
 ENGINE: web.AppKey[PolicyEngine] = web.AppKey("engine")
 #: The public keys trusted to sign policy revisions (``policies.store.trusted_keys``).
 POLICY_KEYS: web.AppKey[TrustedKeys] = web.AppKey("policy_keys")
+#: This replica's activation key (``policies.store.activation_key``), None when not configured
+#: or unreadable: activations and rollbacks executed here are signed with it.
+POLICY_ACTIVATION_SIGNER: web.AppKey[ActivationSigner | None] = web.AppKey(
+    "policy_activation_signer")
 #: With ``policies.source: store``: what keeps this process on the fleet's active revision.
 POLICY_FOLLOWER: web.AppKey[StoreFollower | None] = web.AppKey("policy_follower")
 #: Set by ``_decision_observers`` only when configured (``decision_log.path``,

@@ -279,15 +279,26 @@ class PolicyStoreConfig:
     #: A process that does not run the active revision this long after it noticed it (it was
     #: refused, or the store cannot be read) reports ``authz`` degraded.
     convergence_s: float
+    #: PEM file of this replica's Ed25519 activation key: it signs the activations and
+    #: rollbacks this replica executes (none: this replica answers them 503).
+    activation_key: Path | None = None
+    #: PEM files of the Ed25519 public keys whose activation signatures are accepted (the
+    #: public half of ``activation_key`` is trusted as well).
+    trusted_activation_keys: tuple[Path, ...] = ()
 
     DEFAULTS: ClassVar[dict[str, Any]] = {"trusted_keys": [], "poll_interval_s": 1,
-                                          "convergence_s": 5}
+                                          "convergence_s": 5, "activation_key": None,
+                                          "trusted_activation_keys": []}
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any], resolve: _Resolve) -> PolicyStoreConfig:
+        key = raw.get("activation_key")
         out = cls(trusted_keys=tuple(resolve(p) for p in raw["trusted_keys"]),
                   poll_interval_s=float(raw["poll_interval_s"]),
-                  convergence_s=float(raw["convergence_s"]))
+                  convergence_s=float(raw["convergence_s"]),
+                  activation_key=resolve(key) if key else None,
+                  trusted_activation_keys=tuple(
+                      resolve(p) for p in raw.get("trusted_activation_keys") or ()))
         if out.convergence_s <= out.poll_interval_s:
             raise ConfigError("policies.store.convergence_s must be longer than "
                               "policies.store.poll_interval_s")
@@ -326,6 +337,11 @@ class PoliciesConfig:
         if raw["source"] == "store" and not store.trusted_keys:
             raise ConfigError("policies.source is store but policies.store.trusted_keys is empty: "
                               "no revision could ever be accepted")
+        if raw["source"] == "store" and not (store.trusted_activation_keys
+                                             or store.activation_key):
+            raise ConfigError("policies.source is store but neither policies.store."
+                              "trusted_activation_keys nor policies.store.activation_key is set: "
+                              "no activation could ever be accepted")
         candidate = raw.get("candidate_dir")
         candidate_revision = raw.get("candidate_revision") or None
         if candidate and candidate_revision:

@@ -65,8 +65,10 @@ E2E_TESTS = frozenset({
     "tests/console/test_console_browser.py",
     "tests/console/test_console_sso_review.py::"
     "test_an_sso_approver_approves_in_a_real_browser_and_the_run_executes",
+    "tests/console/test_console_browser_policy.py",
     "tests/cli/test_serve.py",
     "tests/cli/test_revisions_cli.py",
+    "tests/cli/test_policy_flow_cli.py::test_publish_activate_rollback_request_wait_and_present_their_tickets",
     "tests/authz/test_cli_policy.py::test_the_cpctl_entry_point_runs_every_policy_subcommand",
     "tests/cli/test_audit_cli.py",
     "tests/cli/test_token_renewal_cli.py",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 
 from service.appkeys import AUDIT, ENGINE, METRICS
 from service.middleware.metrics import (
@@ -17,6 +18,7 @@ from service.middleware.metrics import (
 )
 from tests.auth import PASSWORDS, bearer, login, step_up
 from tests.metrics import scrape, value
+from tests.servers import REPO
 from tests.test_chain import RESOURCE, installer_body, ticket_headers
 
 SUBJECTS = ("alice", "bob", "carol", "ci-bot", "agent-7")
@@ -138,3 +140,30 @@ async def test_scrapes_share_one_store_reading_a_second(client):
     assert {value(f, "controlplane_audit_head_seq") for f in scrapes} == {head}  # one reading
     await asyncio.sleep(STORE_GAUGES_TTL_S + 0.1)
     assert value(await scrape(client), "controlplane_audit_head_seq") > head
+
+
+async def test_the_load_gauge_stays_0_while_the_policy_is_rejected(make_client, tmp_path):
+    """Issue 30 (4): controlplane_policy_load_ok is a state: 0 from the rejection of the
+    directory's policy until a good one loads, however many polls see the same bad files (the
+    rejected counter moves once)."""
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    client = await make_client({"policies": {"dir": str(policies), "reload_interval_s": 0}})
+    engine = client.server.app[ENGINE]
+
+    async def load_ok() -> float:
+        return value(await scrape(client), "controlplane_policy_load_ok", source="dir")
+
+    assert await load_ok() == 1.0
+    good = (policies / "authz.rego").read_text()
+    (policies / "authz.rego").write_text(good + "\nbroken := \n")
+    assert not (await asyncio.to_thread(engine.reload)).ok
+    for _ in range(3):  # the same rejected files, seen again
+        await asyncio.to_thread(engine.reload)
+        assert await load_ok() == 0.0
+    rejected = value(await scrape(client), "controlplane_policy_reload",
+                     "controlplane_policy_reload_total", result="rejected")
+    assert rejected >= 1
+    (policies / "authz.rego").write_text(good + "\n# fixed\n")
+    assert (await asyncio.to_thread(engine.reload)).ok
+    assert await load_ok() == 1.0

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from service.authz.activations import ActivationSigner
 from service.authz.revisions import Bundle, key_id, sign
 from service.store import Store, open_store
 from service.store.base import PolicyRevisionRecord
@@ -31,7 +33,18 @@ REPO = Path(__file__).resolve().parent.parent
 CONVERGENCE_S = 5.0
 
 
+def activation_key(tmp_path: Path) -> ActivationSigner:
+    """The fleet's activation key (one PEM file every replica is configured with)."""
+    path = tmp_path / "activation.pem"
+    if not path.exists():
+        path.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+    return ActivationSigner.from_file(path)
+
+
 def fleet_config(tmp_path: Path, public: Path, **store: Any) -> Path:
+    activation_key(tmp_path)
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump({
         # A fleet without production environments: no tickets needed to roll out here (the
@@ -39,7 +52,8 @@ def fleet_config(tmp_path: Path, public: Path, **store: Any) -> Path:
         "environments": {"dev": {"production": False}, "staging": {"production": False}},
         "policies": {"source": "store", "store": {
             "trusted_keys": [str(public)], "poll_interval_s": 0.2,
-            "convergence_s": CONVERGENCE_S}},
+            "convergence_s": CONVERGENCE_S,
+            "activation_key": str(tmp_path / "activation.pem")}},
         **({"store": store} if store else {}),
     }))
     return path
@@ -145,9 +159,9 @@ async def decided_with(store: Store, correlation_ids: list[str]) -> set[str]:
     return {str(found[c]) for c in correlation_ids}
 
 
-async def untrusted_activation(store: Store, bundle: Bundle) -> str:
-    """What a database-level writer could do: store and activate a revision signed by a key
-    no replica trusts (the API itself refuses both)."""
+async def untrusted_activation(store: Store, bundle: Bundle, signer: ActivationSigner) -> str:
+    """What a writer holding the activation key, but no revision key, could do: store and
+    activate a revision signed by a key no replica trusts (the API itself refuses both)."""
     stranger = Ed25519PrivateKey.generate()
     jws = sign(bundle, stranger, author="mallory", message="x", created_at="2026-11-23T18:00:00Z")
     revision = bundle.revision_id()
@@ -155,7 +169,8 @@ async def untrusted_activation(store: Store, bundle: Bundle) -> str:
         id=revision, digest=bundle.digest, bundle=bundle.to_doc(), signature=jws,
         kid=key_id(stranger.public_key()), author="mallory", message="x", created_at=0.0,
         published_by="mallory", published_at=time.time()))
-    await store.activate_policy_revision(revision, kind="activate", by="mallory", at=time.time())
+    await store.activate_policy_revision(revision, kind="activate", by="mallory", at=time.time(),
+                                         sign=lambda a: signer.sign(a, None))
     return revision
 
 
@@ -173,7 +188,7 @@ async def test_two_replicas_on_postgresql_follow_the_active_revision(tmp_path):
                     serve(tmp_path / "b" / "state", env=env) as (b_url, _):
                 async with aiohttp.ClientSession() as session:
                     await _follow(store, [Replica(session, a_url), Replica(session, b_url)], key,
-                                  listening=True)
+                                  activation_key(tmp_path), listening=True)
         finally:
             await store.close()
 
@@ -187,12 +202,14 @@ async def test_two_sqlite_workers_follow_the_active_revision(tmp_path):
         try:
             async with aiohttp.ClientSession() as session:
                 replica = Replica(session, url)
-                await _follow(store, [replica], key, listening=False, workers=2)
+                await _follow(store, [replica], key, activation_key(tmp_path), listening=False,
+                              workers=2)
         finally:
             await store.close()
 
 
-async def _follow(store: Store, replicas: list[Replica], key: Ed25519PrivateKey, *,
+async def _follow(store: Store, replicas: list[Replica], key: Ed25519PrivateKey,
+                  signer: ActivationSigner, *,
                   listening: bool, workers: int = 1) -> None:
     for replica in replicas:
         await replica.login()
@@ -231,7 +248,7 @@ async def _follow(store: Store, replicas: list[Replica], key: Ed25519PrivateKey,
     took = await until(lambda: everywhere(r1), f"every process is back on {r1}")
     print(f"converged on rollback in {took:.2f} s")
 
-    bad = await untrusted_activation(store, variant("not ours"))
+    bad = await untrusted_activation(store, variant("not ours"), signer)
 
     async def refused() -> bool:
         for replica in replicas:
@@ -240,6 +257,9 @@ async def _follow(store: Store, replicas: list[Replica], key: Ed25519PrivateKey,
             if not (status["status"] == "degraded" and status["revision"] == r1
                     and d["active_revision"] == bad and d["running_active"] is False
                     and "untrusted_key" in (d["error"] or "")):
+                return False
+            # The load gauge says so for as long as the refused revision is the active one.
+            if await metric(replica, "controlplane_policy_load_ok", source="store") != 0.0:
                 return False
         return await everywhere(r1, converged=0.0)
 
@@ -250,7 +270,102 @@ async def _follow(store: Store, replicas: list[Replica], key: Ed25519PrivateKey,
         assert status == 200
         cids.append(cid)
     assert await decided_with(store, cids) == {r1}
+    await asyncio.sleep(1.0)  # several polls later the gauge has not recovered by itself
+    for replica in replicas:
+        assert await metric(replica, "controlplane_policy_load_ok", source="store") == 0.0
     # The API refuses to activate what no replica would run.
     status, body, _ = await replicas[0].call("POST", "/api/v1/policy/activation",
                                              json={"revision": bad})
     assert (status, body["code"]) == (422, "policy_signature_invalid"), body
+
+
+async def metric(replica: Replica, name: str, **labels: str) -> float:
+    async with replica.session.get(replica.base + "/metrics") as r:
+        text = await r.text()
+    return sum(value for found, value in _samples(text, name)
+               if all(found.get(k) == v for k, v in labels.items()))
+
+
+async def test_a_database_only_activation_is_refused_by_every_replica(tmp_path):
+    """Issue 30 (3): a writer of the database alone inserts an activation of an older signed
+    revision and moves policy_head back; then replays an older signed activation. Both replicas
+    refuse both (degraded, counted, load gauge 0) and keep serving the revision they run; the
+    next signed activation is followed again."""
+    await require_postgres()
+    key, public = signer(tmp_path)
+    async with temp_schema("cp_forge") as (dsn, schema):
+        env = {"CONTROLPLANE_CONFIG": str(fleet_config(tmp_path, public)),
+               "CONTROLPLANE_STORE__BACKEND": "postgres",
+               "CONTROLPLANE_STORE__POSTGRES__DSN": dsn,
+               "CONTROLPLANE_STORE__POSTGRES__SCHEMA": schema}
+        sql = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+        try:
+            with serve(tmp_path / "a" / "state", env=env) as (a_url, _), \
+                    serve(tmp_path / "b" / "state", env=env) as (b_url, _):
+                async with aiohttp.ClientSession() as session:
+                    replicas = [Replica(session, a_url), Replica(session, b_url)]
+                    for replica in replicas:
+                        await replica.login()
+                    await _forge(sql, replicas, key)
+        finally:
+            await sql.close()
+
+
+async def _forge(sql: Any, replicas: list[Replica], key: Ed25519PrivateKey) -> None:
+    old, new = variant("old: carol would be admin"), variant("new")
+    r_old = await publish(replicas[0], old, key)
+    r_new = await publish(replicas[0], new, key)
+    await activate(replicas[0], r_old)
+    await until(lambda: running(replicas, r_old), f"every replica runs {r_old}")
+    await activate(replicas[1], r_new)
+    await until(lambda: running(replicas, r_new), f"every replica runs {r_new}")
+    rows = await sql.fetch("SELECT seq, signature FROM policy_activations ORDER BY seq")
+    assert [r["seq"] for r in rows] == [1, 2] and all(r["signature"] for r in rows)
+
+    async def refused(reason: str, seq: int) -> bool:
+        for replica in replicas:
+            status = await replica.status()
+            d = status["distribution"]
+            if not (status["status"] == "degraded" and status["revision"] == r_new
+                    and d["active_revision"] == r_new
+                    and d["refused_activation"] == {"seq": seq, "revision": r_old,
+                                                    "reason": reason}):
+                return False
+            if (await metric(replica, "controlplane_policy_activations_refused_total",
+                             reason=reason) < 1
+                    or await metric(replica, "controlplane_policy_load_ok",
+                                    source="store") != 0.0):
+                return False
+        return True
+
+    # 1. An unsigned activation row of the older revision, policy_head moved back with it.
+    await sql.execute(
+        "INSERT INTO policy_activations (seq, revision_id, previous_id, kind, activated_by, "
+        "activated_at, reason) VALUES (3, $1, $2, 'activate', 'alice', $3, 'forged')",
+        r_old, r_new, time.time())
+    await sql.execute("UPDATE policy_head SET seq = 3, revision_id = $1, previous_id = $2",
+                      r_old, r_new)
+    await until(lambda: refused("unsigned", 3), "both replicas refuse the unsigned activation")
+    # 2. The same row carrying the genuine signature of the first activation (seq 1).
+    await sql.execute("UPDATE policy_activations SET signature = "
+                      "(SELECT signature FROM policy_activations WHERE seq = 1) WHERE seq = 3")
+    await sql.execute("UPDATE policy_head SET seq = 3")  # wakes the replicas (NOTIFY)
+    await until(lambda: refused("mismatch", 3), "both replicas refuse the copied signature")
+    # 3. A replay: the newer activations deleted, the first one (validly signed) is the latest.
+    await sql.execute("DELETE FROM policy_activations WHERE seq > 1")
+    await sql.execute("UPDATE policy_head SET seq = 1, revision_id = $1, previous_id = ''",
+                      r_old)
+    await until(lambda: refused("out_of_sequence", 1), "both replicas refuse the replay")
+    for replica in replicas:  # the revision they ran keeps deciding
+        status, _body, _cid = await replica.call("GET", "/api/v1/policy/revisions")
+        assert status == 200
+        assert (await replica.status())["revision"] == r_new
+
+    # The next signed activation (through the API) is above every row, and is followed.
+    await activate(replicas[0], r_old)
+    await until(lambda: running(replicas, r_old), f"every replica runs {r_old} again")
+    for replica in replicas:
+        status = await replica.status()
+        assert status["status"] == "ready", status
+        assert status["distribution"]["refused_activation"] is None
+        assert await metric(replica, "controlplane_policy_load_ok", source="store") == 1.0

@@ -26,7 +26,7 @@ from service.authz.shadow import Shadow
 from service.config import ConfigError, load
 from service.store import Store, open_store
 from service.store.base import PolicyRevisionRecord
-from tests.api.test_policy_revisions import keypair, published
+from tests.api.test_policy_revisions import keypair, published, store_keys
 from tests.auth import bearer, login
 from tests.authz.test_replay_shadow import candidate_without_carols_role
 from tests.servers import EdgeTestServer
@@ -44,7 +44,7 @@ def _revoking(tmp_path: Path) -> Bundle:
 
 def _policies(public: Path, candidate: str | None, poll_s: float = 0.1) -> dict[str, Any]:
     return {"source": "store", "candidate_revision": candidate,
-            "store": {"trusted_keys": [str(public)], "poll_interval_s": poll_s,
+            "store": {**store_keys(public), "poll_interval_s": poll_s,
                       "convergence_s": 5}}
 
 

@@ -15,23 +15,47 @@ holders of a signing key can make the service vet anything, and nothing unvetted
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import CONFIG, ENGINE, POLICY_KEYS, STORE
+from .. import clock
+from ..appkeys import (
+    CONFIG,
+    ENGINE,
+    POLICY_ACTIVATION_SIGNER,
+    POLICY_FOLLOWER,
+    POLICY_KEYS,
+    PRINCIPAL,
+    STORE,
+)
+from ..approvals.policy import review_target
+from ..authz import change
+from ..authz.activations import ActivationSigner
 from ..authz.revisions import Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
 from ..chain import Outcome, Run, Target, Write, protected
 from ..clock import iso
-from ..errors import Conflict, NotFound, SchemaValidationFailed
-from ..store.base import PolicyActivation, PolicyRevisionRecord
+from ..errors import (
+    ApprovalRepositoryUnavailable,
+    Conflict,
+    NotFound,
+    SchemaValidationFailed,
+    ServiceUnavailable,
+)
+from ..store.base import PolicyActivation, PolicyRevisionRecord, StoreError, TicketRecord
 from .queries import query_page_limit, query_str
 
 __all__ = ["activation_view", "revision_view", "routes"]
 
 routes = web.RouteTableDef()
+log = logging.getLogger("controlplane.api")
+
+#: The ticket resource of a rollback to directory mode (no store revision active).
+DIRECTORY = "directory"
 
 def _fleet_env(request: web.Request) -> str:
     # A revision decides for every environment the fleet serves: judged as the strictest.
@@ -55,7 +79,8 @@ def revision_view(rec: PolicyRevisionRecord, active: str | None) -> dict[str, An
 
 def activation_view(a: PolicyActivation) -> dict[str, Any]:
     return {
-        "seq": a.seq, "revision": a.revision_id, "previous": a.previous_id or None,
+        # revision None: back to directory mode (every replica runs its policies.dir).
+        "seq": a.seq, "revision": a.revision_id or None, "previous": a.previous_id or None,
         "kind": a.kind, "activated_by": a.activated_by, "activated_at": iso(a.activated_at),
         "reason": a.reason,
     }
@@ -86,9 +111,27 @@ async def _publish_target(request: web.Request, body: Any) -> Target:
     report = await asyncio.to_thread(request.app[ENGINE].vet_revision, snapshot)
     if not report.ok:
         raise _invalid("policy_rejected", "/bundle", report.summary()[:300])
+    await _propose(request, bundle, body["signature"], claims, created_at)
     return Target(resource={"revision": snapshot.revision, "digest": bundle.digest},
                   env=_fleet_env(request), id=snapshot.revision,
                   attributes={"kid": claims.kid}, record=(bundle, claims, created_at))
+
+
+async def _propose(request: web.Request, bundle: Bundle, signature: Any, claims: Claims,
+                   created_at: float) -> None:
+    # Signed by a trusted key and vetted: kept as a proposal, so the reviewers of its ticket
+    # read the change before it is approved (it is stored as a revision only by the publish).
+    store = request.app[STORE].store
+    if store is None:
+        return
+    try:
+        await store.add_policy_candidate(PolicyRevisionRecord(
+            id=claims.revision, digest=claims.digest, bundle=bundle.to_doc(),
+            signature=dict(signature), kid=claims.kid, author=claims.author,
+            message=claims.message, created_at=created_at,
+            published_by=request[PRINCIPAL].subject_id, published_at=clock.now()))
+    except StoreError as exc:  # the publish itself does not depend on it
+        log.warning("policy candidate not kept for review: %s", type(exc).__name__)
 
 
 @routes.post("/api/v1/policy/revisions")
@@ -146,24 +189,76 @@ async def list_revisions(run: Run) -> Outcome:
 # ---- activate and roll back ------------------------------------------------------------------
 
 
+# ---- the change a policy ticket is about -----------------------------------------------------
+
+
+async def _ticket_change_target(request: web.Request, body: Any) -> Target:
+    if not request.app[CONFIG].approvals.enabled:
+        raise ApprovalRepositoryUnavailable(
+            "no approval repository is configured (approvals.store: none)")
+    ticket_id = request.match_info["id"]
+    store = request.app[STORE].require()
+    ticket = await store.get_ticket(ticket_id) if len(ticket_id) <= 64 else None
+    if ticket is None:
+        raise NotFound("no such approval ticket", code="ticket_not_found")
+    return review_target(ticket)  # who may read the ticket may read its change
+
+
+@routes.get("/api/v1/approvals/{id}/change")
+@protected("approvals.read", target=_ticket_change_target)
+async def ticket_change(run: Run) -> Outcome:
+    """A policy ticket's change: signed message and author, vetting, the diff against the
+    revision the fleet runs and the recent decisions replayed against it (404
+    ``no_policy_change`` for other tickets, or a candidate no trusted key signed)."""
+    ticket: TicketRecord = run.target.record
+    config = run.config
+    keys: TrustedKeys = run.request.app[POLICY_KEYS]
+    found = await change.report(
+        run.store, keys, ticket.action, ticket.resource,
+        config.policies.dir, config.environments,
+        config.decision_log.path)
+    if found is None:
+        raise NotFound("this ticket carries no readable policy change", code="no_policy_change")
+    return Outcome(200, {"ticket_id": ticket.id, "action": ticket.action, **found},
+                   audit={"ticket_id": ticket.id})
+
+
+def _signer(request: web.Request) -> ActivationSigner:
+    # Every replica refuses an unsigned activation: without a key this one cannot activate.
+    signer = request.app[POLICY_ACTIVATION_SIGNER]
+    if signer is None:
+        raise ServiceUnavailable(
+            "this replica has no usable policy activation key (policies.store.activation_key)",
+            code="policy_activation_key_missing")
+    return signer
+
+
 async def _activate_target(request: web.Request, body: Any) -> Target:
     store = request.app[STORE].require()
     rec = await store.get_policy_revision(body["revision"])
     if rec is None:
         raise NotFound("no such policy revision", code="policy_revision_not_found")
     _check_trusted(request, rec)
+    _signer(request)  # before any ticket is consumed
     return Target(resource={"revision": rec.id}, env=_fleet_env(request), id=rec.id, record=rec)
 
 
 async def _rollback_target(request: web.Request, body: Any) -> Target:
     store = request.app[STORE].require()
     active = await store.active_policy()
-    if active is None or not active.previous_id:
+    if active is None or not (active.previous_id or active.revision_id):
         raise Conflict("there is no previous revision to roll back to", code="no_rollback_target")
+    if not active.previous_id:
+        # Right after the first activation: back to directory mode (each replica's
+        # policies.dir, as before any activation).
+        _signer(request)
+        return Target(resource={"revision": DIRECTORY}, env=_fleet_env(request), id=DIRECTORY,
+                      attributes={"rollback_from": active.revision_id}, record=active)
     rec = await store.get_policy_revision(active.previous_id)
     if rec is None:
         raise NotFound("no such policy revision", code="policy_revision_not_found")
     _check_trusted(request, rec)
+    _signer(request)
     # The same resource as activating that revision: one ticket shape for both.
     return Target(resource={"revision": rec.id}, env=_fleet_env(request), id=rec.id,
                   attributes={"rollback_from": active.revision_id}, record=active)
@@ -184,30 +279,48 @@ def _check_trusted(request: web.Request, rec: PolicyRevisionRecord) -> None:
 @routes.post("/api/v1/policy/activation")
 @protected("policy.activate", target=_activate_target, body="policy-activate.schema.json")
 async def activate_revision(run: Write) -> Outcome:
-    """Make a published revision the fleet's active one."""
+    """Make a published revision the fleet's active one (signed with this replica's activation
+    key, naming the approving ticket)."""
     activation = await run.tx.activate_policy_revision(
         run.target.record.id, kind="activate", by=run.principal.subject_id, at=run.now,
-        reason=run.body.get("reason"),
+        reason=run.body.get("reason"), sign=_signing(run), after_seq=_accepted(run),
     )
-    return _activated(activation)
+    return _activated(run, activation)
 
 
 @routes.post("/api/v1/policy/rollback")
 @protected("policy.activate", target=_rollback_target, body="policy-rollback.schema.json")
 async def rollback_revision(run: Write) -> Outcome:
-    """Activate the revision that was active before the current one (409 state_conflict if the
+    """Activate the revision that was active before the current one (right after the first
+    activation: none, back to directory mode; 409 state_conflict if the
     active revision changed since the request was authorised)."""
     current: PolicyActivation = run.target.record
     activation = await run.tx.activate_policy_revision(
         current.previous_id, kind="rollback", by=run.principal.subject_id, at=run.now,
-        reason=run.body.get("reason"), expected=current.revision_id,
+        reason=run.body.get("reason"), expected=current.revision_id, sign=_signing(run),
+        after_seq=_accepted(run),
     )
-    return _activated(activation)
+    return _activated(run, activation)
 
 
-def _activated(activation: PolicyActivation) -> Outcome:
+def _signing(run: Write) -> Callable[[PolicyActivation], dict[str, str]]:
+    signer, ticket = _signer(run.request), run.ticket.id if run.ticket else None
+    return lambda activation: signer.sign(activation, ticket)
+
+
+def _accepted(run: Write) -> int:
+    # Above what this replica accepted, even if the database's history was cut back under it:
+    # replicas refuse an activation whose seq is not above the last one they followed.
+    follower = run.request.app[POLICY_FOLLOWER]
+    return follower.accepted_seq if follower is not None else 0
+
+
+def _activated(run: Write, activation: PolicyActivation) -> Outcome:
+    # The audit record names what was signed: seq, revision, the ticket and the signing key.
     return Outcome(200, activation_view(activation),
                    audit={"revision": activation.revision_id,
                           "previous": activation.previous_id or None,
-                          "seq": activation.seq, "kind": activation.kind})
+                          "seq": activation.seq, "kind": activation.kind,
+                          "ticket": run.ticket.id if run.ticket else None,
+                          "activation_kid": _signer(run.request).kid})
 

@@ -50,8 +50,13 @@ def resource_hash(resource: Any) -> str:
 
 
 def new_nonce() -> str:
-    """A fresh 256-bit nonce, URL-safe."""
-    return secrets.token_urlsafe(32)
+    """A fresh 256-bit nonce, URL-safe, never starting with ``-`` (a command-line option to
+    argument parsers: ``--nonce -jnYZ...`` would not parse). Drawn again rather than changed:
+    every such nonce stays uniformly random over the rest."""
+    while True:
+        nonce = secrets.token_urlsafe(32)
+        if not nonce.startswith("-"):
+            return nonce
 
 
 def hash_nonce(nonce: str) -> str:

@@ -24,6 +24,7 @@ from ..background import background
 from ..config import PolicyStoreConfig
 from ..repeats import log_failure
 from ..store.base import PolicyActivation, Store, StoreError
+from .activations import ActivationRefused, verify_activation
 from .engine import PolicyEngine
 from .revisions import Bundle, BundleError, SignatureError, materialize, verify
 from .shadow import Shadow
@@ -118,23 +119,34 @@ async def materialize_revision(store: Store, revision_id: str, trusted: Mapping[
 class StoreFollower:
     """Keeps this process on the fleet's active revision (``policies.source: store``).
 
-    Each ``sync`` reads the active activation; when it names another revision than the engine
-    serves, the revision is read, its signature verified against the trusted keys, and only
-    then vetted and swapped in by the engine. A revision that fails any step is refused (logged
-    once, ``policy.revision_refused``) and the last good revision keeps serving; the process
-    reports ``degraded`` at once for a refusal, and when it has not run the active revision
-    for ``convergence_s`` for any other reason (the store cannot be read, loading is stuck).
+    Each ``sync`` reads the latest activation and follows it only if a trusted activation key
+    signed exactly that row and its seq is above the last one this process accepted
+    (``activations.verify_activation``): a row written in the database alone, a signature
+    copied onto another row, or an older signed activation replayed is refused (logged once,
+    ``policy.activation_refused``; ``activation_listeners`` see its reason) and the revision
+    of the last accepted activation keeps serving. When an accepted activation names another
+    revision than the engine serves, the revision is read, its signature verified against the
+    trusted keys, and only then vetted and swapped in by the engine. A revision that fails any
+    step is refused (logged once, ``policy.revision_refused``) and the last good revision keeps
+    serving; the process reports ``degraded`` at once for a refusal of either kind, and when it
+    has not run the active revision for ``convergence_s`` for any other reason (the store
+    cannot be read, loading is stuck).
     """
 
     def __init__(self, engine: PolicyEngine, store: Callable[[], Store | None],
                  config: PolicyStoreConfig, trusted: Mapping[str, Any],
-                 *, trust_error: str | None = None) -> None:
+                 *, trust_error: str | None = None,
+                 activation_keys: Mapping[str, Any] | None = None) -> None:
         self._engine = engine
         self._store = store
         self._config = config
         self._trusted = trusted
         self._trust_error = trust_error
+        #: the last activation accepted (signed by a trusted activation key, in sequence)
         self._active: PolicyActivation | None = None
+        self._activation_keys: Mapping[str, Any] = activation_keys or {}
+        #: the latest activation row when it was refused: (seq, revision, reason, error)
+        self._activation_refused: tuple[int, str, str, str] | None = None
         #: revision id -> why it was refused (content and keys do not change: never re-vetted)
         self._refused: dict[str, str] = {}
         self._error: str | None = None
@@ -143,11 +155,15 @@ class StoreFollower:
         self._synced_at: float | None = None
         #: the engine rejected (vetting) the last revision it was given: its status says so
         self._engine_rejected = False
+        #: the directory's revision, once loaded after an activation of directory mode
+        self._directory: str | None = None
         self._lock = asyncio.Lock()
         self.wake = asyncio.Event()
         self.listening = False
         #: called with (active revision id or None, whether this process runs it) after a sync
         self.listeners: list[Callable[[str | None, bool], None]] = []
+        #: called with the reason of each activation refused (once per refused row)
+        self.activation_listeners: list[Callable[[str], None]] = []
 
     @property
     def active(self) -> PolicyActivation | None:
@@ -156,7 +172,26 @@ class StoreFollower:
     @property
     def converged(self) -> bool:
         active = self._active
+        if active is not None and active.revision_id == "":  # directory mode again
+            return self._directory is not None and self._directory == self._engine.revision
         return active is not None and active.revision_id == self._engine.revision
+
+    @property
+    def accepted_seq(self) -> int:
+        """The seq of the last activation this process accepted (0: none): the next one
+        must be above it."""
+        return self._active.seq if self._active else 0
+
+    @property
+    def load_ok(self) -> bool:
+        """The policy this process should run is loaded and serving: the accepted activation's
+        revision (the directory's before any), and no later activation or revision refused."""
+        if self._activation_refused is not None or self._engine.revision is None:
+            return False
+        active = self._active
+        if active is None:
+            return not self._engine_rejected
+        return self.converged and active.revision_id not in self._refused
 
     async def sync(self) -> None:
         """Read the active revision and run it if this process does not yet. Never raises."""
@@ -176,16 +211,28 @@ class StoreFollower:
             self._behind("the store is unreachable: the active revision cannot be read")
             return
         try:
-            active = await store.active_policy()
+            latest = await store.active_policy()
         except StoreError:
             self._behind("the store is unreachable: the active revision cannot be read")
             return
         self._synced_at = time.time()
-        self._active = active
+        if latest is not None and latest != self._active:
+            try:
+                verify_activation(latest, self._activation_keys,
+                                  after_seq=self._active.seq if self._active else None)
+            except ActivationRefused as exc:
+                self._refuse_activation(latest, exc)
+                return
+        self._activation_refused = None
+        active = self._active = latest
         if active is None:
             # Nothing published and activated yet: the local policies.dir serves (bootstrap).
             self._caught_up()
             return
+        if active.revision_id == "":
+            await self._run_directory(active)
+            return
+        self._directory = None
         if active.revision_id == self._engine.revision:
             if self._engine_rejected:
                 # The engine still reports the revision it rejected; the fleet has moved back
@@ -223,6 +270,40 @@ class StoreFollower:
                                    "revision": snapshot.revision, "seq": active.seq}})
         self._caught_up()
 
+    async def _run_directory(self, active: PolicyActivation) -> None:
+        """A rollback to directory mode: run this process's policies.dir (read again)."""
+        if self.converged:
+            self._caught_up()
+            return
+        result = await asyncio.to_thread(self._engine.reload)
+        if not result.ok:
+            self._engine_rejected = True
+            self._behind(f"directory mode: the policies directory is rejected: {result.error}")
+            return
+        self._engine_rejected = False
+        self._directory = self._engine.revision
+        log.info("policy directory mode (activation seq %s): running %s", active.seq,
+                 self._engine.revision,
+                 extra={"fields": {"event": "policy.store_directory_running",
+                                   "revision": self._engine.revision, "seq": active.seq}})
+        self._caught_up()
+
+    def _refuse_activation(self, latest: PolicyActivation, exc: ActivationRefused) -> None:
+        refused = (latest.seq, latest.revision_id, exc.reason, str(exc))
+        if refused != self._activation_refused:
+            log.error("policy activation seq %s (revision %s) refused: %s; still serving %s",
+                      latest.seq, latest.revision_id, exc, self._engine.revision,
+                      extra={"fields": {"event": "policy.activation_refused",
+                                        "seq": latest.seq, "revision": latest.revision_id,
+                                        "reason": exc.reason,
+                                        "serving_revision": self._engine.revision}})
+            for listener in self.activation_listeners:
+                listener(exc.reason)
+        self._activation_refused = refused
+        error = f"activation seq {latest.seq} refused: {exc.reason}: {exc}"
+        self._behind(error)
+        self._error = error
+
     def _caught_up(self) -> None:
         self._error = None
         self._behind_since = None
@@ -247,11 +328,15 @@ class StoreFollower:
         active = self._active
         behind_s = (None if self._behind_since is None
                     else round(time.monotonic() - self._behind_since, 3))
-        refused = active is not None and active.revision_id in self._refused
+        refused = ((active is not None and active.revision_id in self._refused)
+                   or self._activation_refused is not None)
         late = behind_s is not None and behind_s > self._config.convergence_s
+        bad = self._activation_refused
         return {
             "source": "store",
-            "active_revision": active.revision_id if active else None,
+            # None: no store revision (nothing activated yet, or rolled back to directory mode)
+            "active_revision": active.revision_id or None if active else None,
+            "directory_mode": active is None or active.revision_id == "",
             "active_seq": active.seq if active else None,
             "activated_at": _iso(active.activated_at) if active else None,
             "activated_by": active.activated_by if active else None,
@@ -261,6 +346,8 @@ class StoreFollower:
             "listening": self.listening,
             "last_sync_at": _iso(self._synced_at) if self._synced_at else None,
             "error": self._error if (refused or late or self._error) else None,
+            "refused_activation": None if bad is None else {
+                "seq": bad[0], "revision": bad[1], "reason": bad[2]},
             "degraded": refused or late,
         }
 

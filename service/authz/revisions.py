@@ -48,7 +48,9 @@ __all__ = [
     "load_private_key",
     "load_public_key",
     "materialize",
+    "open_payload",
     "sign",
+    "sign_payload",
     "verify",
 ]
 
@@ -264,22 +266,25 @@ class Claims:
 def sign(bundle: Bundle, key: Ed25519PrivateKey, *, author: str, message: str,
          created_at: str, revision: str | None = None) -> dict[str, str]:
     """The flattened JWS that vouches for ``bundle`` (``revision``: its id, computed if None)."""
-    kid = key_id(key.public_key())
-    header = {"alg": ALGORITHM, "kid": kid, "typ": _TYP}
     payload = {"purpose": PURPOSE, "revision": revision or bundle.revision_id(),
                "digest": bundle.digest, "author": author, "message": message,
                "created_at": created_at}
-    protected, body = _b64u(canonical.dumps(header)), _b64u(canonical.dumps(payload))
+    return sign_payload(payload, key, _TYP)
+
+
+def sign_payload(payload: Mapping[str, Any], key: Ed25519PrivateKey, typ: str
+                 ) -> dict[str, str]:
+    """A flattened JWS (EdDSA) over the JCS JSON of ``payload``; the header names the key."""
+    header = {"alg": ALGORITHM, "kid": key_id(key.public_key()), "typ": typ}
+    protected, body = _b64u(canonical.dumps(header)), _b64u(canonical.dumps(dict(payload)))
     signature = key.sign(f"{protected}.{body}".encode("ascii"))
     return {"protected": protected, "payload": body, "signature": _b64u(signature)}
 
 
-def verify(bundle: Bundle, jws: Any, trusted: Mapping[str, Ed25519PublicKey], *,
-           revision: str | None = None) -> Claims:
-    """The claims of ``jws`` if a trusted key signed exactly this bundle; else SignatureError.
-
-    ``revision``: the id the caller holds the bundle under (the store's), which must be the
-    signed one. The header is checked before any key is used: ``alg`` must be ``EdDSA``."""
+def open_payload(jws: Any, trusted: Mapping[str, Ed25519PublicKey]) -> tuple[dict[str, Any], str]:
+    """The payload of ``jws`` and the kid that signed it, if a trusted key signed it with
+    ``alg`` EdDSA (checked before any key is used); else SignatureError. The caller checks
+    the payload's ``purpose`` and fields."""
     if not isinstance(jws, Mapping) or not all(
         isinstance(jws.get(k), str) for k in ("protected", "payload", "signature")
     ):
@@ -297,11 +302,21 @@ def verify(bundle: Bundle, jws: Any, trusted: Mapping[str, Ed25519PublicKey], *,
     kid = header.get("kid")
     key = trusted.get(kid) if isinstance(kid, str) else None
     if key is None or not isinstance(kid, str):
-        raise SignatureError("untrusted_key", "the revision is not signed by a trusted key")
+        raise SignatureError("untrusted_key", "not signed by a trusted key")
     try:
         key.verify(signature, f"{jws['protected']}.{jws['payload']}".encode("ascii"))
     except (InvalidSignature, ValueError):
         raise SignatureError("bad_signature", "the signature does not verify") from None
+    return payload, kid
+
+
+def verify(bundle: Bundle, jws: Any, trusted: Mapping[str, Ed25519PublicKey], *,
+           revision: str | None = None) -> Claims:
+    """The claims of ``jws`` if a trusted key signed exactly this bundle; else SignatureError.
+
+    ``revision``: the id the caller holds the bundle under (the store's), which must be the
+    signed one. The header is checked before any key is used: ``alg`` must be ``EdDSA``."""
+    payload, kid = open_payload(jws, trusted)
     if payload.get("purpose") != PURPOSE:
         raise SignatureError("wrong_purpose", "the signature is not for a policy revision")
     fields = ("revision", "digest", "author", "message", "created_at")

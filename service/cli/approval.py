@@ -409,8 +409,49 @@ def list_tickets(args: argparse.Namespace) -> int:
 
 
 def show(args: argparse.Namespace) -> int:
-    ticket = http.client_for(args).get(f"/api/v1/approvals/{_id(args.id)}")
-    return _print_ticket(args, ticket)
+    api = http.client_for(args)
+    ticket = api.get(f"/api/v1/approvals/{_id(args.id)}")
+    if not isinstance(ticket, dict) or ticket.get("action") not in POLICY_ACTIONS:
+        return _print_ticket(args, ticket)
+    # A policy change: what the reviewers are asked to approve, and its impact.
+    change = api.get(f"/api/v1/approvals/{_id(args.id)}/change")
+    if args.json:
+        _check_ticket(ticket)
+        _print_json({**ticket, "change": change})
+        return EXIT_OK
+    _print_ticket(args, ticket)
+    print(describe_change(change))
+    return EXIT_OK
+
+
+#: Tickets whose change ``show`` renders (``authz.change.ACTIONS``).
+POLICY_ACTIONS = ("policy.publish", "policy.activate")
+
+
+def describe_change(c: dict[str, Any]) -> str:
+    """The policy change of a ticket, as a reviewer reads it."""
+    diff, impact = c.get("diff") or {}, c.get("impact") or {}
+    vetting = c.get("vetting") or {}
+    passed = {True: "passed", False: "failed", None: "not vetted yet"}.get(vetting.get("passed"))
+    lines = [
+        "policy change:",
+        f"  revision:   {c.get('revision') or 'the policies directory (directory mode)'}"
+        + (f" ({c.get('source')})" if c.get("source") else ""),
+        f"  author:     {c.get('author') or '-'}",
+        f"  message:    {c.get('message') or '-'}",
+        f"  vetting:    {passed} ({vetting.get('by')})",
+        f"  against:    {c.get('against')}",
+        f"  diff:       {len(diff.get('files') or [])} files, +{diff.get('added', 0)} "
+        f"-{diff.get('removed', 0)} lines",
+    ]
+    for f in diff.get("files") or []:
+        lines.append(f"    {f['status']:8} {f['file']} (+{f['added']} -{f['removed']})")
+    lines.append(f"  impact:     {c.get('impact_summary')}")
+    for transition, group in (impact.get("groups") or {}).items():
+        for e in group.get("examples") or []:
+            lines.append(f"    {transition}: {e.get('subject')} {e.get('action')} on "
+                         f"{e.get('env')} ({e.get('ts')})")
+    return "\n".join(lines)
 
 
 def review(args: argparse.Namespace) -> int:

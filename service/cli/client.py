@@ -145,8 +145,10 @@ _HINTS = {
     "token_expired": "the token expired; run `cpctl login SUBJECT`",
     "session_revoked": "the session was ended; run `cpctl login SUBJECT`",
     "session_inactive": "the session is no longer active; run `cpctl login SUBJECT`",
-    "approval_required": "`cpctl installer run` requests, waits for and presents the ticket "
-                         "itself; or `cpctl approval request ... --wait`",
+    "approval_required": "the protected cpctl commands (`installer run`, `policy publish`, "
+                         "`policy activate`, `policy rollback`) request, wait for and present "
+                         "the ticket themselves; or `cpctl approval request ... --wait` with "
+                         "the bindings above",
     "ticket_not_approved": "wait for the reviewers: `cpctl approval wait ID`",
     "too_many_streams": "other live streams of yours are open (waits, consoles); close one or "
                         "retry shortly",
@@ -210,6 +212,12 @@ def report_error(args: argparse.Namespace, exc: ClientError | ConnectionFailed |
     prog = _prog(args)
     if isinstance(exc, ClientError):
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        bindings = exc.body.get("bindings")
+        if exc.code == "approval_required" and isinstance(bindings, dict):
+            # What a ticket must be bound to, without --json: action, env and the resource.
+            print(f"{prog}: needs a ticket for {bindings.get('action')} on "
+                  f"{bindings.get('env')}, resource "
+                  f"{json.dumps(bindings.get('resource'), sort_keys=True)}", file=sys.stderr)
         hint = (_SSO_HINTS.get(exc.code) if _signed_in_with_sso(args) else None) or _HINTS.get(
             exc.code)
         if hint:

@@ -1,6 +1,7 @@
 """``cpctl installer run``: the protected installer action, end to end, in one command.
 
-It answers the chain's questions itself, in the order the server asks them:
+It answers the chain's questions itself (``protected.Protected``, shared with ``cpctl policy
+publish | activate | rollback``), in the order the server asks them:
 
 1. ``401 step_up_required``: step up with ``--otp`` (once) or a no-echo prompt;
 2. ``403 approval_required``: request a ticket bound to exactly the bindings the answer names
@@ -26,27 +27,15 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from ..approvals.command import command_hash
 from . import client as http
-from .approval import (
-    COMMAND_HELP,
-    RESOURCE_HELP,
-    parse_command,
-    parse_resource,
-    request_ticket,
-    show_progress,
-    wait_for_ticket,
-)
-from .client import EXIT_ERROR, EXIT_OK, ClientError, UsageError, guarded
-from .session import prompt_otp, step_up_session
+from .approval import COMMAND_HELP, RESOURCE_HELP, parse_command, parse_resource
+from .client import EXIT_ERROR, EXIT_OK, UsageError, guarded
+from .protected import Protected
 from .task import EXIT_TIMEOUT, NO_EXECUTOR_AFTER_S, TaskTimedOut, follow_task
 
 __all__ = ["register", "run"]
 
 ACTION = "installer.run.execute"
-#: Every answer moves the run one step on (step-up, ticket, wait); more rounds than this means
-#: the server keeps asking the same question, and the command stops instead of looping.
-MAX_ROUNDS = 6
 
 
 def register(sub: Any) -> None:
@@ -103,116 +92,29 @@ def run(argv: Sequence[str]) -> int:
 
 
 class _Run:
-    """One ``installer run``: the request, and what it has gathered on the way."""
+    """One ``installer run``: the request (``protected.Protected`` answers the chain) and the
+    task it starts."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.resource = parse_resource(args.resource)
         self.command = parse_command(args.command_line) if args.command_line is not None else None
         self.api = http.client_for(args)
-        self.command_hash = command_hash(self.command) if self.command is not None else None
         self.body = {"task_id": args.task_id, "action": ACTION, "env": args.env,
                      "resource": self.resource}
-        self.otp: str | None = args.otp
-        self.ticket_id: str | None = args.ticket
-        self.nonce: str | None = None
-        if self.ticket_id is not None:
-            self.nonce = http.TicketNonces().get(self.api.base_url, self.ticket_id)
-            if self.nonce is None:
-                raise UsageError(f"no nonce kept for ticket {self.ticket_id} on {self.api.base_url} "
-                                 "(only tickets requested with cpctl from this account have one)")
-
-    def headers(self) -> dict[str, str]:
-        headers: dict[str, str] = {}
-        if self.ticket_id is not None and self.nonce is not None:
-            headers.update({"Approval-Ticket": self.ticket_id, "Approval-Nonce": self.nonce})
-        if self.command_hash is not None:
-            headers["Command-Hash"] = self.command_hash
-        return headers
-
-    def say(self, text: str) -> None:
-        print(f"cpctl installer run: {text}", file=sys.stderr, flush=True)
-
-    # -- the chain's questions, answered ------------------------------------------------------
+        self.protected = Protected(
+            self.api, prog="cpctl installer run", what="the run", resource=self.resource,
+            command=self.command, reason=args.reason, ticket=args.ticket, otp=args.otp,
+            quiet=args.json)
 
     def submit(self) -> dict[str, Any]:
         """POST the action until it is accepted; the 202 answer."""
-        for _round in range(MAX_ROUNDS):
-            try:
-                answer = self.api.post("/api/v1/installer/actions", self.body, headers=self.headers())
-            except ClientError as exc:
-                if exc.code == "step_up_required":
-                    self.step_up()
-                elif exc.code == "approval_required" and self.ticket_id is None:
-                    self.request_ticket(exc)
-                    self.wait_approved()
-                elif exc.code == "ticket_not_approved" and self.ticket_id is not None:
-                    self.wait_approved()
-                else:
-                    raise
-                continue
-            if not isinstance(answer, dict) or not isinstance(answer.get("event"), dict):
-                raise UsageError("the server accepted the run with an unexpected answer")
-            if self.ticket_id is not None:
-                http.TicketNonces().forget(self.api.base_url, self.ticket_id)  # used up
-            return answer
-        raise UsageError("the server keeps refusing the run the same way; stopping")
-
-    def step_up(self) -> None:
-        keep = f" (with --ticket {self.ticket_id} to keep the ticket)" if self.ticket_id else ""
-        principal = self.api.get("/api/v1/authn/sessions/current")
-        if isinstance(principal, dict) and principal.get("kind") != "human":
-            # Services and agents have no one-time codes: a fresh key login stands in.
-            raise UsageError("this run needs a fresh authentication: log in again with the key "
-                             "(`cpctl login SUBJECT --key PEM`) and run again" + keep)
-        if isinstance(principal, dict) and principal.get("authn_method") == "oidc":
-            # Signed in through single sign-on: no one-time code, the provider confirms.
-            raise UsageError("this run needs a fresh step-up at your sign-in provider: run "
-                             "`cpctl step-up --sso` and run again" + keep)
-        code, self.otp = self.otp, None  # a one-time code works once
-        if code is None:
-            if not sys.stdin.isatty():
-                raise UsageError("this run needs a fresh step-up: run again with --otp CODE (a "
-                                 "code not used yet)" + keep)
-            self.say("a fresh step-up is needed")
-            code = prompt_otp()
-        step_up_session(self.api, code)
-        self.say("stepped up")
-
-    def request_ticket(self, refusal: ClientError) -> None:
-        """Request the ticket the ``approval_required`` answer describes, bound to exactly its
-        bindings (and this run's command)."""
-        bindings = refusal.body.get("bindings")
-        if not isinstance(bindings, dict) or not all(
-                isinstance(bindings.get(k), str) for k in ("subject_id", "env", "action", "resource_hash")):
-            raise UsageError("the server asked for an approval without naming the bindings")
-        if bindings.get("command_hash_required") and self.command is None:
-            raise UsageError("this action needs the command it will run bound to the ticket: "
-                             "pass --command")
-        if bindings.get("command_hash") not in (None, self.command_hash):
-            raise UsageError("the server bound another command hash than this run's --command")
-        reasons = f" ({', '.join(refusal.reasons)})" if refusal.reasons else ""
-        self.say(f"approval required{reasons}; requesting a ticket")
-        ticket = request_ticket(
-            self.api, subject=bindings["subject_id"], env=bindings["env"],
-            action=bindings["action"], resource=bindings.get("resource", self.resource),
-            command=self.command, reason=self.args.reason,
-            expect_resource_hash=bindings["resource_hash"],
-        )
-        self.ticket_id, self.nonce = ticket["id"], ticket["nonce"]
-        self.say(f"ticket {self.ticket_id} requested; waiting for reviewers (Ctrl-C stops "
-                 f"waiting; run again with --ticket {self.ticket_id} to resume)")
-
-    def wait_approved(self) -> None:
-        assert self.ticket_id is not None
-        ticket = wait_for_ticket(self.api, self.ticket_id,
-                                 on_change=None if self.args.json else show_progress)
-        state = ticket.get("state")
-        if state != "approved":
-            if state in ("rejected", "expired", "revoked", "consumed"):
-                http.TicketNonces().forget(self.api.base_url, self.ticket_id)
-            raise UsageError(f"ticket {self.ticket_id} is {state}: the run will not happen")
-        self.say(f"ticket {self.ticket_id} approved; running")
+        answer = self.protected.send(
+            lambda headers: self.api.post("/api/v1/installer/actions", self.body,
+                                          headers=headers))
+        if not isinstance(answer, dict) or not isinstance(answer.get("event"), dict):
+            raise UsageError("the server accepted the run with an unexpected answer")
+        return dict(answer)
 
     # -- after acceptance: the task's events ---------------------------------------------------
 
@@ -226,12 +128,15 @@ class _Run:
             follow_task(self.api, task_id,
                         last_event_id=str(accepted["event"].get("seq", "")) or None,
                         on_event=self.show_event, timeout=self.args.timeout,
-                        no_executor_after=self.args.no_executor_after, warn=self.say)
+                        no_executor_after=self.args.no_executor_after, warn=self._warn)
         except TaskTimedOut as exc:
-            self.say(f"{exc}; it goes on without this command (follow it with "
+            self._warn(f"{exc}; it goes on without this command (follow it with "
                      f"`GET /api/v1/tasks/{task_id}/events`)")
             return EXIT_TIMEOUT
         return self.finished(task_id)
+
+    def _warn(self, text: str) -> None:
+        print(f"cpctl installer run: {text}", file=sys.stderr, flush=True)
 
     def finished(self, task_id: str) -> int:
         task = self.api.get(f"/api/v1/tasks/{quote(task_id, safe='')}")

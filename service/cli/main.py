@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from .options import option_values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +59,7 @@ def _light_parser(argv: list[str]) -> argparse.ArgumentParser | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``cpctl`` with ``argv``; returns the process exit code."""
-    arguments = list(argv) if argv is not None else sys.argv[1:]
+    arguments = option_values(list(argv) if argv is not None else sys.argv[1:])
     parser = _light_parser(arguments) or build_parser()
     args = parser.parse_args(arguments)
     try:

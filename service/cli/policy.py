@@ -1,10 +1,11 @@
 """``cpctl policy``: evaluate, test, check, lint, cover and replay policies offline, as the
 service decides.
 
-Every subcommand finds its policies directory the way ``cpctl serve`` does: an explicit
-``--policies DIR`` (or the positional DIR of ``test``/``lint``), else ``policies.dir`` of the
-configuration (``--config``, ``CONTROLPLANE_CONFIG``, ``CONTROLPLANE_POLICIES_DIR``), whose default
-is ``./policies`` relative to the working directory; and it says which directory it used.
+Every subcommand (and ``publish``) finds its policies directory with ``policydir.resolve``: an
+explicit ``--policies DIR`` (or the positional DIR of ``test``/``lint``), else ``./policies`` of
+the working directory, else ``policies.dir`` of the configuration (``--config``,
+``CONTROLPLANE_CONFIG``, ``CONTROLPLANE_POLICIES__DIR``), else an error naming both; and it says
+which directory it used.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from service.authz.regotest import (
     run_tests_isolated,
 )
 from service.authz.source import Snapshot, SourceError, read_snapshot
+from service.cli import policydir
 
 __all__ = ["register", "run"]
 
@@ -228,16 +230,11 @@ def _resolve(args: argparse.Namespace) -> tuple[Path, Path | None, str]:
     if getattr(args, "dir", None) is not None and args.policies is not None:
         if Path(args.dir).resolve() != Path(args.policies).resolve():
             raise _Fatal("give the policies directory once (DIR or --policies)")
-    if explicit is not None:
-        return Path(explicit), args.data, "from the command line"
     try:
-        cfg = config_mod.load_from_process(args.config)
-    except config_mod.ConfigError as exc:
-        raise _Fatal(f"configuration: {exc}") from None
-    configured = cfg.policies.dir
-    default = (Path.cwd() / "policies").resolve()
-    how = "default ./policies" if configured.resolve() == default else "configured policies.dir"
-    return configured, args.data, how
+        policies, how = policydir.resolve(explicit, args.config)
+    except policydir.PolicyDirError as exc:
+        raise _Fatal(str(exc)) from None
+    return policies, args.data, how
 
 
 def _header(args: argparse.Namespace, out: TextIO, text_mode: bool) -> tuple[Path, Path | None]:

@@ -5,13 +5,15 @@ probe decision, ``*_test.rego``, in a child process), then checks the decision c
 bundle with the publisher's Ed25519 key (JWS, ``authz.revisions``) and sends it; nothing about
 the signature is trusted from the server. ``activate`` and ``rollback`` set the fleet's active
 revision. In a fleet that serves production each of them needs step-up and an approved ticket
-bound to the revision (the server's 403 ``approval_required`` names the bindings); present it
-with ``--ticket ID --nonce NONCE``.
+bound to the revision: like ``installer run`` (``protected.Protected``), each command steps up,
+requests the ticket the server names, waits for the reviewers and presents it itself;
+``--ticket ID`` presents one requested earlier (its kept nonce, or ``--nonce``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import getpass
 import json
 import os
@@ -23,19 +25,28 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .. import clock
+from .. import config as config_mod
+from ..audit.record import scrub, seal
+from ..authz.activations import ActivationSigner
 from ..authz.cases import CaseError, load_cases
-from ..authz.engine import DEFAULT_ENVIRONMENTS, PolicyEngine, default_policies_dir
+from ..authz.engine import DEFAULT_ENVIRONMENTS, PolicyEngine
 from ..authz.regotest import run_tests_isolated
 from ..authz.revisions import (
     Bundle,
     BundleError,
     SignatureError,
+    TrustedKeys,
     key_id,
     load_private_key,
     sign,
+    verify,
 )
+from ..store import open_store
+from ..store.base import StoreError
 from . import client as http
+from . import policydir
 from .client import EXIT_OK, UsageError, guarded
+from .protected import Protected, option_values
 
 __all__ = ["extend", "run"]
 
@@ -51,8 +62,12 @@ def extend(policy_parser: argparse.ArgumentParser) -> None:
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("--json", action="store_true", help="print the server's JSON answer")
     ticket = argparse.ArgumentParser(add_help=False)
-    ticket.add_argument("--ticket", metavar="ID", help="an approved ticket for this change")
-    ticket.add_argument("--nonce", help="the ticket's nonce (shown once when it was requested)")
+    ticket.add_argument("--ticket", metavar="ID",
+                        help="present this ticket instead of requesting one (its nonce is the "
+                             "one cpctl kept when it was requested, unless --nonce is given)")
+    ticket.add_argument("--nonce", help="the ticket's nonce, if cpctl did not keep it")
+    ticket.add_argument("--otp", metavar="CODE",
+                        help="one-time code for the step-up (prompted for when needed and absent)")
 
     kg = commands.add_parser("keygen", help="create a policy-signing key (Ed25519)")
     kg.add_argument("key", type=Path, metavar="KEY.pem",
@@ -62,7 +77,8 @@ def extend(policy_parser: argparse.ArgumentParser) -> None:
     pb = commands.add_parser("publish", parents=[conn, out, ticket],
                              help="vet, sign and publish a policies directory as a revision")
     pb.add_argument("dir", nargs="?", type=Path, default=None,
-                    help="policies directory (default: the repository's policies/)")
+                    help="policies directory (default: ./policies, else the configured "
+                         "policies.dir; the one used is printed)")
     pb.add_argument("--key", type=Path, required=True, help="the policy-signing private key")
     pb.add_argument("--message", "-m", default="", help="why (signed, shown in revisions)")
     pb.add_argument("--author", default=None, help="who wrote it (default: the local user)")
@@ -84,6 +100,24 @@ def extend(policy_parser: argparse.ArgumentParser) -> None:
     rb.add_argument("--reason", help="why (recorded with the activation)")
     rb.set_defaults(func=guarded(rollback))
 
+    bg = commands.add_parser(
+        "break-glass", parents=[out],
+        help="offline, for a revision that locks out its own approvers: sign an activation with "
+             "an activation key and write it to the store directly (no server, no ticket; "
+             "audited)")
+    target = bg.add_mutually_exclusive_group(required=True)
+    target.add_argument("revision", metavar="REVISION", nargs="?",
+                        help="a published revision to activate")
+    target.add_argument("--directory", action="store_true",
+                        help="back to directory mode: every replica runs its policies.dir")
+    bg.add_argument("--activation-key", type=Path, required=True, metavar="KEY.pem",
+                    help="an Ed25519 key whose public half every replica lists in "
+                         "policies.store.trusted_activation_keys (or its activation_key)")
+    bg.add_argument("--reason", required=True, help="why (signed, recorded and audited)")
+    bg.add_argument("--config", metavar="FILE",
+                    help="the service's configuration, for its store (env CONTROLPLANE_CONFIG)")
+    bg.set_defaults(func=guarded(break_glass))
+
     ls = commands.add_parser("revisions", parents=[conn, out],
                              help="published revisions: who, when, why, and which is active")
     ls.add_argument("--limit", type=int, default=20, help="at most this many (1-200)")
@@ -95,7 +129,7 @@ def run(argv: list[str]) -> int:
     from .main import build_parser
 
     try:
-        args = build_parser().parse_args(["policy", *argv])
+        args = build_parser().parse_args(option_values(["policy", *argv]))
     except SystemExit as exc:
         return int(exc.code or 0)
     return int(args.func(args))
@@ -124,7 +158,11 @@ def keygen(args: argparse.Namespace) -> int:
 
 
 def publish(args: argparse.Namespace) -> int:
-    policies: Path = args.dir or default_policies_dir()
+    try:
+        policies, how = policydir.resolve(args.dir)
+    except policydir.PolicyDirError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"policies: {policies} ({how})", file=sys.stderr)
     try:
         key = load_private_key(args.key)
         bundle = Bundle.from_dir(policies)
@@ -146,8 +184,9 @@ def publish(args: argparse.Namespace) -> int:
         args.out.write_text(json.dumps(body), encoding="utf-8")
         print(f"signed {snapshot.revision} ({bundle.digest}) written to {args.out}")
         return EXIT_OK
-    answer = http.client_for(args).post("/api/v1/policy/revisions", body,
-                                        headers=_ticket_headers(args))
+    api = http.client_for(args)
+    answer = _protected(args, api, "publish", args.message or None).send(
+        lambda headers: api.post("/api/v1/policy/revisions", body, headers=headers))
     if args.json:
         print(json.dumps(answer, indent=2, sort_keys=True))
     else:
@@ -176,16 +215,82 @@ def activate(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"revision": args.revision}
     if args.reason:
         body["reason"] = args.reason
-    answer = http.client_for(args).post("/api/v1/policy/activation", body,
-                                        headers=_ticket_headers(args))
+    api = http.client_for(args)
+    answer = _protected(args, api, "activate", args.reason).send(
+        lambda headers: api.post("/api/v1/policy/activation", body, headers=headers))
     return _print_activation(args, answer)
 
 
 def rollback(args: argparse.Namespace) -> int:
     body = {"reason": args.reason} if args.reason else {}
-    answer = http.client_for(args).post("/api/v1/policy/rollback", body,
-                                        headers=_ticket_headers(args))
+    api = http.client_for(args)
+    answer = _protected(args, api, "rollback", args.reason).send(
+        lambda headers: api.post("/api/v1/policy/rollback", body, headers=headers))
     return _print_activation(args, answer)
+
+
+def break_glass(args: argparse.Namespace) -> int:
+    """Write a signed activation straight to the store, with its audit record in the same
+    transaction: the way out when the active revision denies everyone who could approve a
+    change. Only a key the replicas trust for activations makes them follow it."""
+    try:
+        config = config_mod.load_from_process(args.config)
+        signer = ActivationSigner.from_file(args.activation_key)
+        trusted = TrustedKeys.from_files(config.policies.store.trusted_keys)
+    except (config_mod.ConfigError, SignatureError) as exc:
+        raise UsageError(str(exc)) from None
+    if config.store.url is None:
+        raise UsageError("the configuration has no store (store.backend is none)")
+    if config.store.backend == "sqlite" and not config.store.sqlite_path.exists():
+        raise UsageError(f"no store at {config.store.sqlite_path} (is --config the service's?)")
+    try:
+        activation = asyncio.run(_break_glass(
+            config.store.url.reveal(), config.store.postgres_schema
+            if config.store.backend == "postgres" else None,
+            "" if args.directory else args.revision, signer, trusted, args.reason))
+    except StoreError as exc:
+        raise UsageError(f"the store: {exc}") from None
+    if args.json:
+        print(json.dumps(activation, indent=2, sort_keys=True))
+    else:
+        print(f"break-glass activation seq {activation['seq']}: "
+              f"{activation['revision'] or 'directory mode'} (was "
+              f"{activation['previous'] or 'none'}), signed by {signer.kid}; audited. Every "
+              "replica that trusts this key follows it within its convergence bound.")
+    return EXIT_OK
+
+
+async def _break_glass(url: str, schema: str | None, revision: str, signer: ActivationSigner,
+                       trusted: TrustedKeys, reason: str) -> dict[str, Any]:
+    store = await open_store(url, schema=schema)
+    try:
+        if revision:
+            rec = await store.get_policy_revision(revision)
+            if rec is None:
+                raise UsageError(f"no published revision {revision} in the store")
+            try:  # what no replica would run is not activated, even by break-glass
+                verify(Bundle.from_doc(rec.bundle), rec.signature, trusted, revision=rec.id)
+            except (SignatureError, BundleError) as exc:
+                raise UsageError(f"the revision's signature is not trusted here: {exc}") from None
+        who = f"break-glass:{getpass.getuser()}"
+        now = clock.now()
+        async with store.transaction() as tx:
+            activation = await tx.activate_policy_revision(
+                revision, kind="break_glass", by=who, at=now, reason=reason,
+                sign=lambda a: signer.sign(a, None))
+            await tx.append_audit(scrub({
+                "at": clock.iso(now), "correlation_id": None,
+                "principal": {"subject_id": who, "kind": "break_glass", "session_id": None},
+                "action": "policy.break_glass", "method": "CLI",
+                "path": "cpctl policy break-glass", "outcome": "executed",
+                "revision": revision or None, "previous": activation.previous_id or None,
+                "seq": activation.seq, "kind": "break_glass", "reason": reason,
+                "activation_kid": signer.kid}), seal)
+    finally:
+        await store.close()
+    return {"seq": activation.seq, "revision": activation.revision_id or None,
+            "previous": activation.previous_id or None, "kind": activation.kind,
+            "activated_by": who, "reason": reason}
 
 
 def revisions(args: argparse.Namespace) -> int:
@@ -194,7 +299,8 @@ def revisions(args: argparse.Namespace) -> int:
         print(json.dumps(answer, indent=2, sort_keys=True))
         return EXIT_OK
     active = answer.get("active")
-    print(f"active: {active['revision']} (seq {active['seq']}, {active['kind']} by "
+    print(f"active: {active['revision'] or 'none: directory mode'} (seq {active['seq']}, "
+          f"{active['kind']} by "
           f"{active['activated_by']} at {active['activated_at']})" if active
           else "active: none (every replica serves its policies.dir)")
     for item in answer["items"]:
@@ -208,13 +314,15 @@ def _print_activation(args: argparse.Namespace, answer: dict[str, Any]) -> int:
     if args.json:
         print(json.dumps(answer, indent=2, sort_keys=True))
     else:
-        print(f"active: {answer['revision']} (seq {answer['seq']}, {answer['kind']}; was "
+        active = answer["revision"] or "none: directory mode (every replica runs its policies.dir)"
+        print(f"active: {active} (seq {answer['seq']}, {answer['kind']}; was "
               f"{answer['previous'] or 'none'}); every replica follows within its "
               "convergence bound (see authz/status)")
     return EXIT_OK
 
 
-def _ticket_headers(args: argparse.Namespace) -> dict[str, str]:
-    if bool(args.ticket) != bool(args.nonce):
-        raise UsageError("--ticket and --nonce go together")
-    return {"Approval-Ticket": args.ticket, "Approval-Nonce": args.nonce} if args.ticket else {}
+def _protected(args: argparse.Namespace, api: http.Client, verb: str,
+               reason: str | None) -> Protected:
+    """The request -> wait -> present flow every protected cpctl command shares."""
+    return Protected(api, prog=f"cpctl policy {verb}", what=f"the {verb}", reason=reason,
+                     ticket=args.ticket, nonce=args.nonce, otp=args.otp, quiet=args.json)

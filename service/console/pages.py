@@ -294,9 +294,48 @@ def _list(values: Sequence[Any]) -> Markup:
     return join(render("<li>$v</li>", v=v) for v in values)
 
 
+def policy_change(change: Mapping[str, Any] | None) -> Markup:
+    """A policy ticket's change (``authz.change.report``): who and why, vetting, the diff
+    against the running revision with its text, and the replayed impact with examples."""
+    if change is None:
+        return Markup("")
+    diff, impact = change.get("diff") or {}, change.get("impact") or {}
+    vetting = change.get("vetting") or {}
+    result = vetting.get("passed")
+    passed = "passed" if result is True else "failed" if result is False else "not vetted yet"
+    files = join(render("""<li><code>$file</code> <span class="status">$status</span>
+<span class="added">+$added</span> <span class="removed">-$removed</span></li>""", **f)
+                 for f in diff.get("files") or [])
+    examples = join(render("""<li><strong>$transition</strong> $subject · $action on $env
+· $ts</li>""", transition=t, subject=e.get("subject"), action=e.get("action"),
+                           env=e.get("env"), ts=e.get("ts") or "")
+                    for t, g in (impact.get("groups") or {}).items()
+                    for e in g.get("examples") or [])
+    return render("""<section aria-labelledby="change" id="policy-change">
+<h2 id="change">The policy change</h2>
+<dl class="facts">
+<dt>Revision</dt><dd><code>$revision</code> ($source)</dd>
+<dt>Author</dt><dd>$author</dd>
+<dt>Message</dt><dd class="message">$message</dd>
+<dt>Vetting</dt><dd class="vetting">$passed <small>($by)</small></dd>
+<dt>Against</dt><dd><code>$against</code></dd>
+<dt>Impact</dt><dd class="impact">$summary<ul class="plain">$examples</ul></dd>
+<dt>Diff</dt><dd class="diff-summary">$count files, +$added -$removed lines
+<ul class="plain">$files</ul></dd>
+</dl>
+<pre class="diff"><code>$text</code></pre>
+</section>""", revision=change.get("revision") or "the policies directory",
+        source=change.get("source") or "", author=change.get("author") or "-",
+        message=change.get("message") or "-", passed=passed, by=vetting.get("by") or "",
+        against=change.get("against") or "", summary=change.get("impact_summary") or "",
+        examples=examples, count=len(diff.get("files") or []), added=diff.get("added", 0),
+        removed=diff.get("removed", 0), files=files, text=diff.get("text") or "")
+
+
 def ticket_page(view: Mapping[str, Any], *, timeline: Sequence[Mapping[str, Any]],
                 policy_reasons: Sequence[str], review_form: Markup, who: str, csrf: str,
-                error: str | None = None, reviewers: Sequence[str] | None = None) -> Markup:
+                error: str | None = None, reviewers: Sequence[str] | None = None,
+                change: Mapping[str, Any] | None = None) -> Markup:
     stored = view.get("approval")
     approval: Mapping[str, Any] = stored if isinstance(stored, dict) else {}
     approvals = [r for r in view["reviews"] if r["decision"] == "approve"]
@@ -328,6 +367,7 @@ $alert
 <pre class="resource"><code>$resource</code></pre>
 <small>hash <code>$resource_hash</code></small></dd>
 </dl></section>
+$change
 <section aria-labelledby="pol"><h2 id="pol">Policy</h2>
 <dl class="facts">
 <dt>Quorum</dt><dd><span id="quorum">$approved of $quorum</span> approvals</dd>
@@ -354,7 +394,8 @@ $review_form
         groups=_list(approval.get("require_groups", [])),
         roles=_list(approval.get("reviewer_roles", [])), reasons=_list(policy_reasons),
         reviews=reviews or Markup('<li class="muted">No reviews yet.</li>'),
-        review_form=review_form, events=events, suggested=_suggested(reviewers))
+        review_form=review_form, events=events, suggested=_suggested(reviewers),
+        change=policy_change(change))
     return layout(f"Ticket {view['id']}: {view['action']} {_summary(view)}", body, who=who,
                   csrf=csrf)
 

@@ -31,6 +31,7 @@ from ..appkeys import (
     CORRELATION_ID,
     ENGINE,
     FEDERATION,
+    POLICY_KEYS,
     PRINCIPAL,
     STORE,
     STREAMS,
@@ -40,7 +41,8 @@ from ..approvals.tickets import ticket_view
 from ..authn.errors import AuthnError, InvalidToken
 from ..authn.principal import ANONYMOUS, Principal
 from ..authn.stepup import METHOD_OIDC
-from ..authz import actions
+from ..authz import actions, change
+from ..authz.revisions import TrustedKeys
 from ..errors import Forbidden, Problem, Unauthorized, to_problem
 from ..run import Outcome, Protection, Run, Target, Write
 from ..schemas import ValidationFailed, validate
@@ -459,7 +461,20 @@ async def _ticket_markup(request: web.Request, store: Any, ticket: TicketRecord,
                              policy_reasons=queries.policy_reasons(records), review_form=form,
                              who=principal.subject_id, csrf=found.csrf,
                              error="step_up_required_sso" if sso and error == "step_up_required"
-                             else error, reviewers=suggested)
+                             else error, reviewers=suggested,
+                             change=await _policy_change(request, store, ticket))
+
+
+async def _policy_change(request: web.Request, store: Any,
+                         ticket: TicketRecord) -> dict[str, Any] | None:
+    """The change a policy ticket asks to approve (as GET /api/v1/approvals/{id}/change)."""
+    if ticket.action not in change.ACTIONS:
+        return None
+    config = request.app[CONFIG]
+    keys: TrustedKeys = request.app[POLICY_KEYS]
+    return await change.report(store, keys, ticket.action, ticket.resource,
+                               config.policies.dir, config.environments,
+                               config.decision_log.path)
 
 
 @routes.get("/console/tickets/{id}/events")

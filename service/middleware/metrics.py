@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from ..appkeys import AUDIT, ENGINE, METRICS, STORE, STORE_GAUGES
+from ..authz.activations import ActivationRefused
 from ..store.base import Store
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ EXPORTED = (
     "controlplane_policy_last_reload_success_timestamp_seconds",
     "controlplane_policy_process_revision",
     "controlplane_policy_store_converged",
+    "controlplane_policy_load_ok",
+    "controlplane_policy_activations_refused_total",
     "controlplane_decisions_total",
     "controlplane_decision_duration_seconds",
     "controlplane_approvals_pending",
@@ -119,6 +122,10 @@ class Metrics:
     #: that is the fleet's active one; an operator sees convergence across workers and replicas.
     process_revision: Gauge | None = None
     store_converged: Gauge | None = None
+    #: Per process: 1 while the policy it should run is loaded and serving, 0 while that
+    #: policy (or its activation) is rejected or refused; ``source``: dir or store.
+    load_ok: Gauge | None = None
+    activations_refused: Counter | None = None
     multiprocess: bool = False
 
     def exposition_registry(self) -> CollectorRegistry:
@@ -146,6 +153,16 @@ class Metrics:
             self.process_revision.labels(previous).set(0)
         if revision is not None:
             self.process_revision.labels(revision).set(1)
+
+    def load_state(self, source: str, ok: bool) -> None:
+        """Whether the policy this process should run (from ``source``) is the one serving."""
+        if self.load_ok is not None:
+            self.load_ok.labels(source).set(1 if ok else 0)
+
+    def activation_refused(self, reason: str, count: int = 1) -> None:
+        """A store-following process refused an activation (``authz.activations``)."""
+        if self.activations_refused is not None:
+            self.activations_refused.labels(reason).inc(count)
 
     def converged(self, active: str | None, running: bool) -> None:
         """After each read of the store's active revision (``policies.source: store``)."""
@@ -312,6 +329,23 @@ class Metrics:
                 registry=registry,
                 multiprocess_mode="liveall",
             ),
+            load_ok=Gauge(
+                "controlplane_policy_load_ok",
+                "1 while the policy revision this process should run (the directory's, or the "
+                "store's active one) is loaded and serving; 0 while it is rejected, or its "
+                "activation refused, and an older revision serves. One series per process.",
+                ["source"],
+                registry=registry,
+                multiprocess_mode="liveall",
+            ),
+            activations_refused=Counter(
+                "controlplane_policy_activations_refused",
+                "Activations of the store a store-following process refused (unsigned, "
+                "signature not trusted or not matching, replayed or out of sequence), by reason; "
+                "once per refused activation.",
+                ["reason"],
+                registry=registry,
+            ),
             store_transactions=Counter(
                 "controlplane_store_transactions",
                 "Store transactions opened, by kind (read or write).",
@@ -361,6 +395,8 @@ class Metrics:
             metrics.login_failures.labels(reason)
         for kind in ("read", "write"):
             metrics.store_transactions.labels(kind)
+        for reason in ActivationRefused.REASONS:
+            metrics.activation_refused(reason, 0)
         for outcome in NOTIFICATION_OUTCOMES:
             metrics.notification_events.labels(outcome)
         for reason in COMPOSE_EVALUATOR_FAILURES:

@@ -46,6 +46,8 @@ log = logging.getLogger("controlplane.notifications")
 
 #: Who may review a requested ticket (None: not a request, nothing to suggest).
 ReviewersOf = Callable[[Store, OutboxEvent, float], Awaitable[Sequence[str] | None]]
+#: The policy change a requested ticket is about (``authz.change``), None for other events.
+ChangeOf = Callable[[Store, OutboxEvent], Awaitable[dict[str, Any] | None]]
 
 
 class Observer(Protocol):
@@ -66,8 +68,10 @@ class Dispatcher:
     """Claims and delivers due outbox events (``round``), in a loop while ``dispatching``."""
 
     def __init__(self, store: Callable[[], Store | None], config: NotificationsConfig,
-                 reviewers: ReviewersOf, observer: Observer | None = None) -> None:
+                 reviewers: ReviewersOf, observer: Observer | None = None,
+                 changes: ChangeOf | None = None) -> None:
         self._store = store
+        self._changes = changes
         self._config = config
         self._reviewers = reviewers
         self.sinks = [make_sink(s, config.source) for s in config.sinks]
@@ -77,6 +81,16 @@ class Dispatcher:
         #: This dispatcher's lease owner id (host, pid and a random part: unique per process).
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._last_purge = 0.0
+
+    async def _change(self, store: Store, event: OutboxEvent) -> dict[str, Any] | None:
+        if self._changes is None or event.type != "approval.requested":
+            return None
+        try:
+            return await self._changes(store, event)
+        except Exception:  # never holds a delivery back: the console and API show it too
+            log.exception("notifications: the policy change of %s could not be read",
+                          event.ticket_id)
+            return None
 
     def backoff(self, attempts: int) -> float:
         """Seconds before the next attempt after ``attempts`` failed ones (jittered)."""
@@ -124,6 +138,9 @@ class Dispatcher:
             now = clock.now()
             data = event_data(event, self._config.public_url,
                               await self._reviewers(store, event, now))
+            change = await self._change(store, event)
+            if change is not None:
+                data["policy_change"] = change
             attempts = list(await asyncio.gather(
                 *(sink.send(session, event, data, now) for sink in targets)))
         now = clock.now()

@@ -128,6 +128,17 @@ def slack_message(event: OutboxEvent, data: dict[str, Any]) -> bytes:
         shown = command if isinstance(command, str) else json.dumps(command, ensure_ascii=False)
         blocks.append({"type": "section", "text": {"type": "mrkdwn",
                                                    "text": "*Command:* " + _code(_clip(shown))}})
+    change = data.get("policy_change")
+    if isinstance(change, dict):
+        diff = change.get("diff") or {}
+        text = (f"*Policy change:* {_code(str(change.get('revision') or 'directory mode'))} by "
+                f"{_escape(str(change.get('author') or '-'))}: "
+                f"{_escape(_clip(str(change.get('message') or '-')))}\n"
+                f"{len(diff.get('files') or [])} files, +{diff.get('added', 0)} "
+                f"-{diff.get('removed', 0)} lines against "
+                f"{_code(str(change.get('against')))}\n"
+                f"*Impact:* {_escape(_clip(str(change.get('impact_summary') or '')))}")
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text}})
     reviewers = data.get("suggested_reviewers")
     if reviewers is not None:
         names = ", ".join(_escape(str(r)) for r in reviewers) or "nobody (check the policy data)"

@@ -315,6 +315,9 @@ class PolicyActivation:
     activated_by: str
     activated_at: float
     reason: str | None = None
+    #: The activation's JWS (``authz.activations``); None: written unsigned (refused by every
+    #: store-following replica).
+    signature: dict[str, str] | None = None
 
 
 OutboxState: TypeAlias = Literal["pending", "delivered", "dead"]
@@ -599,16 +602,25 @@ class PolicyRevisionOps(Protocol):
     # digest; Conflict ``duplicate_id`` when it is stored with other content.
     async def add_policy_revision(self, rec: PolicyRevisionRecord) -> bool: ...
     async def get_policy_revision(self, id: str) -> PolicyRevisionRecord | None: ...
+    # A proposed revision (signature verified, vetting passed, not yet approved): what a
+    # policy.publish ticket's reviewers read. ``published_*`` hold who proposed it, when.
+    async def add_policy_candidate(self, rec: PolicyRevisionRecord) -> None: ...
+    async def get_policy_candidate(self, id: str) -> PolicyRevisionRecord | None: ...
     # Newest first; ``before``: a published_at cursor (the last item of the previous page).
     async def list_policy_revisions(
         self, limit: int = 50, before: float | None = None
     ) -> list[PolicyRevisionRecord]: ...
-    # Makes ``revision_id`` the active revision (NotFound if it is not stored). ``expected``:
+    # Makes ``revision_id`` the active revision (NotFound if it is not stored; ``""``: none, every
+    # replica runs its policies directory again). ``expected``:
     # only if this is the active one now (``""``: none), else Conflict ``state_conflict``; one
-    # conditional write, so concurrent activations from any replica apply one at a time.
+    # conditional write, so concurrent activations from any replica apply one at a time. Its
+    # seq is above every stored activation's and above ``after_seq`` (the last one the caller's
+    # replica accepted). ``sign``: called with the activation (its seq known, inside the
+    # transaction) for the signature stored with it.
     async def activate_policy_revision(
         self, revision_id: str, *, kind: str, by: str, at: float, reason: str | None = None,
         expected: str | None = None,
+        sign: Callable[[PolicyActivation], dict[str, str]] | None = None, after_seq: int = 0,
     ) -> PolicyActivation: ...
     # The latest activation (what every replica must run), or None before the first.
     async def active_policy(self) -> PolicyActivation | None: ...

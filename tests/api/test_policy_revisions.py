@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from service.appkeys import STORE
+from service.authz.activations import ActivationSigner, activation_keys, verify_activation
 from service.authz.revisions import Bundle, sign
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
@@ -23,6 +26,17 @@ def keypair(tmp_path: Path, name: str = "signer") -> tuple[Ed25519PrivateKey, Pa
     public.write_bytes(key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return key, public
+
+
+def store_keys(public: Path) -> dict[str, Any]:
+    """``policies.store`` trusting ``public`` for revisions, with an activation key beside it
+    (written once: every replica of a test shares it)."""
+    activation = public.with_name("activation.pem")
+    if not activation.exists():
+        activation.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+    return {"trusted_keys": [str(public)], "activation_key": str(activation)}
 
 
 def published(key: Ed25519PrivateKey, bundle: Bundle | None = None,
@@ -49,7 +63,7 @@ async def audit_actions(client: Any) -> list[tuple[str, str]]:
 async def test_fleet_publish_list_activate_and_roll_back(make_client, tmp_path):
     key, public = keypair(tmp_path)
     client = await make_client({**NON_PRODUCTION,
-                                "policies": {"store": {"trusted_keys": [str(public)]}}})
+                                "policies": {"store": store_keys(public)}})
     alice = await login(client, "alice")
     # The shipped policies (vetted once per test session) and one variant of them.
     first, second = Bundle.from_dir(REPO / "policies"), variant("two")
@@ -101,7 +115,7 @@ async def test_fleet_publish_list_activate_and_roll_back(make_client, tmp_path):
 async def test_publish_refuses_what_no_replica_would_load(make_client, tmp_path):
     key, public = keypair(tmp_path)
     client = await make_client({**NON_PRODUCTION,
-                                "policies": {"store": {"trusted_keys": [str(public)]}}})
+                                "policies": {"store": store_keys(public)}})
     alice = await login(client, "alice")
     untrusted = published(Ed25519PrivateKey.generate())
     tampered = published(key)  # signed content, then a module changed
@@ -123,7 +137,7 @@ async def test_production_fleet_needs_an_approved_ticket(make_client, tmp_path):
     """Default environments (prod is production): publish and activate are production
     mutations: without a ticket 403 approval_required, one audit record each."""
     key, public = keypair(tmp_path)
-    client = await make_client({"policies": {"store": {"trusted_keys": [str(public)]}}})
+    client = await make_client({"policies": {"store": store_keys(public)}})
     alice = await step_up(client, await login(client, "alice"), "alice")
     body = published(key)
     refused = await client.post("/api/v1/policy/revisions", json=body, headers=bearer(alice))
@@ -159,3 +173,124 @@ async def _approved(client: Any, alice: str, action: str, resource: Any) -> dict
                                json={"decision": "approve"}, headers=bearer(bob))
     assert review.status == 200, await review.text()
     return dict(ticket)
+
+
+async def test_activations_are_signed_audited_and_need_the_activation_key(make_client, tmp_path):
+    """Issue 30 (3): every activation and rollback is stored signed by the replica's activation
+    key and audited with what was signed; a replica without the key activates nothing (503)."""
+    key, public = keypair(tmp_path)
+    keys = store_keys(public)
+    client = await make_client({**NON_PRODUCTION, "policies": {"store": keys}})
+    alice = await login(client, "alice")
+    revisions = []
+    for note in ("one", "two"):
+        r = await client.post("/api/v1/policy/revisions", json=published(key, variant(note)),
+                              headers=bearer(alice))
+        revisions.append((await r.json())["id"])
+        r = await client.post("/api/v1/policy/activation", json={"revision": revisions[-1]},
+                              headers=bearer(alice))
+        assert r.status == 200, await r.text()
+    r = await client.post("/api/v1/policy/rollback", json={}, headers=bearer(alice))
+    assert r.status == 200, await r.text()
+    signer = ActivationSigner.from_file(Path(keys["activation_key"]))
+    trusted = activation_keys((), signer)
+    store = client.server.app[STORE].require()
+    history = await store.policy_activations()
+    assert [(a.seq, a.kind) for a in history] == [(3, "rollback"), (2, "activate"),
+                                                   (1, "activate")]
+    for a in history:
+        assert verify_activation(a, trusted) is None  # signed; no ticket needed here
+    audited = [r.entry for r in await store.audit_range(0, 1000)
+               if r.entry["action"] == "policy.activate"]
+    assert [(e["outcome"], e["seq"], e["kind"], e["activation_kid"]) for e in audited] == [
+        ("executed", 1, "activate", signer.kid), ("executed", 2, "activate", signer.kid),
+        ("executed", 3, "rollback", signer.kid)]
+
+    bare = await make_client({**NON_PRODUCTION,
+                              "policies": {"store": {"trusted_keys": [str(public)]}}})
+    bob = await login(bare, "alice")
+    r = await bare.post("/api/v1/policy/revisions", json=published(key, variant("three")),
+                        headers=bearer(bob))
+    r = await bare.post("/api/v1/policy/activation", json={"revision": (await r.json())["id"]},
+                        headers=bearer(bob))
+    await assert_problem(r, 503, "policy_activation_key_missing")
+    assert len(await bare.server.app[STORE].require().policy_activations()) == len(history)
+
+
+async def test_rollback_right_after_the_first_activation_returns_to_directory_mode(
+        make_client, tmp_path):
+    """Issue 30 (4): no 409 no_rollback_target after the first activation: the rollback is a
+    signed activation of no revision (every replica runs its policies.dir again)."""
+    key, public = keypair(tmp_path)
+    client = await make_client({**NON_PRODUCTION, "policies": {"store": store_keys(public)}})
+    alice = await login(client, "alice")
+    r = await client.post("/api/v1/policy/revisions", json=published(key, variant("only")),
+                          headers=bearer(alice))
+    only = (await r.json())["id"]
+    r = await client.post("/api/v1/policy/activation", json={"revision": only},
+                          headers=bearer(alice))
+    assert r.status == 200, await r.text()
+    back = await client.post("/api/v1/policy/rollback", json={"reason": "back to files"},
+                             headers=bearer(alice))
+    assert back.status == 200, await back.text()
+    body = await back.json()
+    assert (body["revision"], body["previous"], body["kind"]) == (None, only, "rollback")
+    again = await client.post("/api/v1/policy/rollback", json={}, headers=bearer(alice))
+    assert again.status == 200, await again.text()  # and forward again to the revision
+    assert (await again.json())["revision"] == only
+
+
+async def test_a_publish_ticket_shows_its_change_and_replayed_impact(make_client, tmp_path):
+    """Issue 30 (2): before approval, the reviewer of a policy.publish ticket reads the signed
+    message and author, the vetting, the diff against the running revision and the recent
+    decisions replayed against the candidate (carol's viewer role revoked: her allowed reads
+    would be denied)."""
+    from tests.authz.test_replay_shadow import candidate_without_carols_role
+
+    key, public = keypair(tmp_path)
+    log_path = tmp_path / "decisions.jsonl"
+    client = await make_client({"policies": {"store": store_keys(public)},
+                                "decision_log": {"path": str(log_path)}})
+    alice = await step_up(client, await login(client, "alice"), "alice")
+    carol = await login(client, "carol")
+    for _ in range(3):
+        assert (await client.get("/api/v1/databases", headers=bearer(carol))).status == 200
+    deadline = time.monotonic() + 10
+    while not log_path.exists() or log_path.read_text().count("\n") < 3:
+        assert time.monotonic() < deadline, "the decision log was not written"
+        await asyncio.sleep(0.05)
+
+    bundle = Bundle.from_dir(candidate_without_carols_role(tmp_path / "candidate"))
+    body = published(key, bundle, "revoke carol's viewer role")
+    refused = await client.post("/api/v1/policy/revisions", json=body, headers=bearer(alice))
+    await assert_problem(refused, 403, "approval_required")
+    r = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "policy.publish",
+        "resource": {"revision": bundle.revision_id(), "digest": bundle.digest}})
+    assert r.status == 201, await r.text()
+    ticket = await r.json()
+
+    bob = await login(client, "bob")
+    r = await client.get(f"/api/v1/approvals/{ticket['id']}/change", headers=bearer(bob))
+    assert r.status == 200, await r.text()
+    change = await r.json()
+    assert (change["revision"], change["source"], change["author"], change["message"]) == (
+        bundle.revision_id(), "proposed", "alice", "revoke carol's viewer role")
+    assert change["vetting"]["passed"] is True
+    assert change["diff"]["files"] == [
+        {"file": "data/bindings.yaml", "status": "changed", "added": 1, "removed": 1}]
+    assert "-  carol: {roles: [viewer]}" in change["diff"]["text"]
+    impact = change["impact"]
+    assert impact["available"] is True and impact["total"] >= 3
+    carol_denied = impact["groups"]["allow->deny"]
+    assert carol_denied["count"] >= 3
+    assert {e["subject"] for e in carol_denied["examples"]} == {"carol"}
+    assert change["impact_summary"].startswith(f"{impact['changed']} of {impact['total']} "
+                                               "recent decisions would change: allow->deny")
+
+    other = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
+        "resource": {"app": "web"}})
+    r = await client.get(f"/api/v1/approvals/{(await other.json())['id']}/change",
+                         headers=bearer(bob))
+    await assert_problem(r, 404, "no_policy_change")

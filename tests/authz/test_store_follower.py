@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -14,6 +15,12 @@ import pytest
 import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from service.authz.activations import (
+    ActivationRefused,
+    ActivationSigner,
+    activation_keys,
+    verify_activation,
+)
 from service.authz.engine import PolicyEngine
 from service.authz.reload import StoreFollower, fetch_revision, following, materialize_revision
 from service.authz.revisions import (
@@ -28,12 +35,15 @@ from service.authz.revisions import (
 from service.authz.source import read_snapshot
 from service.config import ConfigError, PolicyStoreConfig, load
 from service.store import Store, open_store
-from service.store.base import PolicyRevisionRecord
+from service.store.base import PolicyActivation, PolicyRevisionRecord
 from tests.store.pg import require_postgres, temp_schema
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = Ed25519PrivateKey.generate()
 TRUSTED = {key_id(KEY.public_key()): KEY.public_key()}
+#: The activation key of the replicas (signs activations), and what followers trust.
+ACTIVATOR = ActivationSigner(Ed25519PrivateKey.generate())
+ACTIVATION_KEYS = activation_keys((), ACTIVATOR)
 
 
 def variant(comment: str, module: str | None = None) -> Bundle:
@@ -131,7 +141,8 @@ async def _publish(store: Store, bundle: Bundle, key: Ed25519PrivateKey = KEY) -
         signature=sign(bundle, key, author="alice", message="", created_at="t"),
         kid=key_id(key.public_key()), author="alice", message="", created_at=0.0,
         published_by="alice", published_at=time.time()))
-    await store.activate_policy_revision(revision, kind="activate", by="alice", at=time.time())
+    await store.activate_policy_revision(revision, kind="activate", by="alice", at=time.time(),
+                                         sign=lambda a: ACTIVATOR.sign(a, "ticket-1"))
     return revision
 
 
@@ -142,7 +153,8 @@ async def test_follower_runs_the_active_revision_and_refuses_bad_ones(tmp_path: 
     bootstrap = engine.revision
     reachable = True
     follower = StoreFollower(engine, lambda: store if reachable else None,
-                             PolicyStoreConfig((), 0.1, 0.5), TRUSTED)
+                             PolicyStoreConfig((), 0.1, 0.5), TRUSTED,
+                             activation_keys=ACTIVATION_KEYS)
     seen: list[tuple[str | None, bool]] = []
     follower.listeners.append(lambda active, running: seen.append((active, running)))
     try:
@@ -212,7 +224,8 @@ async def test_postgresql_notify_wakes_the_follower_long_before_its_poll(tmp_pat
         writer = await open_store(dsn, schema=schema)  # another replica's connection
         engine = PolicyEngine(REPO / "policies", vet_in_subprocess=False)
         assert engine.load().ok
-        follower = StoreFollower(engine, lambda: store, PolicyStoreConfig((), 60, 120), TRUSTED)
+        follower = StoreFollower(engine, lambda: store, PolicyStoreConfig((), 60, 120), TRUSTED,
+                                 activation_keys=ACTIVATION_KEYS)
         try:
             async with following(follower, lambda: store, 60):
                 deadline = time.monotonic() + 5
@@ -228,3 +241,123 @@ async def test_postgresql_notify_wakes_the_follower_long_before_its_poll(tmp_pat
         finally:
             await writer.close()
             await store.close()
+
+
+# ---- signed activations ----------------------------------------------------------------------
+
+
+async def _raw(store: Store, sql: str, *args: object) -> None:
+    """A write of the database alone (what a writer with its credentials can do)."""
+    async with store._unit(write=True) as q:  # type: ignore[attr-defined]
+        await q.exec(sql, *args)
+
+
+async def test_follower_refuses_activations_the_database_alone_wrote(tmp_path: Path) -> None:
+    """Issue 30 (3): an unsigned activation row, a genuine signature copied onto another row,
+    and an older signed activation replayed are each refused (degraded, counted once, load not
+    ok) and the revision of the last accepted activation keeps serving; the next signed
+    activation is followed."""
+    store = await open_store(f"sqlite:///{tmp_path / 'cp.db'}")
+    engine = PolicyEngine(REPO / "policies", vet_in_subprocess=False)
+    assert engine.load().ok
+    follower = StoreFollower(engine, lambda: store, PolicyStoreConfig((), 0.1, 0.5), TRUSTED,
+                             activation_keys=ACTIVATION_KEYS)
+    refusals: list[str] = []
+    follower.activation_listeners.append(refusals.append)
+    try:
+        old = await _publish(store, variant("old"))
+        new = await _publish(store, variant("new"))
+        await follower.sync()
+        assert engine.revision == new and follower.load_ok and follower.accepted_seq == 2
+
+        async def refused(reason: str, seq: int) -> None:
+            await follower.sync()
+            await follower.sync()  # a refusal is counted once, not once per sync
+            status = follower.status()
+            assert status["refused_activation"] == {"seq": seq, "revision": old,
+                                                    "reason": reason}, status
+            assert status["degraded"] is True and status["active_revision"] == new
+            assert engine.revision == new and not follower.load_ok
+            assert refusals[-1] == reason and refusals.count(reason) == 1
+
+        await _raw(store, "INSERT INTO policy_activations (seq, revision_id, previous_id, kind, "
+                   "activated_by, activated_at, reason) VALUES (3, ?, ?, 'activate', 'alice', "
+                   "?, 'forged')", old, new, time.time())
+        await _raw(store, "UPDATE policy_head SET seq = 3, revision_id = ?, previous_id = ?",
+                   old, new)
+        await refused("unsigned", 3)
+        await _raw(store, "UPDATE policy_activations SET signature = (SELECT signature FROM "
+                   "policy_activations WHERE seq = 1) WHERE seq = 3")
+        await refused("mismatch", 3)
+        await _raw(store, "DELETE FROM policy_activations WHERE seq > 1")
+        await refused("out_of_sequence", 1)
+        stranger = ActivationSigner(Ed25519PrivateKey.generate())
+        await _raw(store, "DELETE FROM policy_activations")
+        await store.activate_policy_revision(old, kind="activate", by="mallory",
+                                             at=time.time(), sign=lambda a: stranger.sign(a, None),
+                                             after_seq=5)
+        await refused("untrusted_key", 6)
+
+        # The next activation signed by the fleet's key is above every row, and followed.
+        again = await store.activate_policy_revision(
+            old, kind="activate", by="alice", at=time.time(),
+            sign=lambda a: ACTIVATOR.sign(a, "ticket-2"), after_seq=follower.accepted_seq)
+        assert again.seq == 7
+        await follower.sync()
+        status = follower.status()
+        assert engine.revision == old and follower.load_ok and status["degraded"] is False
+        assert status["refused_activation"] is None
+    finally:
+        await store.close()
+
+
+def test_an_activation_signature_covers_every_field() -> None:
+    a = PolicyActivation(seq=4, revision_id="sha256:1", previous_id="sha256:0",
+                         kind="activate", activated_by="alice", activated_at=1.5)
+    signed = replace_signature(a, ACTIVATOR.sign(a, "t-1"))
+    assert verify_activation(signed, ACTIVATION_KEYS, after_seq=3) == "t-1"
+    for field, value in (("seq", 5), ("revision_id", "sha256:2"), ("previous_id", ""),
+                         ("kind", "rollback"), ("activated_by", "mallory"),
+                         ("activated_at", 2.5)):
+        with pytest.raises(ActivationRefused) as exc:
+            verify_activation(replace_signature(signed, signed.signature, **{field: value}),
+                              ACTIVATION_KEYS)
+        assert exc.value.reason == "mismatch", field
+    with pytest.raises(ActivationRefused) as exc:
+        verify_activation(signed, ACTIVATION_KEYS, after_seq=4)
+    assert exc.value.reason == "out_of_sequence"
+    with pytest.raises(ActivationRefused) as exc:
+        verify_activation(signed, TRUSTED)  # a revision key is not an activation key
+    assert exc.value.reason == "untrusted_key"
+
+
+def replace_signature(a: PolicyActivation, signature: Any, **changes: Any) -> PolicyActivation:
+    return dataclasses.replace(a, signature=signature, **changes)
+
+
+async def test_a_rollback_to_directory_mode_runs_the_directory_again(tmp_path: Path) -> None:
+    """Issue 30 (4): the way back after the first activation: a signed activation of no
+    revision ("") makes every follower run its policies.dir again."""
+    store = await open_store(f"sqlite:///{tmp_path / 'cp.db'}")
+    engine = PolicyEngine(REPO / "policies", vet_in_subprocess=False)
+    assert engine.load().ok
+    directory = engine.revision
+    follower = StoreFollower(engine, lambda: store, PolicyStoreConfig((), 0.1, 0.5), TRUSTED,
+                             activation_keys=ACTIVATION_KEYS)
+    try:
+        first = await _publish(store, variant("first"))
+        await follower.sync()
+        assert engine.revision == first != directory
+        back = await store.activate_policy_revision(
+            "", kind="rollback", by="alice", at=time.time(), expected=first,
+            sign=lambda a: ACTIVATOR.sign(a, "ticket-9"))
+        assert (back.revision_id, back.previous_id) == ("", first)
+        await follower.sync()
+        status = follower.status()
+        assert engine.revision == directory and follower.converged and follower.load_ok
+        assert (status["active_revision"], status["directory_mode"], status["degraded"]) == (
+            None, True, False)
+        await follower.sync()  # stays there without reloading again
+        assert engine.revision == directory
+    finally:
+        await store.close()

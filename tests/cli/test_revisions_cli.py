@@ -33,11 +33,14 @@ def test_publish_activate_list_and_roll_back(tmp_path: Path, monkeypatch: pytest
     assert revisions.run(["keygen", str(key)]) == 0
     assert "kid:" in capsys.readouterr().out
     assert revisions.run(["keygen", str(key)]) == 1  # never overwrites a key
+    activation = tmp_path / "keys" / "activation.pem"  # the replicas' activation key
+    assert revisions.run(["keygen", str(activation)]) == 0
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({
         "environments": {"dev": {"production": False}},
         "policies": {"source": "store", "store": {
             "trusted_keys": [str(key.with_name("signer.pub.pem"))],
+            "activation_key": str(activation),
             "poll_interval_s": 0.2, "convergence_s": 5}}}))
     policies = tmp_path / "policies"
     shutil.copytree(REPO / "policies", policies)

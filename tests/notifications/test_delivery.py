@@ -290,3 +290,36 @@ async def test_a_command_line_password_is_masked_in_webhook_and_slack_bodies(mak
         assert "hunter2" not in body and "k3y" not in body, body
         assert "mysql --host db --password ***" in body
     assert hook.json["data"]["command"] == "mysql --host db --password *** -e 'select 1' --api-key ***"
+
+
+async def test_a_policy_change_request_carries_the_change(make_client, receiver, tmp_path):
+    """Issue 30 (2): the notification of a policy.publish request carries who wrote the change
+    and why, its diff summary against the running revision and its impact (webhook data and the
+    chat message)."""
+    from service.authz.revisions import Bundle
+    from tests.api.test_policy_revisions import keypair, published, store_keys, variant
+
+    key, public = keypair(tmp_path)
+    client = await make_client({**notifications(receiver.url),
+                                "policies": {"store": store_keys(public)}})
+    alice = await step_up(client, await login(client, "alice"), "alice")
+    bundle: Bundle = variant("notify the reviewers")
+    refused = await client.post("/api/v1/policy/revisions", headers=bearer(alice),
+                                json=published(key, bundle, "CHG-5 <!channel> tighten"))
+    assert refused.status == 403
+    r = await client.post("/api/v1/approvals", headers=bearer(alice), json={
+        "subject_id": "alice", "env": "prod", "action": "policy.publish",
+        "resource": {"revision": bundle.revision_id(), "digest": bundle.digest}})
+    assert r.status == 201, await r.text()
+    await receiver.wait_for(lambda r: r.accepted("/hook") and r.accepted("/slack"))
+    (hook,) = receiver.accepted("/hook")
+    change = hook.json["data"]["policy_change"]
+    assert (change["revision"], change["author"], change["message"]) == (
+        bundle.revision_id(), "alice", "CHG-5 <!channel> tighten")
+    assert change["diff"]["files"] == [
+        {"file": "authz.rego", "status": "changed", "added": 2, "removed": 0}]
+    assert change["impact_summary"].startswith("no decision log is configured")
+    (chat,) = receiver.accepted("/slack")
+    text = json.dumps(chat.json)
+    assert "*Policy change:*" in text and "CHG-5 &lt;!channel&gt; tighten" in text
+    assert "1 files, +2 -0 lines" in text

@@ -11,6 +11,8 @@ PostgreSQL a trigger on ``policy_head`` NOTIFYs the replicas (migration 0007).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 
 from ..base import Conflict, NotFound, PolicyActivation, PolicyRevisionRecord
 from .core import MAX_LIST_LIMIT, Row, Unit
@@ -19,7 +21,8 @@ __all__ = ["PolicyRevisionSql"]
 
 _COLUMNS = ("id, digest, bundle, signature, kid, author, message, created_at, published_by, "
             "published_at")
-_ACTIVATION = "seq, revision_id, previous_id, kind, activated_by, activated_at, reason"
+_ACTIVATION = ("seq, revision_id, previous_id, kind, activated_by, activated_at, reason, "
+               "signature")
 
 
 def _text(value: object) -> str:
@@ -42,7 +45,19 @@ def _activation(row: Row) -> PolicyActivation:
         seq=int(row["seq"]), revision_id=row["revision_id"], previous_id=row["previous_id"],
         kind=row["kind"], activated_by=row["activated_by"],
         activated_at=float(row["activated_at"]), reason=row["reason"],
+        signature=_signature(row["signature"]),
     )
+
+
+def _signature(text: str | None) -> dict[str, str] | None:
+    # Whatever a writer put there is handed to the verifier as it is (it refuses non-JWS).
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"malformed": "not JSON"}
+    return value if isinstance(value, dict) else {"malformed": "not an object"}
 
 
 class PolicyRevisionSql(Unit):
@@ -68,6 +83,24 @@ class PolicyRevisionSql(Unit):
             raise Conflict("duplicate_id")
         return False
 
+    async def add_policy_candidate(self, rec: PolicyRevisionRecord) -> None:
+        async with self._unit(write=True) as q:
+            await q.exec(
+                "INSERT INTO policy_candidates (id, digest, bundle, signature, kid, author, "
+                "message, created_at, proposed_by, proposed_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                rec.id, rec.digest, _text(rec.bundle), _text(rec.signature), rec.kid, rec.author,
+                rec.message, rec.created_at, rec.published_by, rec.published_at,
+            )
+
+    async def get_policy_candidate(self, id: str) -> PolicyRevisionRecord | None:
+        async with self._unit(write=False) as q:
+            row = await q.one(
+                "SELECT id, digest, bundle, signature, kid, author, message, created_at, "
+                "proposed_by AS published_by, proposed_at AS published_at "
+                "FROM policy_candidates WHERE id = ?", id)
+        return None if row is None else _revision(row)
+
     async def get_policy_revision(self, id: str) -> PolicyRevisionRecord | None:
         async with self._unit(write=False) as q:
             row = await q.one(f"SELECT {_COLUMNS} FROM policy_revisions WHERE id = ?", id)
@@ -90,10 +123,13 @@ class PolicyRevisionSql(Unit):
     async def activate_policy_revision(
         self, revision_id: str, *, kind: str, by: str, at: float, reason: str | None = None,
         expected: str | None = None,
+        sign: Callable[[PolicyActivation], dict[str, str]] | None = None, after_seq: int = 0,
     ) -> PolicyActivation:
         async with self._unit(write=True) as q:
-            exists = await q.one("SELECT id FROM policy_revisions WHERE id = ?", revision_id)
-            if exists is None:
+            # "": no store revision: every replica runs its own policies.dir again.
+            exists = revision_id == "" or await q.one(
+                "SELECT id FROM policy_revisions WHERE id = ?", revision_id)
+            if not exists:
                 raise NotFound("policy revision", revision_id)
             # SET's right-hand sides read the row as it was: previous_id gets the old active id.
             sql = ("UPDATE policy_head SET seq = seq + 1, previous_id = revision_id, "
@@ -105,13 +141,25 @@ class PolicyRevisionSql(Unit):
             head = await q.one(sql + " RETURNING seq, previous_id", *args)
             if head is None:
                 raise Conflict("state_conflict")
+            seq = int(head["seq"])
+            # The head row is locked now: a row written around it (by hand) cannot make this
+            # seq collide, and this activation stays the latest.
+            top = await q.one("SELECT MAX(seq) AS top FROM policy_activations")
+            floor = max(after_seq, int(top["top"]) if top and top["top"] is not None else 0)
+            if floor >= seq:
+                seq = floor + 1
+                await q.exec("UPDATE policy_head SET seq = ? WHERE id = 1", seq)
             activation = PolicyActivation(
-                seq=int(head["seq"]), revision_id=revision_id, previous_id=head["previous_id"],
+                seq=seq, revision_id=revision_id, previous_id=head["previous_id"],
                 kind=kind, activated_by=by, activated_at=at, reason=reason,
             )
+            if sign is not None:
+                activation = replace(activation, signature=sign(activation))
             await q.exec(
-                f"INSERT INTO policy_activations ({_ACTIVATION}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO policy_activations ({_ACTIVATION}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 activation.seq, revision_id, activation.previous_id, kind, by, at, reason,
+                None if activation.signature is None else _text(activation.signature),
             )
         return activation
 
