@@ -6,6 +6,7 @@ import asyncio
 import re
 
 from service.appkeys import AUDIT, ENGINE, METRICS
+from service.middleware import metrics as metrics_module
 from service.middleware.metrics import (
     APPROVAL_OUTCOMES,
     DECISION_RESULTS,
@@ -138,3 +139,25 @@ async def test_scrapes_share_one_store_reading_a_second(client):
     assert {value(f, "controlplane_audit_head_seq") for f in scrapes} == {head}  # one reading
     await asyncio.sleep(STORE_GAUGES_TTL_S + 0.1)
     assert value(await scrape(client), "controlplane_audit_head_seq") > head
+
+
+async def test_a_request_writes_no_instrument_until_the_worker_flushes_its_tally(
+        make_client, monkeypatch):
+    """Per-request events (the request counter, its latency, decisions, store transactions) are
+    added up in the worker and written to the instruments once per flush, not once each per
+    request; a scrape flushes first, so it counts every request already answered."""
+    monkeypatch.setattr(metrics_module, "FLUSH_INTERVAL_S", 3600.0)  # only the scrape flushes
+    client = await make_client()
+    carol = await login(client, "carol")
+    metrics = client.server.app[METRICS]
+    metrics.flush()
+    child = metrics.requests.labels("GET", "/api/v1/databases", "200")
+    before = child._value.get()
+    for _ in range(5):
+        response = await client.get("/api/v1/databases", headers=bearer(carol))
+        assert response.status == 200
+    assert child._value.get() == before  # tallied, not yet written
+    families = await scrape(client)
+    assert value(families, "controlplane_http_requests", "controlplane_http_requests_total",
+                 method="GET", route="/api/v1/databases", status="200") == before + 5
+    assert child._value.get() == before + 5
