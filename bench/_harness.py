@@ -32,6 +32,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
+import asyncpg  # noqa: E402
 import yaml  # noqa: E402
 
 from service.authn import totp  # noqa: E402
@@ -206,6 +207,60 @@ def postgres_cpu_since(before: Mapping[int, float]) -> float | None:
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in now.items())
 
 
+def _local_ports(pids: Sequence[int]) -> set[int]:
+    """The local TCP ports of the sockets ``pids`` hold (their connections to the database)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if link.startswith("socket:["):
+                        inodes.add(link[8:-1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                cols = line.split()
+                if len(cols) > 9 and cols[9] in inodes:
+                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def own_backends(pids: Sequence[int], dsn: str = PG_DSN) -> list[int]:
+    """The PostgreSQL backends serving ``pids`` (``pg_stat_activity`` rows whose client port is
+    one of their sockets): the database's CPU for them alone, not every postgres process."""
+    ports = _local_ports(pids)
+    if not ports:
+        return []
+
+    async def query() -> list[int]:
+        conn = await asyncpg.connect(dsn, timeout=5)
+        try:
+            rows = await conn.fetch("SELECT pid, client_port FROM pg_stat_activity "
+                                    "WHERE client_port IS NOT NULL")
+        finally:
+            await conn.close()
+        return [int(r["pid"]) for r in rows if r["client_port"] in ports]
+
+    try:
+        return asyncio.run(query())
+    except Exception:
+        return []
+
+
+def own_backends_cpu(pids: Sequence[int]) -> dict[int, float]:
+    """CPU seconds so far of each backend serving ``pids``."""
+    return {pid: cpu_seconds([pid]) for pid in own_backends(pids)}
+
+
+def own_backends_cpu_since(pids: Sequence[int], before: Mapping[int, float]) -> float:
+    """CPU seconds the backends serving ``pids`` used since ``before``: backends that started
+    meanwhile (the pool grew) count whole; ones that ended are lost."""
+    now = own_backends_cpu(pids)
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in now.items())
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -292,6 +347,34 @@ def baseline(workers: int, tmp: Path) -> Iterator[Server]:
         yield server
     finally:
         _stop(procs)
+
+
+#: The reference peer of the authorized read (a measuring stick, never imported).
+PEER_READ = Path(os.environ.get("CONTROLPLANE_BENCH_PEER",
+                                str(REPO.parent.parent / "shared" / "reference" / "peer_read.py")))
+
+
+@contextlib.contextmanager
+def peer(workers: int, tmp: Path, *extra: str) -> Iterator[tuple[Server, str]]:
+    """``peer_read.py`` serving GET /api/v1/databases on ``workers`` processes, and its token."""
+    state = tmp / f"peer-{workers}-{time.monotonic_ns()}"
+    token = subprocess.run([sys.executable, str(PEER_READ), "--init", str(state)], cwd=REPO,
+                           capture_output=True, text=True, check=True, timeout=120,
+                           ).stdout.strip().splitlines()[-1]
+    port = free_port()
+    log_path = tmp / f"peer-{workers}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(PEER_READ), "--serve", str(state), "--port", str(port),
+             "--workers", str(workers), "--repo", str(REPO), *extra],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    server = Server(f"http://127.0.0.1:{port}", [proc], log_path)
+    try:
+        wait_ready(server.base + "/healthz")
+        _wait_workers(server, workers)
+        yield server, token
+    finally:
+        _stop([proc])
 
 
 # ------------------------------------------------------------------------------ PostgreSQL

@@ -217,6 +217,7 @@ class Bench:
         self.tickets: list[dict[str, Any]] = []
         self.profiles: dict[str, Any] = {}
         self.notes: list[str] = []
+        self.references: list[dict[str, Any]] = []
 
     def log(self, msg: str) -> None:
         print(f"[http_bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -233,6 +234,9 @@ class Bench:
         counters0 = service_counters(base) if label.get("target") == "service" else None
         # The database's own CPU (its local server processes), for the PostgreSQL rows.
         db0 = h.postgres_cpu() if label.get("backend") == "postgres" else None
+        # ... and the backends serving this service's workers alone (pg_stat_activity rows
+        # whose client port is one of the workers' sockets): other users of the server excluded.
+        own0 = h.own_backends_cpu(pids) if db0 is not None and pids else None
         cpu0, t0 = h.cpu_seconds(pids), time.monotonic()
         result = h.drive(base, req, connections=conns, duration=duration,
                          max_requests=max_requests, tmp=self.tmp, use_wrk=self.use_wrk)
@@ -241,6 +245,7 @@ class Bench:
         # and per request.
         cpu = h.cpu_seconds(pids) - cpu0 if pids else None
         db_cpu = h.postgres_cpu_since(db0) if db0 is not None else None
+        own_cpu = h.own_backends_cpu_since(pids, own0) if own0 is not None else None
         active = min(time.monotonic() - t0, result.seconds or float("inf"))
         cores = cpu / active if cpu is not None and active > 0 else None
         row = {"server_cores": cores,
@@ -249,7 +254,9 @@ class Bench:
                "p99_ms": result.p99_ms, "requests": result.requests, "errors": result.errors,
                "seconds": result.seconds, "generator": result.generator,
                "db_cpu_ms_per_req": 1000 * db_cpu / result.requests
-               if db_cpu is not None and result.requests else None}
+               if db_cpu is not None and result.requests else None,
+               "own_db_cpu_ms_per_req": 1000 * own_cpu / result.requests
+               if own_cpu is not None and result.requests else None}
         if counters0 is not None:
             counters1 = service_counters(base)
             # Store transactions over the run (every worker's), less the closing /metrics
@@ -274,6 +281,21 @@ class Bench:
                 self.measure({"target": "baseline", "backend": "-", "workers": workers,
                               "scenario": "info"}, server.base,
                              h.Request("GET", API + "/system/info"), conns, server=server)
+
+    def peer(self, workers: int) -> None:
+        """The reference peer's authorized read (``peer_read.py``), same run as the service's."""
+        if "read" not in self.opts.scenarios or not h.PEER_READ.exists():
+            return
+        try:
+            with h.peer(workers, self.tmp) as (server, token):
+                for conns in CONNECTIONS:
+                    self.measure({"target": "peer", "backend": "sqlite", "workers": workers,
+                                  "scenario": "read"}, server.base,
+                                 h.Request("GET", API + "/databases",
+                                           {"Authorization": f"Bearer {token}"}),
+                                 conns, server=server)
+        except Exception as exc:  # a reference that cannot run is a note, not a failure
+            self.notes.append(f"peer_read.py could not run: {type(exc).__name__}: {exc}")
 
     def service(self, backend: str, workers: int) -> None:
         env: dict[str, str] = {}
@@ -333,6 +355,8 @@ class Bench:
             self.measure({**label, "scenario": "chain"}, base, batch, conns, warmup=False,
                          duration=self.opts.duration * 4, max_requests=len(batch),
                          server=server)
+        if backend == "postgres" and workers == 2:
+            self._reference_chain()
         if profile:
             batch = self._chain_requests(base, ids, backend, workers, 64, record=False)
             self._profile(server, "chain", lambda: h.drive(
@@ -354,6 +378,29 @@ class Bench:
             "Authorization": f"Bearer {alice}", "Content-Type": "application/json",
             "Approval-Ticket": tid, "Approval-Nonce": nonce,
         }, installer_body(f"bench-{tag}-{i}")) for i, (tid, nonce) in enumerate(tickets)]
+
+    def _reference_chain(self) -> None:
+        """The reference's production run without HTTP (``../shared/reference/pg_chain.py``,
+        one server-side function call per run), measured right after the service's chain."""
+        script = h.REPO.parent.parent / "shared" / "reference" / "pg_chain.py"
+        if not script.exists():
+            script = Path("/work/shared/reference/pg_chain.py")
+        if not script.exists():
+            self.notes.append("reference pg_chain.py not found: no reference row")
+            return
+        runs = min(self.opts.tickets * 2, 4000)
+        proc = subprocess.run(
+            [sys.executable, str(script), "--dsn", h.PG_DSN, "--mode", "func", "--runs",
+             str(runs), "--procs", "2", "--conc", "16"],
+            capture_output=True, text=True, timeout=600, cwd=h.REPO,
+            env={**os.environ, "CP_REPO": str(h.REPO)})
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode or not lines:
+            self.notes.append("reference pg_chain.py failed: " + proc.stderr.strip()[-300:])
+            return
+        ref = json.loads(lines[-1])
+        self.references.append(ref)
+        self.log(f"reference pg_chain func: {ref}")
 
     def _profile(self, server: h.Server, name: str, load: Any) -> None:
         pid = server.worker_pids()[0]
@@ -395,6 +442,8 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
         for workers in opts.workers:
             bench.log(f"baseline, {workers} worker(s)")
             bench.baseline(workers)
+            bench.log(f"peer, {workers} worker(s)")
+            bench.peer(workers)
         for backend in backends:
             for workers in opts.workers:
                 bench.log(f"service, {backend}, {workers} worker(s)")
@@ -405,10 +454,17 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
         machine["postgresql"] = h.pg_version() or "?"
     return {"machine": machine, "rows": bench.rows, "tickets": bench.tickets,
             "profiles": bench.profiles, "profile_store": opts.profile_store,
-            "notes": bench.notes, "elapsed_s": elapsed,
+            "notes": bench.notes, "references": bench.references, "elapsed_s": elapsed,
             "options": {"duration_s": opts.duration, "warmup_s": opts.warmup,
                         "max_requests": opts.max_requests, "tickets": opts.tickets,
                         "quick": opts.quick}}
+
+
+def _baseline_cpu(rows: list[dict[str, Any]], workers: int, conns: int) -> float | None:
+    for r in rows:
+        if r["target"] == "baseline" and r["workers"] == workers and r["conns"] == conns:
+            return r.get("cpu_ms_per_req")  # type: ignore[no-any-return]
+    return None
 
 
 def _baseline_rps(rows: list[dict[str, Any]], workers: int, conns: int) -> float | None:
@@ -436,11 +492,13 @@ def markdown(doc: dict[str, Any]) -> str:
     out.append("")
     out.append("| target | store | workers | scenario | conns | req/s | p50 ms | p99 ms | "
                "requests | errors | x baseline | server CPU | CPU ms/req | DB CPU ms/req | "
+               "own DB CPU ms/req | "
                "store tx/req | round trips/req | decision cache hits |")
     out.append("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-               "---:|")
+               "---:|---:|")
     order = {s: i for i, s in enumerate(("info", *SCENARIOS))}
-    rows_sorted = sorted(rows, key=lambda r: (r["target"] != "baseline", r["backend"],
+    rows_sorted = sorted(rows, key=lambda r: (r["target"] != "baseline", r["target"] != "peer",
+                                              r["backend"],
                                               order.get(r["scenario"], 9), r["workers"],
                                               r["conns"]))
     for r in rows_sorted:
@@ -454,12 +512,23 @@ def markdown(doc: dict[str, Any]) -> str:
                    + (f"{r['db_cpu_ms_per_req']:.2f}"
                       if r.get("db_cpu_ms_per_req") is not None else "-")
                    + " | "
+                   + (f"{r['own_db_cpu_ms_per_req']:.2f}"
+                      if r.get("own_db_cpu_ms_per_req") is not None else "-")
+                   + " | "
                    + (f"{r['store_tx_per_req']:.3f} ({r['store_tx']:,.0f})"
                       if r.get("store_tx") is not None else "-") + " | "
                    + (f"{r['store_trips_per_req']:.2f}"
                       if r.get("store_trips_per_req") is not None else "-") + " | "
                    + (f"{r['decision_hit_rate']:.1%} of {int(r['decisions']):,}"
                       if r.get("decision_hit_rate") is not None else "-") + " |")
+    for ref in doc.get("references", []):
+        out += ["", "Reference beside it (`../shared/reference/pg_chain.py --mode func`, no HTTP: "
+                "the run's writes as one function call, 2 processes), same run:", "",
+                "| runs | runs/s | p50 ms | p99 ms | client CPU ms/run | own backends CPU ms/run |"
+                " total ms/run |", "|---:|---:|---:|---:|---:|---:|---:|",
+                f"| {ref['runs']:,} | {ref['runs_per_s']:,} | {ref['p50_ms']} | {ref['p99_ms']} | "
+                f"{ref['client_cpu_ms_per_run']} | {ref['pg_backend_cpu_ms_per_run']} | "
+                f"{ref['client_cpu_ms_per_run'] + ref['pg_backend_cpu_ms_per_run']:.2f} |"]
     if doc["tickets"]:
         out += ["", "Ticket preparation over HTTP (32 concurrent clients, Python generator):", "",
                 "| store | workers | tickets | create/s | approve/s |", "|---|---:|---:|---:|---:|"]
@@ -493,6 +562,20 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         if r["target"] == "service" and r["workers"] == 2 and r["scenario"] == "read":
             base = _baseline_rps(rows, 2, r["conns"])
+            peers = [p for p in rows if p["target"] == "peer" and p["workers"] == 2
+                     and p["conns"] == r["conns"]]
+            if base and peers:
+                p = peers[0]
+                cpu, pcpu, bcpu = (r.get("cpu_ms_per_req"), p.get("cpu_ms_per_req"),
+                                   _baseline_cpu(rows, 2, r["conns"]))
+                out.append(f"- authorized read vs the reference peer, same run ({r['backend']}, "
+                           f"{r['conns']} conns): bare {base:,.0f} req/s; peer {p['rps']:,.0f} "
+                           f"({p['rps'] / base:.1%} of bare); project {r['rps']:,.0f} "
+                           f"({r['rps'] / base:.1%}) — "
+                           f"{'holds' if r['rps'] >= p['rps'] else 'does NOT hold'}"
+                           + (f"; CPU per read: bare {bcpu:.3f} ms, peer {pcpu:.3f} ms, project "
+                              f"{cpu:.3f} ms ({cpu / pcpu:.2f}x the peer, {cpu / bcpu:.1f}x bare)"
+                              if cpu and pcpu and bcpu else ""))
             if base:
                 ok = r["rps"] >= 0.30 * base
                 out.append(f"- authorized read >= 30% of baseline ({r['backend']}, {r['conns']} "
@@ -512,6 +595,13 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
                            f"{trips:.2f}; CPU per run: service {r.get('cpu_ms_per_req') or 0:.2f} "
                            f"ms + database {db or 0:.2f} ms = {cpu:.2f} ms, so 1,000 runs/s "
                            f"would need {cpu:.2f} cores before the load generator's share")
+            own = r.get("own_db_cpu_ms_per_req")
+            if own is not None:
+                cpu = (r.get("cpu_ms_per_req") or 0.0) + own
+                out.append(f"- CPU per chain run, the service's processes plus its own "
+                           f"PostgreSQL backends ({r['backend']}, {r['conns']} conns): "
+                           f"{r.get('cpu_ms_per_req') or 0:.2f} + {own:.2f} = {cpu:.2f} ms "
+                           f"(target <= 1.8 ms) — {'holds' if cpu <= 1.8 else 'does NOT hold'}")
             rate = r.get("decision_hit_rate")
             if rate is not None:
                 out.append(f"- decision cache hits >= 95% on the chain ({r['backend']}, "

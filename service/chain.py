@@ -32,6 +32,7 @@ from .audit.recording import recording
 from .authn.require import require
 from .authz import actions
 from .authz.decide import decide
+from .authz.engine import audited
 from .body import read_json
 from .errors import PolicyDenied
 from .run import Outcome, Protection, Run, Target, TargetOf, Write
@@ -55,7 +56,7 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
         target = await spec.target(request, body)
         rec.target(target, action)
         started = time.perf_counter()
-        decision = decide(                                                          # 2 AuthZ
+        decision = audited(decide)(  # logged by its audit record only           # 2 AuthZ
             engine, config.environments,
             principal.to_input(now, config.authn.step_up_window_s), action, target,
             {"correlation_id": cid, "method": request.method, "path": request.path,
@@ -77,7 +78,7 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
                     ticket=redemption.ticket if redemption else None)
         if action.mutating or redemption is not None:                               # 4 Execute
             # Single use holds even when a policy asks a ticket for a read: it runs here too.
-            async with store.transaction() as tx:
+            async with store.run_transaction(redemption.ticket if redemption else None) as tx:
                 if redemption is not None:
                     await redeem.consume(tx, redemption, now, cid)
                     rec.consumed()

@@ -23,6 +23,7 @@ field (``http.request``, ``approval.ticket_requested``, ``store.unavailable``, .
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import logging
@@ -255,13 +256,57 @@ class JSONFormatter(logging.Formatter):
 _ENCODER = json.JSONEncoder(default=lambda v: scrub(str(v)))
 
 
+class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that writes the lines of one event-loop turn together.
+
+    A record logged on a thread running an event loop is formatted at once and queued; the
+    queue is written in one ``write`` (and flushed) by a callback at the end of the loop's
+    current turn, so the lines of a request (its decision and its access line) cost one write
+    instead of one each, and every line is out before the loop waits for I/O again. Anywhere
+    else (no running loop: a thread, startup, shutdown) the queue and the record are written
+    at once. ``flush`` (also ``logging.shutdown``) writes what is queued.
+    """
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__(stream)
+        self._queued: list[str] = []
+        self._loop: Any = None  # the loop a flush is scheduled on
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        self._queued.append(line)  # under the handler's lock (``Handler.handle``)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        if self._loop is not loop:
+            self._loop = loop
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._loop = None
+            if self._queued:
+                lines, self._queued = self._queued, []
+                try:
+                    self.stream.write("\n".join(lines) + "\n")
+                except Exception:
+                    self.handleError(logging.makeLogRecord({"msg": "log write failed"}))
+            super().flush()
+
+
 def configure(level: str = "INFO", mask_fields: Iterable[str] = ()) -> None:
     """Send every log record to stderr as JSON (idempotent)."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_controlplane", False):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BatchedStreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter(mask_fields))
     handler._controlplane = True  # type: ignore[attr-defined]
     root.addHandler(handler)

@@ -164,15 +164,20 @@ async def test_event_lines_are_json_with_the_requests_correlation_id(client):
     kinds = {d["logger"]: d.get("event") for d in mine}
     assert kinds.get("controlplane.approvals") == "approval.ticket_requested"
     assert kinds.get("controlplane.access") == "http.request"
-    # The policy decision of that request is on a line with the same id (and inside it).
-    decisions = [d for d in mine if d["logger"] == "controlplane.decisions"]
-    assert decisions
-    assert all(d["decision"]["correlation_id"] == "cid-events-1" for d in decisions)
-    # And the run's audit record names it too.
+    # The policy decision of that request is in the run's audit record, under the same id,
+    # and on no log line of its own (the record is the durable copy; a line would repeat it).
+    # (Other decisions of the request, such as the approval the ticket's action needs, are
+    # no run's record: they keep their lines, with the request's id.)
     store = client.server.app[STORE].require()
-    entries = [r.entry for r in await store.audit_range(0, 1000)]
-    assert [e["action"] for e in entries if e["correlation_id"] == "cid-events-1"] == [
-        "approvals.create"]
+    entries = [r.entry for r in await store.audit_range(0, 1000)
+               if r.entry["correlation_id"] == "cid-events-1"]
+    assert [e["action"] for e in entries] == ["approvals.create"]
+    decision = entries[0]["decision"]
+    assert decision["result"] == "allow" and decision["decision_id"]
+    assert entries[0]["policy_revision"]
+    lines = [d["decision"] for d in mine if d["logger"] == "controlplane.decisions"]
+    assert decision["decision_id"] not in [line["decision_id"] for line in lines]
+    assert all(line["correlation_id"] == "cid-events-1" for line in lines)
 
 
 async def test_policy_revisions_activated_and_rejected_are_logged_once_each(

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
+import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.logs import JSONFormatter, correlation_id_var, mask
+from service.logs import JSONFormatter, configure, correlation_id_var, mask
 
 SECRET = "hunter2-Secret-Value"
 
@@ -191,3 +193,50 @@ def test_library_records_are_scrubbed_before_any_handler(caplog):
             logging.getLogger("aiohttp.server").exception("from %s", f"Bearer {FAKE_JWS}")
     assert caplog.records and "ValueError" in caplog.text
     assert FAKE_JWS[25:] not in caplog.text and "c2VjcmV0" not in caplog.text
+
+
+class _CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+async def test_the_lines_of_a_request_are_written_together_and_all_of_them(client, monkeypatch):
+    """The service's handler (``logs.configure``) writes the lines of one event-loop turn in
+    one write: a burst of lines logged in one turn costs one write, and every line is out (in
+    order) as soon as the loop turns."""
+    stream = _CountingStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    previous = logging.getLogger().level
+    configure("INFO")
+    try:
+        log = logging.getLogger("controlplane.test")
+        for n in range(5):
+            log.info("line %d", n)
+        assert stream.getvalue() == ""  # queued until the loop's turn ends
+        await asyncio.sleep(0)
+        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert [line["msg"] for line in lines] == [f"line {n}" for n in range(5)]
+        assert stream.writes == 1
+        # Through the app: a request's lines (its access line included) all arrive.
+        response = await client.get("/api/v1/system/info")
+        assert response.status == 200
+        for _ in range(100):
+            if '"controlplane.access"' in stream.getvalue():
+                break
+            await asyncio.sleep(0.01)
+        assert '"controlplane.access"' in stream.getvalue()
+        # Off the loop (a thread) a line is written at once.
+        before = stream.writes
+        await asyncio.to_thread(log.info, "from a thread")
+        assert stream.writes == before + 1 and "from a thread" in stream.getvalue()
+    finally:
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            if getattr(handler, "_controlplane", False):
+                root.removeHandler(handler)
+        root.setLevel(previous)

@@ -7,6 +7,7 @@ import re
 import shutil
 
 from service.appkeys import AUDIT, ENGINE, METRICS
+from service.middleware import metrics as metrics_module
 from service.middleware.metrics import (
     APPROVAL_OUTCOMES,
     DECISION_RESULTS,
@@ -167,3 +168,25 @@ async def test_the_load_gauge_stays_0_while_the_policy_is_rejected(make_client, 
     (policies / "authz.rego").write_text(good + "\n# fixed\n")
     assert (await asyncio.to_thread(engine.reload)).ok
     assert await load_ok() == 1.0
+
+
+async def test_a_request_writes_no_instrument_until_the_worker_flushes_its_tally(
+        make_client, monkeypatch):
+    """Per-request events (the request counter, its latency, decisions, store transactions) are
+    added up in the worker and written to the instruments once per flush, not once each per
+    request; a scrape flushes first, so it counts every request already answered."""
+    monkeypatch.setattr(metrics_module, "FLUSH_INTERVAL_S", 3600.0)  # only the scrape flushes
+    client = await make_client()
+    carol = await login(client, "carol")
+    metrics = client.server.app[METRICS]
+    metrics.flush()
+    child = metrics.requests.labels("GET", "/api/v1/databases", "200")
+    before = child._value.get()
+    for _ in range(5):
+        response = await client.get("/api/v1/databases", headers=bearer(carol))
+        assert response.status == 200
+    assert child._value.get() == before  # tallied, not yet written
+    families = await scrape(client)
+    assert value(families, "controlplane_http_requests", "controlplane_http_requests_total",
+                 method="GET", route="/api/v1/databases", status="200") == before + 5
+    assert child._value.get() == before + 5

@@ -196,6 +196,8 @@ def _resolution(audit: AuditLog, rec: Recording, exc: StoreOutcomeUnknown
             if committed:
                 rec.ticket_events = _log_ticket_events(rec.entry)
         if known[0]:
+            if rec._staged is None and exc.staged_of is not None:
+                rec._staged = await exc.staged_of()  # its id was in the lost answer
             if rec._staged is not None:
                 await settle_committed(audit, rec._staged, rec.entry)
                 rec._staged = None
@@ -321,6 +323,16 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
                 return await audit.append(entry, tx)
         except TimeoutError:
             raise StoreUnavailable("audit record not committed in time") from None
+    except StoreOutcomeUnknown as exc:
+        if stage:
+            # The run's writes went in one call with its staged record (``store.pgrun``): the
+            # run's own outcome is unknown, not only its record's.
+            raise
+        audit.append_failed()
+        _write_failed("audit record could not be written: store unavailable", exc, entry)
+        # Only this record's own commit went unanswered (a group commit, outside the run's
+        # transaction): the run itself executed nothing.
+        raise to_problem(StoreUnavailable("audit record not confirmed")) from None
     except StoreUnavailable as exc:
         audit.append_failed()
         _write_failed("audit record could not be written: store unavailable", exc, entry)

@@ -16,6 +16,7 @@ Invariants enforced here whatever the policy says:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import itertools
 import json
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from service import rego
 from service.authz import actions, inputrefs
@@ -63,6 +64,26 @@ __all__ = [
 
 decision_log = logging.getLogger("controlplane.decisions")
 log = logging.getLogger(__name__)
+
+_D = TypeVar("_D")
+
+#: Set while the chain decides (``audited``): the run's audit record holds that
+#: decision (id, result, reasons, revision, correlation id, principal, action, env, resource
+#: hash), so no ``controlplane.decisions`` line repeats it.
+_AUDITED: contextvars.ContextVar[bool] = contextvars.ContextVar("audited_decision", default=False)
+
+
+def audited(decide: Callable[..., _D]) -> Callable[..., _D]:
+    """``decide`` whose decisions the caller's audit record holds: not logged as lines."""
+
+    def call(*args: Any, **kwargs: Any) -> _D:
+        token = _AUDITED.set(True)
+        try:
+            return decide(*args, **kwargs)
+        finally:
+            _AUDITED.reset(token)
+
+    return call
 
 #: env -> is production. Envs missing from the mapping are treated as production (fail safe).
 DEFAULT_ENVIRONMENTS: Mapping[str, bool] = MappingProxyType(
@@ -309,7 +330,7 @@ class PolicyEngine:
                 revision,
                 error,
             )
-        if self.log_decisions and decision_log.isEnabledFor(logging.INFO):
+        if self.log_decisions and not _AUDITED.get() and decision_log.isEnabledFor(logging.INFO):
             self._log(input_doc, decision, duration_us)
         return decision
 

@@ -10,10 +10,12 @@ status code or the policy revision.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -96,6 +98,56 @@ EXPORTED = (
 )
 
 
+#: How often a worker writes its tallied per-request events to the instruments (and so, in
+#: multiprocess mode, to the files /metrics sums); a scrape of the worker itself writes first.
+FLUSH_INTERVAL_S = 0.5
+
+
+class Tally:
+    """The per-request events of this worker (requests, their latency, in-flight, decisions
+    and their latency, store transactions and round trips), added up in plain dicts and written
+    to the instruments by ``flush``: one write per label set per flush instead of several
+    locked writes (multiprocess mode: mmap files) per request."""
+
+    __slots__ = ("_counts", "_hists", "in_flight")
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[Counter, tuple[str, ...]], float] = {}
+        # (histogram, labels) -> [sum, count in bucket 0, bucket 1, ...]
+        self._hists: dict[tuple[Histogram, tuple[str, ...]], list[float]] = {}
+        self.in_flight = 0
+
+    def count(self, counter: Counter, labels: tuple[str, ...], amount: float = 1) -> None:
+        key = (counter, labels)
+        self._counts[key] = self._counts.get(key, 0) + amount
+
+    def observe(self, histogram: Histogram, labels: tuple[str, ...], amount: float) -> None:
+        acc = self._hists.get((histogram, labels))
+        if acc is None:
+            acc = self._hists[(histogram, labels)] = [0.0] * (len(_bounds(histogram)) + 1)
+        acc[0] += amount
+        acc[1 + bisect.bisect_left(_bounds(histogram), amount)] += 1
+
+    def flush(self, in_flight: Gauge) -> None:
+        counts, self._counts = self._counts, {}
+        for (counter, labels), amount in counts.items():
+            (counter.labels(*labels) if labels else counter).inc(amount)
+        hists, self._hists = self._hists, {}
+        for (histogram, labels), acc in hists.items():
+            child = histogram.labels(*labels) if labels else histogram
+            # Histogram.observe's own writes (its sum, then the first bucket the value fits),
+            # once per bucket for all the observations that fell in it.
+            child._sum.inc(acc[0])
+            for i, n in enumerate(acc[1:]):
+                if n:
+                    child._buckets[i].inc(n)
+        in_flight.set(self.in_flight)
+
+
+def _bounds(histogram: Histogram) -> list[float]:
+    return histogram._upper_bounds  # ends with +Inf
+
+
 @dataclass
 class Metrics:
     """One registry per application, so several apps in one process (tests) stay apart."""
@@ -118,6 +170,8 @@ class Metrics:
     notification_deliveries: Counter
     shadow_divergence: Counter
     compose_evaluator_failures: Counter
+    #: This worker's per-request events not yet written to the instruments (``flush``).
+    tally: Tally = field(default_factory=Tally)
     #: Per process (a ``pid`` label with several workers): the revision it serves, and whether
     #: that is the fleet's active one; an operator sees convergence across workers and replicas.
     process_revision: Gauge | None = None
@@ -172,8 +226,8 @@ class Metrics:
     def decided(self, result: str, cached: bool, duration_s: float) -> None:
         """One AuthZ decision of the chain."""
         if result in DECISION_RESULTS:
-            self.decisions.labels(result, "true" if cached else "false").inc()
-        self.decision_latency.observe(duration_s)
+            self.tally.count(self.decisions, (result, "true" if cached else "false"))
+        self.tally.observe(self.decision_latency, (), duration_s)
 
     def shadow_diverged(self, live: str, candidate: str) -> None:
         """A shadow (candidate) decision differed from the live one (``authz/shadow.py``)."""
@@ -207,7 +261,7 @@ class Metrics:
 
     def store_transaction(self, write: bool) -> None:
         """One store transaction opened by this worker (a store call or a chain's transaction)."""
-        self.store_transactions.labels("write" if write else "read").inc()
+        self.tally.count(self.store_transactions, ("write" if write else "read",))
 
     def notification_sinks(self, names: Sequence[str]) -> None:
         """The configured sinks: their delivery series exist (at 0) from the start."""
@@ -225,7 +279,11 @@ class Metrics:
 
     def store_round_trips_made(self, count: int) -> None:
         """One store transaction of this worker ended after ``count`` round trips."""
-        self.store_round_trips.inc(count)
+        self.tally.count(self.store_round_trips, (), count)
+
+    def flush(self) -> None:
+        """Write the tallied per-request events to the instruments."""
+        self.tally.flush(self.in_flight)
 
     def compose_evaluator_failed(self, reason: str) -> None:
         self.compose_evaluator_failures.labels(reason).inc()
@@ -443,6 +501,7 @@ async def scrape(app: web.Application) -> bytes:
         oldest.set(max(0.0, time.time() - oldest_at) if oldest_at is not None else 0.0)
         head.set(seq)
     store_up.set(up)
+    metrics.flush()  # this worker's events up to now; the others' are at most a flush old
     return generate_latest(metrics.exposition_registry()) + generate_latest(state)
 
 
@@ -521,7 +580,7 @@ def setup_metrics(app: web.Application, *, multiprocess: bool = False) -> None:
     async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         """Count the request and observe its latency under its route template."""
         started = time.perf_counter()
-        metrics.in_flight.inc()
+        tally.in_flight += 1
         status = 500
         try:
             response = await handler(request)
@@ -531,9 +590,31 @@ def setup_metrics(app: web.Application, *, multiprocess: bool = False) -> None:
             status = exc.status
             raise
         finally:
-            metrics.in_flight.dec()
+            tally.in_flight -= 1
             route = _route_label(request)
-            metrics.requests.labels(request.method, route, str(status)).inc()
-            metrics.latency.labels(request.method, route).observe(time.perf_counter() - started)
+            tally.count(metrics.requests, (request.method, route, str(status)))
+            tally.observe(metrics.latency, (request.method, route), time.perf_counter() - started)
 
+    async def flushing(app: web.Application) -> AsyncIterator[None]:
+        """Write the tally every ``FLUSH_INTERVAL_S`` while the app runs, and once at its end."""
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(FLUSH_INTERVAL_S)
+                try:
+                    metrics.flush()
+                except Exception:  # a metrics write must never stop the worker
+                    log.exception("metrics flush failed")
+
+        task = asyncio.create_task(loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            metrics.flush()
+
+    tally = metrics.tally
     app.middlewares.append(metrics_middleware)
+    app.cleanup_ctx.append(flushing)

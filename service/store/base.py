@@ -168,6 +168,10 @@ class StoreOutcomeUnknown(StoreUnavailable):
                  committed: Callable[[], Awaitable[bool | None]] | None = None) -> None:
         super().__init__(message)
         self.committed = committed
+        #: Where the write staged its audit record in the same transaction and the staging id
+        #: was in the lost answer: finds it once ``committed()`` said True (None: sealed
+        #: already, by a sweep).
+        self.staged_of: Callable[[], Awaitable[int | None]] | None = None
 
 
 # -------------------------------------------------------------------------------------- records
@@ -707,3 +711,7 @@ class Store(SessionOps, TicketOps, TaskOps, FederationOps, AuditOps, OutboxOps, 
     async def close(self) -> None: ...
     async def describe(self) -> dict[str, Any]: ...
     def transaction(self) -> AbstractAsyncContextManager[Tx]: ...
+    def run_transaction(self, ticket: TicketRecord | None) -> AbstractAsyncContextManager[Tx]:
+        """``transaction()`` for a chain run that redeems ``ticket`` (already read and checked),
+        or none: the same guarantees; a backend may send the run's writes together."""
+        ...

@@ -16,15 +16,16 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
 
-from ..deadline import call_deadline
+from ..deadline import call_deadline, charged
 from ..limits import JSONValueRefused
-from .base import StoreError, StoreOutcomeUnknown, StoreUnavailable
+from . import pgrun
+from .base import StoreError, StoreOutcomeUnknown, StoreUnavailable, TicketRecord, Tx
 from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
 
 __all__ = ["Listener", "PostgresStore"]
@@ -92,6 +93,11 @@ def _commit_failed(exc: BaseException, committed: Callable[[], Awaitable[bool | 
         return _wrap(exc)
     cause = "deadline exceeded" if isinstance(exc, TimeoutError) else type(exc).__name__
     return StoreOutcomeUnknown(f"postgresql commit outcome unknown: {cause}", committed)
+
+
+# PostgresErrors that are no answer to the statement: the connection or server went away.
+_UNANSWERED = (asyncpg.PostgresConnectionError,
+                           asyncpg.exceptions.OperatorInterventionError)
 
 
 def _wrap(exc: BaseException) -> Exception:
@@ -349,6 +355,66 @@ class PostgresStore(SqlStore):
         finally:
             await self._release(conn, deadline, healthy)
             self._count(trips + held.trips)
+
+    def run_transaction(self, ticket: TicketRecord | None) -> AbstractAsyncContextManager[Tx]:
+        """The transaction of a chain run; one that redeems ``ticket`` sends its writes in one
+        call of ``cp_chain_run`` (``pgrun``)."""
+        if ticket is None:
+            return self.transaction()
+        return pgrun.run_transaction(self, ticket)
+
+    async def _call_run(self, sql: str, args: Sequence[Any], ticket_id: str,
+                        correlation_id: str) -> tuple[Any, str | None]:
+        """Send one run's call (it commits on its own): its row, or the SQLSTATE it refused
+        with. Never re-sent: whether it reached the server is unknown once it was written, so
+        any failure but the server's own answer raises ``StoreOutcomeUnknown``."""
+        if self._closed:
+            raise StoreUnavailable("postgresql store is closed")
+        if self.on_transaction is not None:
+            self.on_transaction(True)
+        with charged(), self._observed(True):
+            deadline = call_deadline(self.timeout_s)
+            conn = await self._acquire(deadline)
+            pid = conn.get_server_pid()
+            healthy = False
+            try:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        row = await conn.fetchrow(sql, *args)
+                except asyncpg.PostgresError as exc:
+                    if isinstance(exc, _UNANSWERED):
+                        raise _commit_failed(exc, self._run_resolver(pid, ticket_id,
+                                                                     correlation_id)) from None
+                    healthy = True  # the server answered: nothing was written
+                    if exc.sqlstate in pgrun.REFUSALS:
+                        return None, exc.sqlstate
+                    raise _wrap(exc) from exc
+                except (TimeoutError, *_WRAPPED) as exc:
+                    raise _commit_failed(exc, self._run_resolver(pid, ticket_id,
+                                                                 correlation_id)) from None
+                healthy = True
+                return row, None
+            finally:
+                await self._release(conn, deadline, healthy)
+                self._count(1)
+
+    def _run_resolver(self, pid: int, ticket_id: str, correlation_id: str
+                      ) -> Callable[[], Awaitable[bool | None]]:
+        """Whether a run's lost call committed: None while the backend that ran it is still
+        there (it may yet commit); then whether the ticket was consumed by this run (the call
+        consumes it in the same transaction as every other write, or writes nothing)."""
+
+        async def committed() -> bool | None:
+            async with self._unit(write=False, single=True) as q:
+                alive = await q.one("SELECT 1 AS alive FROM pg_stat_activity WHERE pid = ?", pid)
+            if alive is not None:
+                return None
+            async with self._unit(write=False, single=True) as q:  # a snapshot taken after
+                row = await q.one("SELECT consumed_correlation_id AS cid FROM tickets "
+                                  "WHERE id = ?", ticket_id)
+            return row is not None and row["cid"] == correlation_id
+
+        return committed
 
     def _resolver(self, xact: str | None) -> Callable[[], Awaitable[bool | None]] | None:
         """Whether transaction ``xact`` committed, asked of the server (``pg_xact_status``):

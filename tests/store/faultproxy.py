@@ -15,6 +15,8 @@ every connection to the upstream server (loopback only). Faults:
   never reaches the client: both sides are closed abruptly once the server answered (or at once,
   when the COMMIT was not forwarded). The client cannot know whether the transaction committed;
   with ``delivered`` it did, without it the server rolls it back.
+* ``lose_answer(marker, delivered=True)``: the same for the next client message that contains
+  ``marker`` itself (a statement that commits on its own, such as one call of a function).
 * ``refuse()``: reset every new connection at once (the server is down).
 * ``reset_all()``: close every open connection abruptly.
 
@@ -74,6 +76,7 @@ class FaultProxy:
         # What a marked transaction's COMMIT meets: "reset" after its answer, or its answer
         # "lost" (COMMIT forwarded) / "unsent" (COMMIT not forwarded).
         self._fault = "reset"
+        self._on_marker = False  # the marked message itself meets the fault, not a COMMIT
         self._refusing = False
         #: Connections reset after a COMMIT so far.
         self.resets = 0
@@ -104,10 +107,15 @@ class FaultProxy:
         self._flowing.set()
 
     def reset_after_commit(self, marker: bytes) -> None:
-        self._marker, self._fault = marker, "reset"
+        self._marker, self._fault, self._on_marker = marker, "reset", False
 
     def lose_commit_answer(self, marker: bytes, *, delivered: bool = True) -> None:
         self._marker, self._fault = marker, "lost" if delivered else "unsent"
+        self._on_marker = False
+
+    def lose_answer(self, marker: bytes, *, delivered: bool = True) -> None:
+        self.lose_commit_answer(marker, delivered=delivered)
+        self._on_marker = True
 
     def refuse(self) -> None:
         """Reset every new connection at once (the server is down)."""
@@ -181,6 +189,11 @@ class FaultProxy:
         """The fault this client data meets, once it is a marked transaction's COMMIT."""
         if self._marker is None:
             return None
+        if self._on_marker:
+            if self._marker not in data:
+                return None
+            self._marker = None  # one shot
+            return self._fault
         if b"BEGIN" in data:
             pair.txn = b""
         pair.txn = (pair.txn + data)[-65536:]

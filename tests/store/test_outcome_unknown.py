@@ -32,6 +32,8 @@ pytestmark = pytest.mark.postgres
 RESOURCE = {"app": "web", "version": "1.2.3"}
 #: Generous bound on the wait for the resolver (it retries within a second here).
 RESOLVED_WITHIN_S = 20.0
+#: In the one call that carries a production run's writes (``store.pgrun``): its audit entry.
+RUN_CALL = b'"outcome":"executed","path":"/api/v1/installer/actions"'
 
 
 @pytest.fixture
@@ -142,7 +144,7 @@ async def test_a_lost_commit_answer_of_an_executed_run_is_unknown_not_nothing_ex
     alice = await step_up(app_client, await login(app_client, "alice"), "alice")
     ticket = await approved_ticket(app_client, alice)
 
-    fault.lose_commit_answer(b"INSERT INTO task_events")
+    fault.lose_answer(RUN_CALL)
     first = await execute(app_client, alice, ticket)
     assert fault.lost_answers == 1
     body = await assert_problem(first, 503, "outcome_unknown")
@@ -166,7 +168,7 @@ async def test_a_commit_that_never_reached_the_server_is_recorded_failed_once(
     alice = await step_up(app_client, await login(app_client, "alice"), "alice")
     ticket = await approved_ticket(app_client, alice)
 
-    fault.lose_commit_answer(b"INSERT INTO task_events", delivered=False)
+    fault.lose_answer(RUN_CALL, delivered=False)
     first = await execute(app_client, alice, ticket)
     assert fault.lost_answers == 1
     await assert_problem(first, 503, "outcome_unknown")

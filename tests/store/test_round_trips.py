@@ -4,17 +4,20 @@ here, so a change that adds a round trip to them is seen."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 
 from service.store import Conflict, Store, open_store
 from service.store.base import TaskOps
-from tests.auth import bearer, login
+from tests.auth import bearer, login, step_up
 from tests.metrics import scrape, value
 
 from . import pg
 from .helpers import T0, approved_ticket, binding
+from .test_outcome_unknown import approved_ticket as approved_run_ticket
+from .test_outcome_unknown import execute as execute_run
 
 pytestmark = pytest.mark.postgres
 
@@ -54,6 +57,80 @@ async def test_the_chain_run_transaction_makes_one_round_trip_per_step(counted):
     assert task.last_seq == 0 and event.seq == 1
     # BEGIN; consume with its reviews; the outbox event; the task; its seq and event; COMMIT.
     assert trips == [6]
+
+
+async def test_a_run_redeeming_a_ticket_sends_its_writes_in_one_call(counted):
+    """A production run's transaction (``run_transaction``): one read of the task, then the
+    consumption, its outbox event, the task, its step event and the staged audit record in one
+    call of ``cp_chain_run``, which commits on its own (no BEGIN, no COMMIT)."""
+    store, trips = counted
+    rec = await approved_ticket(store)
+    pre_read = await store.get_ticket("t-1")
+    trips.clear()
+    async with store.run_transaction(pre_read) as tx:
+        consumed = await tx.consume_ticket("t-1", **binding(rec))
+        task = await tx.ensure_task("task-1", "alice", T0 + 30)
+        event = await tx.append_event("task-1", "installer.run.requested", "alice", {}, T0 + 30)
+        staged = await tx.stage_audit({"action": "installer.run.execute"}, T0 + 30)
+    assert consumed.state == "consumed" and len(consumed.reviews) == 1
+    assert task.last_seq == 0 and event.seq == 1 and staged > 0
+    assert trips == [1, 1]
+    # All of it was written, once.
+    after = await store.get_ticket("t-1")
+    assert after is not None and after.state == "consumed"
+    assert after.consumed_correlation_id == binding(rec)["correlation_id"]
+    assert [e.seq for e in await store.list_events("task-1")] == [1]
+    outbox = [e.type for e in await store.list_outbox() if e.ticket_id == "t-1"]
+    assert outbox.count("approval.consumed") == 1
+    # A second redemption of the same ticket is refused as the conditional UPDATE refuses it,
+    # and writes nothing.
+    with pytest.raises(Conflict) as refused:
+        async with store.run_transaction(pre_read) as tx:
+            await tx.consume_ticket("t-1", **binding(rec))
+            await tx.ensure_task("task-1", "alice", T0 + 40)
+            await tx.append_event("task-1", "installer.run.requested", "alice", {}, T0 + 40)
+            await tx.stage_audit({"action": "installer.run.execute"}, T0 + 40)
+    assert refused.value.reason == "ticket_consumed"
+    assert [e.seq for e in await store.list_events("task-1")] == [1]
+
+
+async def test_concurrent_one_call_runs_of_one_ticket_consume_it_exactly_once(counted):
+    store, _ = counted
+    rec = await approved_ticket(store)
+    pre_read = await store.get_ticket("t-1")
+
+    async def redeem(n: int) -> str:
+        try:
+            async with store.run_transaction(pre_read) as tx:
+                await tx.consume_ticket("t-1", **binding(rec))
+                await tx.ensure_task(f"task-{n}", "alice", T0 + 30)
+                await tx.append_event(f"task-{n}", "installer.run.requested", "alice", {}, T0 + 30)
+                await tx.stage_audit({"n": n}, T0 + 30)
+        except Conflict as exc:
+            return exc.reason
+        return "consumed"
+
+    results = await asyncio.gather(*(redeem(n) for n in range(8)))
+    assert sorted(results) == ["consumed"] + ["ticket_consumed"] * 7
+    tasks = [await store.get_task(f"task-{n}") for n in range(8)]
+    assert sum(task is not None for task in tasks) == 1  # the losers wrote nothing
+
+
+async def test_a_production_run_through_the_app_is_six_round_trips(make_client):
+    """POST /api/v1/installer/actions in production on PostgreSQL, counted by the metric: the
+    ticket's pre-read, the session check, the task's read, the one call of the run's writes,
+    then sealing its record (read the staged rows, swap the head)."""
+    async with pg.temp_schema("cp_trips_run") as (dsn, schema):
+        client = await make_client({"store": {"backend": "postgres",
+                                              "postgres": {"dsn": dsn, "schema": schema}}})
+        alice = await step_up(client, await login(client, "alice"), "alice")
+        ticket = await approved_run_ticket(client, alice)
+        name = "controlplane_store_round_trips"
+        before = value(await scrape(client), name, name + "_total")
+        response = await execute_run(client, alice, ticket)
+        assert response.status == 202, await response.text()
+        after = value(await scrape(client), name, name + "_total")
+        assert after - before == 6
 
 
 async def test_one_call_outside_a_chain_is_begin_its_statements_and_commit(counted):

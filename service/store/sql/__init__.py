@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from ...deadline import charged
-from ..base import StoreUnavailable, Tx
+from ..base import StoreUnavailable, TicketRecord, Tx
 from .audit import AuditSql
 from .core import (
     Conn,
@@ -171,6 +171,11 @@ class SqlStore(_Operations):
         """
         async with self._unit(write=True) as q:
             yield SqlTx(q)
+
+    def run_transaction(self, ticket: TicketRecord | None) -> AbstractAsyncContextManager[Tx]:
+        """The transaction of a chain run that redeems ``ticket`` (None: redeems none); a
+        backend may send such a run's writes together (PostgreSQL: ``pgrun``)."""
+        return self.transaction()
 
     async def ping(self) -> None:
         async with self._unit(write=False, single=True) as q:
