@@ -105,15 +105,7 @@ class FederationSql(Unit):
                 "FROM federated_sessions WHERE session_id = ?",
                 session_id,
             )
-        if row is None:
-            return None
-        return FederatedSession(
-            session_id=row["session_id"],
-            provider=row["provider"],
-            foreign_sub=row["foreign_sub"],
-            groups=tuple(json.loads(row["groups"])),
-            updated_at=float(row["updated_at"]),
-        )
+        return None if row is None else _federated_session(row)
 
     async def record_federated_subject(
         self, subject_id: str, kind: str, source: str, at: float
@@ -152,15 +144,7 @@ class FederationSql(Unit):
                 "WHERE s.subject_id = ? ORDER BY f.updated_at DESC, f.session_id LIMIT 1",
                 subject_id,
             )
-        if row is None:
-            return None
-        return FederatedSession(
-            session_id=row["session_id"],
-            provider=row["provider"],
-            foreign_sub=row["foreign_sub"],
-            groups=tuple(json.loads(row["groups"])),
-            updated_at=float(row["updated_at"]),
-        )
+        return None if row is None else _federated_session(row)
 
     async def purge_federation(self, now: float) -> int:
         """Forget pending logins and handoffs past their expiry, and the IdP facts of sessions
@@ -174,3 +158,14 @@ class FederationSql(Unit):
                 "RETURNING 1"
             )
         return len(a) + len(b) + len(c)
+
+
+def _federated_session(row: Row) -> FederatedSession:
+    """A ``federated_sessions`` row (its five columns, by name) as the record."""
+    return FederatedSession(
+        session_id=row["session_id"],
+        provider=row["provider"],
+        foreign_sub=row["foreign_sub"],
+        groups=tuple(json.loads(row["groups"])),
+        updated_at=float(row["updated_at"]),
+    )
