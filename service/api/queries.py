@@ -10,7 +10,7 @@ from aiohttp import web
 from ..errors import SchemaValidationFailed
 from ..store.base import MAX_PAGE
 
-__all__ = ["query_int", "query_page_limit", "query_str"]
+__all__ = ["query_int", "query_known", "query_page_limit", "query_str"]
 
 
 def _invalid(name: str, message: str) -> SchemaValidationFailed:
@@ -19,6 +19,13 @@ def _invalid(name: str, message: str) -> SchemaValidationFailed:
         code="invalid_query",
         errors=[{"pointer": f"/query/{name}", "message": message}],
     )
+
+
+def query_known(request: web.Request, names: Sequence[str]) -> None:
+    """Refuse a parameter the route does not take (a typo is not silently ignored)."""
+    for name in request.query:
+        if name not in names:
+            raise _invalid(name, "not a parameter of this route")
 
 
 def query_str(

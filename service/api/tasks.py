@@ -14,7 +14,7 @@ from ..errors import NotFound
 from ..store.base import TASK_STATES, Store, TaskRecord, Tx
 from ..streams import StreamWrite, event_stream_response, pump
 from ..tasks.tasks import EventView, next_state, task_view
-from .queries import query_int, query_page_limit, query_str
+from .queries import query_int, query_known, query_page_limit, query_str
 
 routes = web.RouteTableDef()
 
@@ -49,6 +49,7 @@ async def _list_target(request: web.Request, body: Any) -> Target:
 @protected("tasks.read", target=_list_target)
 async def list_tasks(run: Run) -> Outcome:
     """Tasks in one state, oldest first: executors find the pending runs to claim here."""
+    query_known(run.request, ("state", "limit"))
     state = query_str(run.request, "state", choices=TASK_STATES) or "pending"
     limit = query_page_limit(run.request, default=50, high=200)
     tasks = await run.store.list_tasks(state, limit=limit)

@@ -32,7 +32,15 @@ from ..authz.decision import Decision
 from ..errors import OutcomeUnknown, Problem, ServiceUnavailable, to_problem
 from ..repeats import cause_of, log_repeated
 from ..run import Outcome, Target
-from ..store.base import AuditRecord, StoreError, StoreOutcomeUnknown, StoreUnavailable, Tx
+from ..store.base import (
+    AuditRecord,
+    Conflict,
+    NotFound,
+    StoreError,
+    StoreOutcomeUnknown,
+    StoreUnavailable,
+    Tx,
+)
 from .log import AuditLog
 from .resolution import Unresolved
 
@@ -336,12 +344,14 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
     except StoreUnavailable as exc:
         audit.append_failed()
         _write_failed("audit record could not be written: store unavailable", exc, entry)
-        if isinstance(exc, StoreOutcomeUnknown):
-            # Only this record's own commit went unanswered (a group commit, outside the run's
-            # transaction): the run itself executed nothing.
-            raise to_problem(StoreUnavailable("audit record not confirmed")) from None
         raise to_problem(exc) from None
     except StoreError as exc:
+        if stage and isinstance(exc, (Conflict, NotFound)):
+            # Staged with the run's writes in one call (``store.pgrun``): the call also consumed
+            # the ticket, and a ticket another run consumed first (or a task event seq taken)
+            # refuses the whole call. That is the run's answer (409), not a record that could
+            # not be written: nothing was written, and the refusal is recorded like any other.
+            raise to_problem(exc) from None
         audit.append_failed()
         _write_failed("audit record could not be written", exc, entry)
         raise ServiceUnavailable("the audit log is unavailable; nothing was executed",

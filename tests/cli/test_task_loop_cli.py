@@ -151,3 +151,6 @@ def test_pending_tasks_are_listed_for_executors_and_bad_states_are_refused(cpctl
     with pytest.raises(ClientError) as refused:
         alice.get("/api/v1/tasks", {"state": "done"})
     assert refused.value.status == 422 and refused.value.code == "invalid_query"
+    with pytest.raises(ClientError) as refused:
+        alice.get("/api/v1/tasks", {"": "0"})  # a parameter the route does not take
+    assert refused.value.status == 422 and refused.value.code == "invalid_query"
