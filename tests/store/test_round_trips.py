@@ -124,13 +124,18 @@ async def test_a_production_run_through_the_app_is_six_round_trips(make_client):
         client = await make_client({"store": {"backend": "postgres",
                                               "postgres": {"dsn": dsn, "schema": schema}}})
         alice = await step_up(client, await login(client, "alice"), "alice")
-        ticket = await approved_run_ticket(client, alice)
         name = "controlplane_store_round_trips"
-        before = value(await scrape(client), name, name + "_total")
-        response = await execute_run(client, alice, ticket)
-        assert response.status == 202, await response.text()
-        after = value(await scrape(client), name, name + "_total")
-        assert after - before == 6
+        # The metric counts the process's background work too (the store link's ping every
+        # second, the audit tip's walk): a run is deterministic and background trips only add,
+        # so the fewest of three runs is the run's own count.
+        deltas = []
+        for _ in range(3):
+            ticket = await approved_run_ticket(client, alice)
+            before = value(await scrape(client), name, name + "_total")
+            response = await execute_run(client, alice, ticket)
+            assert response.status == 202, await response.text()
+            deltas.append(value(await scrape(client), name, name + "_total") - before)
+        assert min(deltas) == 6, deltas
 
 
 async def test_one_call_outside_a_chain_is_begin_its_statements_and_commit(counted):
