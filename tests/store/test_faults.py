@@ -13,7 +13,6 @@ from typing import Any
 import asyncpg
 import pytest
 from aiohttp import ClientResponse
-from aiohttp.test_utils import TestClient
 
 from service import storelink
 from service.appkeys import AUDIT, STORE
@@ -23,13 +22,10 @@ from service.store.postgres import PostgresStore
 from tests.auth import bearer, login
 from tests.problems import assert_problem
 
-from . import pg
-from .faultproxy import FaultProxy, proxied
+from .conftest import DEADLINE_S
 
 pytestmark = pytest.mark.postgres
 
-#: The store deadline these tests configure (seconds).
-DEADLINE_S = 2.0
 RESOURCE = {"app": "web", "version": "1.2.3"}
 
 
@@ -38,25 +34,6 @@ def installer_body(task_id: str) -> dict[str, Any]:
             "env": "dev"}
 
 
-@pytest.fixture
-async def schema() -> AsyncIterator[tuple[str, str]]:
-    async with pg.temp_schema("cp_fault") as (dsn, name):
-        yield dsn, name
-
-
-@pytest.fixture
-async def proxy(schema: tuple[str, str]) -> AsyncIterator[tuple[FaultProxy, str]]:
-    async with proxied(schema[0]) as (p, dsn):
-        yield p, dsn
-
-
-@pytest.fixture
-async def app_client(make_client: Any, schema: tuple[str, str],
-                     proxy: tuple[FaultProxy, str]) -> TestClient:
-    return await make_client({"store": {
-        "backend": "postgres", "timeout_s": DEADLINE_S,
-        "postgres": {"dsn": proxy[1], "schema": schema[1]},
-    }})
 
 
 async def entries_for(schema: tuple[str, str], correlation_id: str) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,9 +23,6 @@ from service.store.postgres import PostgresStore
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
 
-from . import pg
-from .faultproxy import FaultProxy, proxied
-
 pytestmark = pytest.mark.postgres
 
 RESOURCE = {"app": "web", "version": "1.2.3"}
@@ -36,44 +32,24 @@ RESOLVED_WITHIN_S = 20.0
 RUN_CALL = b'"outcome":"executed","path":"/api/v1/installer/actions"'
 
 
-@pytest.fixture
-async def schema() -> AsyncIterator[tuple[str, str]]:
-    async with pg.temp_schema("cp_unknown") as (dsn, name):
-        yield dsn, name
 
 
-@pytest.fixture
-async def proxy(schema: tuple[str, str]) -> AsyncIterator[tuple[FaultProxy, str]]:
-    async with proxied(schema[0]) as (p, dsn):
-        yield p, dsn
-
-
-@pytest.fixture
-async def app_client(make_client: Any, schema: tuple[str, str],
-                     proxy: tuple[FaultProxy, str]) -> TestClient:
-    return await make_client({"store": {
-        "backend": "postgres", "timeout_s": 2.0,
-        "postgres": {"dsn": proxy[1], "schema": schema[1]},
-    }})
+async def entries_where(schema: tuple[str, str], key: str, value: str) -> list[dict[str, Any]]:
+    """The sealed audit entries whose ``key`` is ``value``, read straight from the database."""
+    store = await open_store(schema[0], schema=schema[1])
+    try:
+        return [r.entry for r in await store.audit_range(0, 10_000) if r.entry.get(key) == value]
+    finally:
+        await store.close()
 
 
 async def entries_for(schema: tuple[str, str], correlation_id: str) -> list[dict[str, Any]]:
-    """The sealed audit entries of one run, read straight from the database."""
-    store = await open_store(schema[0], schema=schema[1])
-    try:
-        return [r.entry for r in await store.audit_range(0, 10_000)
-                if r.entry.get("correlation_id") == correlation_id]
-    finally:
-        await store.close()
+    """The sealed audit entries of one run."""
+    return await entries_where(schema, "correlation_id", correlation_id)
 
 
 async def entries_for_ticket(schema: tuple[str, str], ticket_id: str) -> list[dict[str, Any]]:
-    store = await open_store(schema[0], schema=schema[1])
-    try:
-        return [r.entry for r in await store.audit_range(0, 10_000)
-                if r.entry.get("ticket_id") == ticket_id]
-    finally:
-        await store.close()
+    return await entries_where(schema, "ticket_id", ticket_id)
 
 
 async def resolution(caplog: pytest.LogCaptureFixture, correlation_id: str) -> dict[str, Any]:
