@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -54,8 +54,11 @@ def serve(
     workers: int = 1,
     args: tuple[str, ...] = (),
     env: Mapping[str, str] | None = None,
+    preexec: Callable[[], None] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Start ``cpctl serve`` on a free loopback port; yield (base URL, process); stop it after."""
+    """Start ``cpctl serve`` on a free loopback port; yield (base URL, process); stop it after.
+    ``preexec`` runs in the child before it starts (e.g. to lower a resource limit); the log
+    file is ``process.log_path``."""
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
     environ.update({"CONTROLPLANE_STATE_DIR": str(state_dir), **(env or {})})
@@ -71,6 +74,7 @@ def serve(
         env=environ,
         stdout=subprocess.DEVNULL,
         stderr=log_file,
+        preexec_fn=preexec,
         start_new_session=True,
     )
     proc.log_path = log_path  # type: ignore[attr-defined]

@@ -12,13 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import resource
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -30,7 +27,7 @@ from typing import Any, TypeVar
 import asyncpg
 import pytest
 
-from tests.servers import REPO, free_port, serve, wait_ready
+from tests.servers import REPO, serve, wait_ready
 from tests.store import pg
 from tests.store.faultproxy import FaultProxy, proxied
 
@@ -59,32 +56,12 @@ def get(url: str, token: str | None = None) -> int:
 @contextlib.contextmanager
 def serve_limited(state_dir: Path, nofile: int) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
     """``cpctl serve`` with its descriptor limit at ``nofile``."""
-    port = free_port()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
-    environ["CONTROLPLANE_STATE_DIR"] = str(state_dir)
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    log_path = state_dir.parent / f"serve-{port}.log"
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--port", str(port)], cwd=REPO,
-            env=environ, stdout=subprocess.DEVNULL, stderr=log_file, preexec_fn=limit,
-            start_new_session=True)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(base + "/healthz", proc=proc)
-            yield base, proc, log_path
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+    with serve(state_dir, preexec=limit) as (base, proc):
+        yield base, proc, proc.log_path  # type: ignore[attr-defined]
 
 
 def test_descriptors_exhausted_by_idle_connections_log_a_few_lines_not_thousands(tmp_path):
