@@ -331,20 +331,17 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
                 return await audit.append(entry, tx)
         except TimeoutError:
             raise StoreUnavailable("audit record not committed in time") from None
-    except StoreOutcomeUnknown as exc:
-        if stage:
+    except StoreUnavailable as exc:
+        unknown = isinstance(exc, StoreOutcomeUnknown)
+        if unknown and stage:
             # The run's writes went in one call with its staged record (``store.pgrun``): the
             # run's own outcome is unknown, not only its record's.
             raise
         audit.append_failed()
         _write_failed("audit record could not be written: store unavailable", exc, entry)
-        # Only this record's own commit went unanswered (a group commit, outside the run's
-        # transaction): the run itself executed nothing.
-        raise to_problem(StoreUnavailable("audit record not confirmed")) from None
-    except StoreUnavailable as exc:
-        audit.append_failed()
-        _write_failed("audit record could not be written: store unavailable", exc, entry)
-        raise to_problem(exc) from None
+        # An unanswered commit of this record alone (a group commit, outside the run's
+        # transaction) leaves the run itself with nothing executed.
+        raise to_problem(StoreUnavailable("audit record not confirmed") if unknown else exc) from None
     except StoreError as exc:
         if stage and isinstance(exc, (Conflict, NotFound)):
             # Staged with the run's writes in one call (``store.pgrun``): the call also consumed

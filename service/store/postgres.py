@@ -82,22 +82,21 @@ async def _rollback(tr: Any, deadline: float) -> bool:
     return True
 
 
+#: PostgresErrors that are no answer to the statement: the connection or server went away.
+_UNANSWERED = (asyncpg.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError)
+
+
 def _commit_failed(exc: BaseException, committed: Callable[[], Awaitable[bool | None]] | None
                    ) -> Exception:
     """What a write's failed COMMIT raises. The server's own error answer means it rolled back;
     anything else (the connection died, the deadline passed, the server was stopping) leaves
     the outcome unknown: COMMIT may have been applied and only its answer lost."""
-    answered = isinstance(exc, asyncpg.PostgresError) and not isinstance(
-        exc, asyncpg.PostgresConnectionError | asyncpg.exceptions.OperatorInterventionError)
+    answered = isinstance(exc, asyncpg.PostgresError) and not isinstance(exc, _UNANSWERED)
     if answered:
         return _wrap(exc)
     cause = "deadline exceeded" if isinstance(exc, TimeoutError) else type(exc).__name__
     return StoreOutcomeUnknown(f"postgresql commit outcome unknown: {cause}", committed)
 
-
-# PostgresErrors that are no answer to the statement: the connection or server went away.
-_UNANSWERED = (asyncpg.PostgresConnectionError,
-                           asyncpg.exceptions.OperatorInterventionError)
 
 
 def _wrap(exc: BaseException) -> Exception:
@@ -381,17 +380,14 @@ class PostgresStore(SqlStore):
                 try:
                     async with asyncio.timeout_at(deadline):
                         row = await conn.fetchrow(sql, *args)
+                except (TimeoutError, *_UNANSWERED, *_WRAPPED) as exc:
+                    raise _commit_failed(exc, self._run_resolver(pid, ticket_id,
+                                                                 correlation_id)) from None
                 except asyncpg.PostgresError as exc:
-                    if isinstance(exc, _UNANSWERED):
-                        raise _commit_failed(exc, self._run_resolver(pid, ticket_id,
-                                                                     correlation_id)) from None
                     healthy = True  # the server answered: nothing was written
                     if exc.sqlstate in pgrun.REFUSALS:
                         return None, exc.sqlstate
                     raise _wrap(exc) from exc
-                except (TimeoutError, *_WRAPPED) as exc:
-                    raise _commit_failed(exc, self._run_resolver(pid, ticket_id,
-                                                                 correlation_id)) from None
                 healthy = True
                 return row, None
             finally:
