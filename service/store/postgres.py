@@ -380,7 +380,7 @@ class PostgresStore(SqlStore):
                 try:
                     async with asyncio.timeout_at(deadline):
                         row = await conn.fetchrow(sql, *args)
-                except (TimeoutError, *_UNANSWERED, *_WRAPPED) as exc:
+                except (TimeoutError, *_UNANSWERED, *_UNAVAILABLE) as exc:
                     raise _commit_failed(exc, self._run_resolver(pid, ticket_id,
                                                                  correlation_id)) from None
                 except asyncpg.PostgresError as exc:
