@@ -43,6 +43,10 @@ R = TypeVar("R", bound=Run)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+#: The chain's decision, logged by its audit record only (built once, not per request).
+_decide = audited(decide)
+
+
 async def run(request: web.Request, spec: Protection, execute: Callable[[Any], Awaitable[Outcome]]
               ) -> web.StreamResponse:
     """Run the chain for one request. Every exit path writes exactly one audit record."""
@@ -56,7 +60,7 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
         target = await spec.target(request, body)
         rec.target(target, action)
         started = time.perf_counter()
-        decision = audited(decide)(  # logged by its audit record only           # 2 AuthZ
+        decision = _decide(  # logged by its audit record only                    # 2 AuthZ
             engine, config.environments,
             principal.to_input(now, config.authn.step_up_window_s), action, target,
             {"correlation_id": cid, "method": request.method, "path": request.path,
@@ -68,6 +72,8 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
         rec.decided(decision)
         if decision.decision == "deny":
             raise PolicyDenied("the policy denies this action", reasons=list(decision.reasons))
+        if target.authorized is not None:
+            await target.authorized()
         redemption = None
         if decision.decision == "require_approval":                                 # 3 Approval
             rec.ticket(redeem.presented_ticket_id(request.headers))

@@ -41,6 +41,10 @@ class Target:
     #: ``input.resource.value`` when it is not the resource itself (``AS_SENT``): a route whose
     #: resource is a whole document gives the policy a bounded summary of it (compose import).
     value: Any = field(default=AS_SENT, compare=False, repr=False)
+    #: Called by the chain once AuthZ did not deny, before Approval: what a route keeps only for
+    #: a request the policy lets through (a policy candidate its ticket's reviewers will read).
+    authorized: Callable[[], Awaitable[None]] | None = field(default=None, compare=False,
+                                                            repr=False)
 
     @functools.cached_property
     def hash(self) -> str:

@@ -15,6 +15,7 @@ holders of a signing key can make the service vet anything, and nothing unvetted
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -111,16 +112,18 @@ async def _publish_target(request: web.Request, body: Any) -> Target:
     report = await asyncio.to_thread(request.app[ENGINE].vet_revision, snapshot)
     if not report.ok:
         raise _invalid("policy_rejected", "/bundle", report.summary()[:300])
-    await _propose(request, bundle, body["signature"], claims, created_at)
     return Target(resource={"revision": snapshot.revision, "digest": bundle.digest},
                   env=_fleet_env(request), id=snapshot.revision,
-                  attributes={"kid": claims.kid}, record=(bundle, claims, created_at))
+                  attributes={"kid": claims.kid}, record=(bundle, claims, created_at),
+                  authorized=functools.partial(_propose, request, bundle, body["signature"],
+                                               claims, created_at))
 
 
 async def _propose(request: web.Request, bundle: Bundle, signature: Any, claims: Claims,
                    created_at: float) -> None:
-    # Signed by a trusted key and vetted: kept as a proposal, so the reviewers of its ticket
-    # read the change before it is approved (it is stored as a revision only by the publish).
+    # Signed by a trusted key, vetted, and not denied by the policy (the chain calls this after
+    # AuthZ): kept as a proposal, so the reviewers of its ticket read the change before it is
+    # approved (it is stored as a revision only by the publish).
     store = request.app[STORE].store
     if store is None:
         return

@@ -294,3 +294,24 @@ async def test_a_publish_ticket_shows_its_change_and_replayed_impact(make_client
     r = await client.get(f"/api/v1/approvals/{(await other.json())['id']}/change",
                          headers=bearer(bob))
     await assert_problem(r, 404, "no_policy_change")
+
+
+async def test_a_publish_the_policy_denies_keeps_no_candidate(make_client, tmp_path):
+    """A candidate is kept for its ticket's reviewers only once AuthZ let the publish through:
+    carol (a viewer, denied policy.publish) leaves nothing in the store; alice (who needs a
+    ticket) leaves the candidate her reviewers read."""
+    key, public = keypair(tmp_path)
+    client = await make_client({"policies": {"store": store_keys(public)}})
+    store = client.server.app[STORE].require()
+    bundle = Bundle.from_dir(REPO / "policies")
+    body = published(key, bundle, "same policy, re-signed")
+    revision = bundle.revision_id()
+    carol = await login(client, "carol")
+    await assert_problem(await client.post("/api/v1/policy/revisions", json=body,
+                                           headers=bearer(carol)), 403, "denied")
+    assert await store.get_policy_candidate(revision) is None
+    alice = await step_up(client, await login(client, "alice"), "alice")
+    await assert_problem(await client.post("/api/v1/policy/revisions", json=body,
+                                           headers=bearer(alice)), 403, "approval_required")
+    kept = await store.get_policy_candidate(revision)
+    assert kept is not None and kept.published_by == "alice"
