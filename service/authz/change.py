@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..lru import LRU
 from ..store.base import PolicyRevisionRecord, Store
 from .engine import PolicyEngine
 from .replay import ReplayError, from_log, replay
@@ -33,6 +34,10 @@ DIRECTORY = "directory"
 MAX_REPLAYED = 5000
 MAX_DIFF_CHARS = 200_000
 _EXAMPLES = 5
+#: Impact reports by (candidate digest, environments, decision log and its size and mtime): the
+#: ticket page, its live reloads, the API and the notification ask for the same report, which
+#: compiles the candidate and replays up to MAX_REPLAYED decisions; a new log line is a new key.
+_IMPACTS: LRU[tuple[Any, ...], dict[str, Any]] = LRU(32)
 
 
 def _files(bundle: Bundle) -> dict[str, str]:
@@ -64,10 +69,26 @@ def diff(base: Bundle | None, candidate: Bundle) -> dict[str, Any]:
 
 def impact(candidate: Bundle, environments: Mapping[str, bool],
            decision_log: Path | None) -> dict[str, Any]:
-    """The recent decision log replayed against ``candidate``. Blocking (compiles it)."""
+    """The recent decision log replayed against ``candidate``. Blocking (compiles it); cached
+    until the log changes."""
     if decision_log is None:
         return {"available": False,
                 "why": "no decision log is configured (decision_log.path): nothing to replay"}
+    try:
+        stat = decision_log.stat()
+        seen: tuple[int, int] | None = (stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        seen = None
+    key = (candidate.digest, tuple(sorted(environments.items())), str(decision_log), seen)
+    cached = _IMPACTS.get(key)
+    if cached is None:
+        cached = _impact(candidate, environments, decision_log)
+        _IMPACTS.put(key, cached)
+    return cached
+
+
+def _impact(candidate: Bundle, environments: Mapping[str, bool], decision_log: Path
+            ) -> dict[str, Any]:
     try:
         records = from_log(decision_log)[-MAX_REPLAYED:] if decision_log.exists() else []
     except ReplayError as exc:
