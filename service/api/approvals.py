@@ -46,7 +46,8 @@ async def _create_target(request: web.Request, body: Any) -> Target:
     )
 
 
-async def _ticket_target(request: web.Request, body: Any) -> Target:
+async def ticket_target(request: web.Request, body: Any) -> Target:
+    """The ticket the route's ``{id}`` names, as its readers and reviewers see it."""
     _require_repository(request)
     return review_target(await _load(request, request.app[STORE].require()))
 
@@ -121,7 +122,7 @@ async def create_approval(run: Write) -> Outcome:
 
 
 @routes.get("/api/v1/approvals/{id}")
-@protected("approvals.read", target=_ticket_target)
+@protected("approvals.read", target=ticket_target)
 async def read_approval(run: Run) -> Outcome:
     """One ticket with its reviews and both clocks (never the nonce)."""
     ticket: TicketRecord = run.target.record
@@ -161,7 +162,7 @@ async def list_approvals(run: Run) -> Outcome:
 
 
 @routes.post("/api/v1/approvals/{id}/reviews")
-@protected("approvals.review", target=_ticket_target, body="approval-review.schema.json")
+@protected("approvals.review", target=ticket_target, body="approval-review.schema.json")
 async def review_approval(run: Write) -> Outcome:
     """Approve or reject; separation of duties and group quorum are enforced in code."""
     ticket = await _load(run.request, run.tx)
@@ -184,7 +185,7 @@ async def review_approval(run: Write) -> Outcome:
 
 
 @routes.post("/api/v1/approvals/{id}/revoke")
-@protected("approvals.revoke", target=_ticket_target)
+@protected("approvals.revoke", target=ticket_target)
 async def revoke_approval(run: Write) -> Outcome:
     """Revoke a pending or approved ticket: its requester, or an admin."""
     ticket = await _load(run.request, run.tx)

@@ -34,29 +34,26 @@ from ..appkeys import (
     PRINCIPAL,
     STORE,
 )
-from ..approvals.policy import review_target
 from ..authz import change
 from ..authz.activations import ActivationSigner
+from ..authz.change import DIRECTORY
 from ..authz.revisions import Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
 from ..chain import Outcome, Run, Target, Write, protected
 from ..clock import iso
 from ..errors import (
-    ApprovalRepositoryUnavailable,
     Conflict,
     NotFound,
     SchemaValidationFailed,
     ServiceUnavailable,
 )
 from ..store.base import PolicyActivation, PolicyRevisionRecord, StoreError, TicketRecord
+from .approvals import ticket_target
 from .queries import query_page_limit, query_str
 
 __all__ = ["activation_view", "revision_view", "routes"]
 
 routes = web.RouteTableDef()
 log = logging.getLogger("controlplane.api")
-
-#: The ticket resource of a rollback to directory mode (no store revision active).
-DIRECTORY = "directory"
 
 def _fleet_env(request: web.Request) -> str:
     # A revision decides for every environment the fleet serves: judged as the strictest.
@@ -195,20 +192,8 @@ async def list_revisions(run: Run) -> Outcome:
 # ---- the change a policy ticket is about -----------------------------------------------------
 
 
-async def _ticket_change_target(request: web.Request, body: Any) -> Target:
-    if not request.app[CONFIG].approvals.enabled:
-        raise ApprovalRepositoryUnavailable(
-            "no approval repository is configured (approvals.store: none)")
-    ticket_id = request.match_info["id"]
-    store = request.app[STORE].require()
-    ticket = await store.get_ticket(ticket_id) if len(ticket_id) <= 64 else None
-    if ticket is None:
-        raise NotFound("no such approval ticket", code="ticket_not_found")
-    return review_target(ticket)  # who may read the ticket may read its change
-
-
 @routes.get("/api/v1/approvals/{id}/change")
-@protected("approvals.read", target=_ticket_change_target)
+@protected("approvals.read", target=ticket_target)  # who may read it may read its change
 async def ticket_change(run: Run) -> Outcome:
     """A policy ticket's change: signed message and author, vetting, the diff against the
     revision the fleet runs and the recent decisions replayed against it (404

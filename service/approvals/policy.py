@@ -33,7 +33,6 @@ from ..store.base import Store, TicketRecord
 from .tickets import NotEligibleReviewer, Requirements, ReviewOutcome, decide_review, requirements
 
 __all__ = [
-    "Candidate",
     "Reviewer",
     "ReviewerFacts",
     "check_review",
@@ -136,9 +135,6 @@ class Reviewer:
     kind: str
     idp_groups: tuple[str, ...] = ()
 
-
-#: The name ``suggested_reviewers`` callers knew.
-Candidate = Reviewer
 
 
 def check_review(engine: PolicyEngine, ticket: TicketRecord, reviewer: Reviewer, *,

@@ -344,11 +344,10 @@ class Authenticator:
             if not isinstance(self.keys, PublishedKeyRing) or not await self.keys.look_up(now):
                 raise
             found = check()
-        principal = await self.session_principal(found.subject_id, found.kind, found.session_id,
-                                                 stepped=found.stepped, now=now)
-        session = await self._active_session(principal.session_id, now)
-        return self._issue(session, now,
-                           stepped_up=found.stepped and session.step_up_at is not None)
+        # The session and its identity as a request with this session's token would find them.
+        await self.session_principal(found.subject_id, found.kind, found.session_id,
+                                     stepped=found.stepped, now=now)
+        return await self.token_for_session(found.session_id, now, stepped_up=found.stepped)
 
     async def revoke(self, principal: Principal, now: float) -> bool:
         """End the principal's session: its tokens fail from now on. False if already ended."""
