@@ -106,8 +106,8 @@ say "The executor (ci-bot, a service: it logs in with its key) claims the task a
 # examples/executor/executor.py does this for every pending task; here it is by hand.
 ASSERTION=$("$PY" -c '
 from pathlib import Path
-from service.cli.session import DEFAULT_AUDIENCE, _assertion
-print(_assertion(Path("examples/keys/ci-bot.pem"), "ci-bot", DEFAULT_AUDIENCE))')
+from service.cli.session import DEFAULT_AUDIENCE, key_assertion
+print(key_assertion(Path("examples/keys/ci-bot.pem"), "ci-bot", DEFAULT_AUDIENCE))')
 CI=$(curl -s "$API/authn/sessions" -H 'Content-Type: application/json' \
   -d "{\"assertion\":\"$ASSERTION\"}" | field access_token)
 curl -s "$API/tasks?state=pending" -H "Authorization: Bearer $CI" | field items >/dev/null

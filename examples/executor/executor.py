@@ -33,8 +33,8 @@ from urllib.parse import quote
 # Run as a script from a checkout: the control plane's own client is the one thing it imports.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from service.cli.client import Client, ClientError, ConnectionFailed
-from service.cli.session import DEFAULT_AUDIENCE, _assertion
+from service.cli.client import Client, ClientError, ConnectionFailed, UsageError
+from service.cli.session import DEFAULT_AUDIENCE, key_assertion
 
 STEP = "example-executor"
 
@@ -49,7 +49,7 @@ class Executor:
         self.api = Client(args.server.rstrip("/"))
 
     def login(self) -> None:
-        body = {"assertion": _assertion(self.args.key, self.args.subject, self.args.audience)}
+        body = {"assertion": key_assertion(self.args.key, self.args.subject, self.args.audience)}
         answer = self.api.post("/api/v1/authn/sessions", body, auth=False)
         self.api.token = answer["access_token"]
         log(f"logged in to {self.api.base_url} as {self.args.subject}")
@@ -111,7 +111,7 @@ class Executor:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", default="http://127.0.0.1:8080")
+    parser.add_argument("--server", default="http://127.0.0.1:8700")  # `make run`
     parser.add_argument("--subject", default="ci-bot")
     parser.add_argument("--key", type=Path, default=Path("examples/keys/ci-bot.pem"))
     parser.add_argument("--audience", default=DEFAULT_AUDIENCE)
@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         Executor(args).serve(stop)
     except KeyboardInterrupt:
         pass
+    except (UsageError, ClientError, ConnectionFailed) as exc:  # a bad --key, --server or login
+        log(f"cannot serve: {exc}")
+        return 2 if isinstance(exc, ConnectionFailed) else 1
     log("stopped")
     return 0
 

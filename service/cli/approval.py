@@ -413,8 +413,14 @@ def show(args: argparse.Namespace) -> int:
     ticket = api.get(f"/api/v1/approvals/{_id(args.id)}")
     if not isinstance(ticket, dict) or ticket.get("action") not in POLICY_ACTIONS:
         return _print_ticket(args, ticket)
-    # A policy change: what the reviewers are asked to approve, and its impact.
-    change = api.get(f"/api/v1/approvals/{_id(args.id)}/change")
+    # A policy change: what the reviewers are asked to approve, and its impact. The server may
+    # have none to show (a candidate no trusted key signed): the ticket is shown all the same.
+    try:
+        change = api.get(f"/api/v1/approvals/{_id(args.id)}/change")
+    except ClientError as exc:
+        if exc.code != "no_policy_change":
+            raise
+        return _print_ticket(args, ticket)
     if args.json:
         _check_ticket(ticket)
         _print_json({**ticket, "change": change})

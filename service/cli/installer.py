@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -128,15 +127,12 @@ class _Run:
             follow_task(self.api, task_id,
                         last_event_id=str(accepted["event"].get("seq", "")) or None,
                         on_event=self.show_event, timeout=self.args.timeout,
-                        no_executor_after=self.args.no_executor_after, warn=self._warn)
+                        no_executor_after=self.args.no_executor_after, warn=self.protected.say)
         except TaskTimedOut as exc:
-            self._warn(f"{exc}; it goes on without this command (follow it with "
+            self.protected.say(f"{exc}; it goes on without this command (follow it with "
                      f"`GET /api/v1/tasks/{task_id}/events`)")
             return EXIT_TIMEOUT
         return self.finished(task_id)
-
-    def _warn(self, text: str) -> None:
-        print(f"cpctl installer run: {text}", file=sys.stderr, flush=True)
 
     def finished(self, task_id: str) -> int:
         task = self.api.get(f"/api/v1/tasks/{quote(task_id, safe='')}")

@@ -25,10 +25,9 @@ from ..approvals.command import Command, command_hash
 from . import client as http
 from .approval import request_ticket, show_progress, wait_for_ticket
 from .client import ClientError, UsageError
-from .options import option_values
 from .session import prompt_otp, step_up_session
 
-__all__ = ["MAX_ROUNDS", "Protected", "option_values"]
+__all__ = ["Protected"]
 
 #: Every answer moves the request one step on (step-up, ticket, wait); more rounds than this
 #: means the server keeps asking the same question, and the command stops instead of looping.

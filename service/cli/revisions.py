@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from .. import clock
 from .. import config as config_mod
 from ..audit.record import scrub, seal
-from ..authz.activations import ActivationSigner
+from ..authz.activations import ActivationSigner, activation_keys
 from ..authz.cases import CaseError, load_cases
 from ..authz.engine import DEFAULT_ENVIRONMENTS, PolicyEngine
 from ..authz.regotest import run_tests_isolated
@@ -46,7 +46,8 @@ from ..store.base import StoreError
 from . import client as http
 from . import policydir
 from .client import EXIT_OK, UsageError, guarded
-from .protected import Protected, option_values
+from .options import option_values
+from .protected import Protected
 
 __all__ = ["extend", "run"]
 
@@ -237,8 +238,15 @@ def break_glass(args: argparse.Namespace) -> int:
         config = config_mod.load_from_process(args.config)
         signer = ActivationSigner.from_file(args.activation_key)
         trusted = TrustedKeys.from_files(config.policies.store.trusted_keys)
+        own = config.policies.store.activation_key
+        followed = activation_keys(config.policies.store.trusted_activation_keys,
+                                   ActivationSigner.from_file(own) if own else None)
     except (config_mod.ConfigError, SignatureError) as exc:
         raise UsageError(str(exc)) from None
+    if signer.kid not in followed:
+        # Written anyway, no replica would follow it: the way out would be spent for nothing.
+        raise UsageError(f"{args.activation_key} (kid {signer.kid}) is not an activation key "
+                         "the replicas trust (policies.store.trusted_activation_keys)")
     if config.store.url is None:
         raise UsageError("the configuration has no store (store.backend is none)")
     if config.store.backend == "sqlite" and not config.store.sqlite_path.exists():

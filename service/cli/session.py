@@ -21,7 +21,7 @@ from . import client as http
 from . import sso
 from .client import EXIT_OK, CredentialStore, UsageError, guarded
 
-__all__ = ["prompt_otp", "register", "run", "step_up_session"]
+__all__ = ["DEFAULT_AUDIENCE", "key_assertion", "prompt_otp", "register", "run", "step_up_session"]
 
 DEFAULT_AUDIENCE = "urn:controlplane:local"  # the service's default authn.issuer
 
@@ -108,7 +108,7 @@ def login(args: argparse.Namespace) -> int:
         raise UsageError("--device goes with --sso")
     body: dict[str, Any]
     if args.key is not None:
-        body = {"assertion": _assertion(args.key, args.subject, args.audience)}
+        body = {"assertion": key_assertion(args.key, args.subject, args.audience)}
     else:
         body = {"subject_id": args.subject, "password": _password(args.subject, args.password_stdin)}
     answer = http.Client(url).post("/api/v1/authn/sessions", body, auth=False)
@@ -278,7 +278,9 @@ def prompt_otp() -> str:
     return code
 
 
-def _assertion(path: Path, subject: str, audience: str) -> str:
+def key_assertion(path: Path, subject: str, audience: str) -> str:
+    """A signed login assertion of ``subject`` with the Ed25519 key at ``path`` (what `cpctl
+    login SUBJECT --key PEM` sends; executors and scripts use it too)."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 

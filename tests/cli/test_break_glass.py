@@ -30,12 +30,13 @@ async def test_break_glass_returns_the_fleet_to_its_directory_audited(tmp_path, 
     public = tmp_path / "signer.pub.pem"
     public.write_bytes(KEY.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"state_dir": str(state),
-                                      "policies": {"store": {"trusted_keys": [str(public)]}}}))
     glass = tmp_path / "keys" / "break-glass.pem"
     glass.parent.mkdir()
     assert revisions.run(["keygen", str(glass)]) == 0
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(state), "policies": {"store": {
+        "trusted_keys": [str(public)],
+        "trusted_activation_keys": [str(glass.with_name("break-glass.pub.pem"))]}}}))
     signer = ActivationSigner.from_file(glass)
     trusted = activation_keys((), signer)
     engine = PolicyEngine(REPO / "policies", vet_in_subprocess=False)
@@ -48,6 +49,16 @@ async def test_break_glass_returns_the_fleet_to_its_directory_audited(tmp_path, 
         await follower.sync()
         assert engine.revision == locking
         capsys.readouterr()
+
+        # A key no replica trusts for activations is refused before anything is written.
+        other = tmp_path / "keys" / "other.pem"
+        assert revisions.run(["keygen", str(other)]) == 0
+        capsys.readouterr()
+        assert await asyncio.to_thread(revisions.run, [
+            "break-glass", "--directory", "--activation-key", str(other), "--reason", "x",
+            "--config", str(config)]) == 1
+        assert "not an activation key the replicas trust" in capsys.readouterr().err
+        assert len(await store.policy_activations()) == 1
 
         assert await asyncio.to_thread(revisions.run, [
             "break-glass", "--directory", "--activation-key", str(glass),

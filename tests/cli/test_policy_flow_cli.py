@@ -23,7 +23,7 @@ from service.authz.revisions import Bundle
 from service.cli import revisions
 from service.cli.client import Client, CredentialStore, token_entry
 from service.cli.main import build_parser
-from service.cli.protected import option_values
+from service.cli.options import option_values
 from tests.auth import PASSWORDS, otp
 from tests.cpctl import PROCESS_TIMEOUT_S
 from tests.servers import REPO, serve
