@@ -66,22 +66,13 @@ _NAMED_VALUE = re.compile(r"(?P<name>[A-Za-z][A-Za-z0-9_.-]*)(?P<sep>[\"']?\s*[:
 _FLAG_VALUE = re.compile(r"(?<![\w-])(?P<name>--?[A-Za-z][A-Za-z0-9_.-]*)(?P<sep>[ \t]+)" + _VALUE)
 
 
-def _masked_value(value: str) -> str:
-    quote = value[0] if value[0] in "\"'" else ""
-    return f"{quote}{MASK}{quote}" if quote else MASK
-
-
 def _named(match: re.Match[str]) -> str:
+    """A secret name's value masked, its quotes kept (``name=value`` and ``--name value``)."""
     value = match["value"]
-    if not is_secret_field(match["name"]) or value.strip("\"'") == MASK:
+    if not is_secret_field(match["name"].lstrip("-")) or value.strip("\"'") == MASK:
         return match[0]
-    return f"{match['name']}{match['sep']}{_masked_value(value)}"
-
-
-def _flag(match: re.Match[str]) -> str:
-    if not is_secret_field(match["name"].lstrip("-")) or match["value"] == MASK:
-        return match[0]
-    return f"{match['name']}{match['sep']}{MASK}"
+    quote = value[0] if value[0] in "\"'" else ""
+    return f"{match['name']}{match['sep']}{quote}{MASK}{quote}"
 
 
 # Every pattern above needs one of these substrings to match at all (a URL with credentials its
@@ -130,7 +121,7 @@ def _scrub_patterns(text: str) -> str:
     text = _CREDENTIAL_HEADER.sub(r"\1\2" + MASK, text)
     text = _SCHEME_CREDENTIALS.sub(r"\1 " + MASK, text)
     text = _JOSE.sub(MASK, text)
-    text = _FLAG_VALUE.sub(_flag, text)
+    text = _FLAG_VALUE.sub(_named, text)
     return _NAMED_VALUE.sub(_named, text)
 
 
