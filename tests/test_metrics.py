@@ -136,8 +136,10 @@ async def test_scrapes_share_one_store_reading_a_second(client):
     read = await client.get("/api/v1/databases", headers=bearer(token))  # audited: the head moves
     assert read.status == 200
     scrapes = await asyncio.gather(*(scrape(client) for _ in range(20)))
-    # 20 uncached scrapes would be 40+ reads; background checks may add one or two
-    assert max(value(f, *reads, kind="read") for f in scrapes) - before <= 3
+    # 20 uncached scrapes would be 40+ reads. The window also holds the login's and the read's
+    # own reads and the process's background checks (the store link's ping every second), a
+    # handful on a loaded machine: far below one reading per scrape.
+    assert max(value(f, *reads, kind="read") for f in scrapes) - before < 10
     assert {value(f, "controlplane_audit_head_seq") for f in scrapes} == {head}  # one reading
     await asyncio.sleep(STORE_GAUGES_TTL_S + 0.1)
     assert value(await scrape(client), "controlplane_audit_head_seq") > head
