@@ -71,6 +71,10 @@ class _Gone(Exception):
     """The shadow process ended, stopped answering, or this component is closing."""
 
 
+class _NotSent(_Gone):
+    """The shadow process ended before it read the request: it was not received."""
+
+
 class _Call:
     """A request to the shadow process made from another thread (``install``)."""
 
@@ -364,7 +368,7 @@ class Shadow:
         try:
             write_frame(proc.stdin.fileno(), body)
         except OSError as exc:
-            raise _Gone(f"it stopped reading ({exc.__class__.__name__})") from exc
+            raise _NotSent(f"it stopped reading ({exc.__class__.__name__})") from exc
         fd = proc.stdout.fileno()
         deadline = time.monotonic() + timeout
         while not select.select([fd], [], [], 0.2)[0]:
@@ -412,6 +416,13 @@ class Shadow:
         self._inflight = len(items)
         try:
             reply = self._request(body, DECIDE_TIMEOUT_S)
+        except _NotSent:
+            # The process was gone before it read the batch (killed while idle): the batch goes
+            # back to the front of the queue for the next process, within the queue's bound.
+            room = max(0, self.queue_size - len(self._queue))
+            self.counts["dropped"] += len(items) - min(room, len(items))
+            self._queue.extendleft(reversed(items[:room]))
+            raise
         except _Gone:
             self.counts["errors"] += len(items)  # lost with the process
             raise
