@@ -347,7 +347,7 @@ def _domain_problem(exc: BaseException) -> Problem | None:
     from .approvals.tickets import NotEligibleReviewer
     from .authn import errors as authn
     from .store import base as store
-    from .tasks.tasks import IllegalTransition
+    from .tasks.tasks import IllegalTransition, TaskClaimed
 
     if isinstance(exc, rfc8785.CanonicalizationError):
         # Only a request's resource is hashed from client data: a value RFC 8785 cannot
@@ -391,6 +391,8 @@ def _domain_problem(exc: BaseException) -> Problem | None:
         return Forbidden(exc.detail, code=exc.code)
     if isinstance(exc, IllegalTransition):
         return Conflict(str(exc), code="task_state_conflict", state=exc.state)
+    if isinstance(exc, TaskClaimed):
+        return Conflict(str(exc), code="task_claimed")
     return None
 
 

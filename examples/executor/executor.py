@@ -6,8 +6,8 @@ The control plane records run intents; it executes nothing. This process plays t
 1. it logs in as a service principal with its key (``ci-bot`` in ``examples/``: the ``ci`` role
    grants ``tasks.report`` to service principals), and again whenever its token is refused;
 2. it polls ``GET /api/v1/tasks?state=pending`` every ``--interval`` seconds;
-3. it claims each pending task with a ``started`` event (the first ``started`` wins; another
-   executor's gets ``409 task_state_conflict`` and leaves the task alone);
+3. it claims each pending task with a ``started`` event (the first report wins; another
+   executor's gets ``409 task_claimed`` or ``task_state_conflict`` and leaves the task alone);
 4. it "runs" the step (this example only reads the run intent and says what it would do;
    replace ``execute`` with the real work) and reports ``succeeded`` or ``failed``.
 
@@ -83,7 +83,7 @@ class Executor:
         try:
             self.call("POST", events, {"kind": "started", "step": STEP, "message": "claimed"})
         except ClientError as exc:
-            if exc.code == "task_state_conflict":
+            if exc.code in ("task_claimed", "task_state_conflict"):
                 return  # another executor claimed it first
             raise
         log(f"task {task_id}: claimed")

@@ -114,15 +114,17 @@ async def _stream(request: web.Request, store: Store, task_id: str, after: int) 
 @protected("tasks.report", target=_target, body="task-event.schema.json")
 async def report_event(run: Write) -> Outcome:
     """Executors report started / progress / succeeded / failed; state follows from events.
-    The first ``started`` claims the task: another one answers 409 task_state_conflict."""
+    The first report claims the task for its executor: another executor's report answers 409
+    ``task_claimed``, a second ``started`` 409 ``task_state_conflict``."""
     task = await _task(run.tx, run.request)
     body = run.body
-    change = next_state(task, body["kind"], body.get("progress"), body.get("result"))
+    reporter = run.principal.subject_id
+    change = next_state(task, reporter, body["kind"], body.get("progress"), body.get("result"))
     data = {k: body[k] for k in ("step", "progress", "message", "result") if k in body}
     data["correlation_id"] = run.correlation_id
     event = await run.tx.append_event(
         task.id, body["kind"], run.principal.subject_id, data, run.now,
-        state=change.state, progress=change.progress, result=change.result,
+        state=change.state, progress=change.progress, result=change.result, claimant=reporter,
     )
     return Outcome(201, EventView(event).as_dict(),
                    audit={"task_id": task.id, "event_seq": event.seq, "task_state": change.state})

@@ -13,9 +13,12 @@ An executor is a separate process that carries the run out and reports its steps
   ``succeeded`` or ``failed`` (terminal, with an optional ``result`` object). An event may name
   the step it is about (``step``, e.g. ``helm-upgrade``) and carry a ``message``. Nothing is
   accepted after a terminal event (``409 task_state_conflict``).
-* **Claiming a run**: the first ``started`` event claims the task. ``started`` is accepted only
-  while the task is ``pending``; a second executor's ``started`` gets ``409
-  task_state_conflict`` and that executor must leave the task alone.
+* **Claiming a run**: the first report on a pending task (``started``, or ``progress``) claims
+  it for the reporting principal (``claimed_by`` in the task). From then on only that executor
+  reports on it: another one's report of any kind gets ``409 task_claimed`` and changes nothing.
+  The claim is taken on the task's row, so of two executors racing for a pending task exactly
+  one claims it. ``started`` is accepted only while the task is ``pending`` (``409
+  task_state_conflict``).
 
 ``cpctl task report TASK --status started|succeeded|failed`` sends one such event.
 ``follow_task`` is what ``cpctl installer run`` uses once a run is accepted: it says when no
@@ -129,8 +132,9 @@ def register(sub: Any) -> None:
         "report", parents=[http.connection_parent()],
         help="report a step of a task you execute (needs tasks.report: service principals "
              "with the ci role)",
-        description="Report one step event of TASK. The first `started` claims the task; a "
-                    "task already claimed or ended answers 409 task_state_conflict.",
+        description="Report one step event of TASK. The first report on a pending task claims "
+                    "it: another executor's report answers 409 task_claimed, a report on an "
+                    "ended task (or a second started) 409 task_state_conflict.",
     )
     rp.add_argument("task_id", metavar="TASK", help="the task id")
     rp.add_argument("--step", help="the step this report is about, e.g. helm-upgrade")

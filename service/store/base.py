@@ -126,7 +126,7 @@ class Conflict(StoreError):
     Reasons: ``duplicate_id``, ``state_conflict``, ``not_pending``, ``duplicate_review``,
     ``expired``, ``ticket_consumed``, ``ticket_expired``, ``ticket_not_approved``,
     ``ticket_binding_mismatch`` (``fields`` names the mismatched bindings), ``session_revoked``,
-    ``session_expired``.
+    ``session_expired``, ``task_claimed`` (another executor claimed the task).
     """
 
     def __init__(
@@ -252,6 +252,8 @@ class TaskRecord:
     created_at: float
     updated_at: float
     last_seq: int
+    #: The executor whose first report moved the task to running; only it reports afterwards.
+    claimed_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -559,6 +561,7 @@ class TaskOps(Protocol):
         state: str | None = None,
         progress: int | None = None,
         result: Json | None = None,
+        claimant: str | None = None,
     ) -> EventRecord: ...
     async def list_events(
         self, task_id: str, after_seq: int = 0, limit: int = 100

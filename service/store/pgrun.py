@@ -112,16 +112,18 @@ class RunTx(SqlTx):
 
     async def append_event(self, task_id: str, kind: str, actor: str, data: Json, at: float, *,
                            state: str | None = None, progress: int | None = None,
-                           result: Json | None = None) -> EventRecord:
+                           result: Json | None = None,
+                           claimant: str | None = None) -> EventRecord:
         if (self._held() and self._task is not None and self._task[0] == task_id
-                and self._event is None and state is None and progress is None and result is None):
+                and self._event is None and state is None and progress is None and result is None
+                and claimant is None):
             seq = self._task_seq + 1
             self._event = (task_id, kind, actor, data, at, seq)
             return EventRecord(task_id=task_id, seq=seq, kind=kind, at=float(at), actor=actor,
                                data=data)
         await self._open()
         return await super().append_event(task_id, kind, actor, data, at, state=state,
-                                          progress=progress, result=result)
+                                          progress=progress, result=result, claimant=claimant)
 
     async def stage_audit(self, entry: dict[str, Any], at: float) -> int:
         """The run's last write: every held write and this record go in the one call now."""

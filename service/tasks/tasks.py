@@ -13,7 +13,8 @@ from typing import Any
 from ..clock import iso as _iso
 from ..store.base import EventRecord, TaskRecord
 
-__all__ = ["REPORT_KINDS", "EventView", "IllegalTransition", "next_state", "task_view"]
+__all__ = ["REPORT_KINDS", "EventView", "IllegalTransition", "TaskClaimed", "next_state",
+           "task_view"]
 
 INTENT_KIND = "installer.run.requested"
 REPORT_KINDS = ("started", "progress", "succeeded", "failed")
@@ -29,6 +30,16 @@ class IllegalTransition(Exception):
         self.kind = kind
 
 
+class TaskClaimed(Exception):
+    """Another executor claimed the task with its first report: only it reports on the task."""
+
+    def __init__(self, task_id: str, claimed_by: str):
+        super().__init__(f"task {task_id!r} is claimed by {claimed_by!r}: only that executor "
+                         "reports on it")
+        self.task_id = task_id
+        self.claimed_by = claimed_by
+
+
 @dataclass(frozen=True)
 class Change:
     state: str | None
@@ -36,8 +47,14 @@ class Change:
     result: Any
 
 
-def next_state(task: TaskRecord, kind: str, progress: int | None, result: Any) -> Change:
-    """The task change an executor's report makes, or ``IllegalTransition``."""
+def next_state(task: TaskRecord, reporter: str, kind: str, progress: int | None,
+               result: Any) -> Change:
+    """The task change ``reporter``'s report makes; ``TaskClaimed`` when another executor
+    claimed the task, ``IllegalTransition`` when the report does not follow from its state.
+    The store applies the change only while the claim still holds (two executors racing for a
+    pending task: one claims it, the other gets ``task_claimed``)."""
+    if task.claimed_by is not None and task.claimed_by != reporter:
+        raise TaskClaimed(task.id, task.claimed_by)
     if task.state in TERMINAL:
         raise IllegalTransition(task.state, kind)
     if kind == "started":
@@ -76,4 +93,5 @@ def task_view(task: TaskRecord) -> dict[str, Any]:
         "created_at": _iso(task.created_at),
         "updated_at": _iso(task.updated_at),
         "last_seq": task.last_seq,
+        "claimed_by": task.claimed_by,
     }

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import time
 
 import pytest
+import yaml
 from aiohttp.test_utils import TestClient
+from cryptography.hazmat.primitives import serialization
 
 from service.app import create_app
 from service.appkeys import STORE, STREAMS
-from tests.auth import bearer, login
+from service.authn.assertions import make_assertion
+from tests.auth import AUDIENCE, KEYS, bearer, login
+from tests.conftest import REPO
 from tests.problems import assert_problem
 from tests.servers import EdgeTestServer
 
@@ -51,6 +57,64 @@ async def test_executor_reports_drive_the_state(client):
     late = await client.post("/api/v1/tasks/build-1/events", json={"kind": "started"},
                              headers=bearer(bot))
     await assert_problem(late, 409, "task_state_conflict")
+
+
+def _second_executor(tmp_path) -> dict:
+    """Overrides adding ``ci-bot-2``, a second service with the ``ci`` role (ci-bot's key)."""
+    identities = yaml.safe_load((REPO / "examples" / "identities.yaml").read_text())
+    bot = next(i for i in identities["identities"] if i["subject_id"] == "ci-bot")
+    identities["identities"].append({**bot, "subject_id": "ci-bot-2"})
+    (tmp_path / "identities.yaml").write_text(yaml.safe_dump(identities))
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    bindings = policies / "data" / "bindings.yaml"
+    doc = yaml.safe_load(bindings.read_text())
+    doc["bindings"]["ci-bot-2"] = {"roles": ["ci"]}
+    bindings.write_text(yaml.safe_dump(doc))
+    return {"authn": {"identities": str(tmp_path / "identities.yaml")},
+            "policies": {"dir": str(policies)}}
+
+
+async def test_the_first_report_claims_the_task_for_its_executor(make_client, tmp_path):
+    client = await make_client(_second_executor(tmp_path))
+    alice = await start_task(client)
+    bot = await login(client, "ci-bot")
+    key = serialization.load_pem_private_key(KEYS["ci-bot"].read_bytes(), password=None)
+    other = await client.post("/api/v1/authn/sessions", json={"assertion": make_assertion(
+        key, subject_id="ci-bot-2", audience=AUDIENCE, now=time.time())})  # type: ignore[arg-type]
+    assert other.status == 201, await other.text()
+    bot2 = (await other.json())["access_token"]
+    task = await (await client.get("/api/v1/tasks/build-1", headers=bearer(alice))).json()
+    assert task["claimed_by"] is None
+
+    started = await client.post("/api/v1/tasks/build-1/events", json={"kind": "started"},
+                                headers=bearer(bot))
+    assert started.status == 201, await started.text()
+    # The other executor can neither start, report progress on, nor end the claimed task.
+    for report in ({"kind": "started"}, {"kind": "progress", "progress": 10},
+                   {"kind": "succeeded"}, {"kind": "failed", "result": {"why": "mine"}}):
+        refused = await client.post("/api/v1/tasks/build-1/events", json=report,
+                                    headers=bearer(bot2))
+        body = await assert_problem(refused, 409, "task_claimed")
+        assert "ci-bot" in body["detail"]
+    task = await (await client.get("/api/v1/tasks/build-1", headers=bearer(alice))).json()
+    assert (task["state"], task["claimed_by"], task["last_seq"]) == ("running", "ci-bot", 2)
+    done = await client.post("/api/v1/tasks/build-1/events",
+                             json={"kind": "succeeded", "result": {"ok": True}},
+                             headers=bearer(bot))
+    assert done.status == 201, await done.text()
+
+    # A progress report on a pending task claims it too.
+    await start_task(client, "build-2")
+    progress = await client.post("/api/v1/tasks/build-2/events",
+                                 json={"kind": "progress", "progress": 5}, headers=bearer(bot2))
+    assert progress.status == 201, await progress.text()
+    refused = await client.post("/api/v1/tasks/build-2/events", json={"kind": "failed"},
+                                headers=bearer(bot))
+    await assert_problem(refused, 409, "task_claimed")
+    running = await (await client.get("/api/v1/tasks?state=running",
+                                      headers=bearer(alice))).json()
+    assert [(t["id"], t["claimed_by"]) for t in running["items"]] == [("build-2", "ci-bot-2")]
 
 
 async def test_only_executors_report(client):

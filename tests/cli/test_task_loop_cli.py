@@ -95,7 +95,8 @@ def test_task_report_claims_the_task_once_and_ends_the_run(cpctl: Cpctl) -> None
             assert running.poll() is None, running.communicate()
         assert claimed is not None and claimed.returncode == 0, claimed.stderr
         assert f"task {task_id}: started recorded" in claimed.stdout
-        # A second executor's claim is refused: the task is taken.
+        # A second `started` is refused: the task already runs (another executor would get
+        # task_claimed: tests/api/test_tasks.py).
         again = cpctl.run("ci-bot", "task", "report", task_id, "--status", "started")
         assert again.returncode == 1 and "409 task_state_conflict" in again.stderr, again.stderr
         # Someone without tasks.report cannot report (alice, the operator who asked for the run).

@@ -66,6 +66,28 @@ async def _append(
         await store.close()
 
 
+async def _claim(
+    url: str, schema: str | None, barrier: Any, task_ids: list[str], writer: str
+) -> list[str]:
+    """``writer`` reports ``started`` on every task at once, as an executor claiming it; per
+    task "won" or the conflict's reason."""
+    store = await open_store(url, schema=schema)
+    try:
+        await asyncio.to_thread(barrier.wait, 30)
+
+        async def claim(task_id: str) -> str:
+            try:
+                await store.append_event(task_id, "started", writer, {}, T0 + 1,
+                                         state="running", progress=0, claimant=writer)
+            except Conflict as exc:
+                return exc.reason
+            return "won"
+
+        return list(await asyncio.gather(*(claim(t) for t in task_ids)))
+    finally:
+        await store.close()
+
+
 async def _open(url: str, schema: str | None, barrier: Any) -> str:
     await asyncio.to_thread(barrier.wait, 30)
     store = await open_store(url, schema=schema)
@@ -118,5 +140,6 @@ async def _audit(
 
 
 _JOBS: dict[str, Any] = {
-    "consume": _consume, "append": _append, "open": _open, "reserve": _reserve, "audit": _audit,
+    "consume": _consume, "append": _append, "claim": _claim, "open": _open, "reserve": _reserve,
+    "audit": _audit,
 }

@@ -551,6 +551,27 @@ async def test_tasks_and_events(store: Store) -> None:
         await store.append_event("task-1", "x", "alice", {}, T0, state="exploded")
 
 
+async def test_the_first_executor_report_claims_the_task(store: Store) -> None:
+    await store.ensure_task("task-1", "alice", T0)
+    # An intent (no claimant) neither claims nor is refused.
+    await store.append_event("task-1", "installer.run.requested", "alice", {}, T0)
+    assert (await store.get_task("task-1")).claimed_by is None  # type: ignore[union-attr]
+    await store.append_event("task-1", "started", "ci-bot", {}, T0 + 1, state="running",
+                             claimant="ci-bot")
+    await store.append_event("task-1", "progress", "ci-bot", {}, T0 + 2, progress=50,
+                             claimant="ci-bot")
+    with pytest.raises(Conflict) as refused:
+        await store.append_event("task-1", "succeeded", "other-bot", {}, T0 + 3,
+                                 state="succeeded", claimant="other-bot")
+    assert (refused.value.reason, refused.value.current_state) == ("task_claimed", "running")
+    task = await store.get_task("task-1")
+    assert task is not None
+    assert (task.state, task.progress, task.claimed_by, task.last_seq) == (
+        "running", 50, "ci-bot", 3)
+    with pytest.raises(NotFound):
+        await store.append_event("nope", "started", "ci-bot", {}, T0, claimant="ci-bot")
+
+
 # -------------------------------------------------------------------------------------- audit
 
 

@@ -93,6 +93,26 @@ async def test_concurrent_append_event_gap_free(store: Store, target: Target) ->
     assert task is not None and task.last_seq == total
 
 
+async def test_racing_executors_claim_each_task_exactly_once(store: Store, target: Target) -> None:
+    """Every process reports ``started`` on the same 30 pending tasks at once: each task is
+    claimed by exactly one executor, the others get ``task_claimed``, and the one event each task
+    holds is its claimant's."""
+    task_ids = [f"task-{n}" for n in range(30)]
+    for task_id in task_ids:
+        await store.ensure_task(task_id, "alice", T0)
+    writers = [f"executor-{n}" for n in range(_processes(target))]
+    results = await asyncio.to_thread(
+        _spawn, target, "claim", [{"task_ids": task_ids, "writer": w} for w in writers])
+    for index, task_id in enumerate(task_ids):
+        outcomes = Counter(result[index] for result in results)
+        assert outcomes == {"won": 1, "task_claimed": len(writers) - 1}, (task_id, outcomes)
+        winner = writers[[result[index] for result in results].index("won")]
+        task = await store.get_task(task_id)
+        assert task is not None
+        assert (task.state, task.claimed_by, task.last_seq) == ("running", winner, 1)
+        assert [e.actor for e in await store.list_events(task_id)] == [winner]
+
+
 async def test_concurrent_start_migrates_once(target: Target) -> None:
     n = _processes(target) + 2
     results = await asyncio.to_thread(_spawn, target, "open", [{}] * n)

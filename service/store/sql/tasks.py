@@ -3,22 +3,28 @@
 
 from __future__ import annotations
 
-from ..base import TASK_STATES, EventRecord, Json, NotFound, StoreError, TaskRecord
+from ..base import TASK_STATES, Conflict, EventRecord, Json, NotFound, StoreError, TaskRecord
 from .core import MAX_LIST_LIMIT, Query, Row, Unit
 
 __all__ = ["TaskSql"]
 
-_TASK_COLUMNS = "id, state, progress, result, created_by, created_at, updated_at, last_seq"
+_TASK_COLUMNS = (
+    "id, state, progress, result, created_by, created_at, updated_at, last_seq, claimed_by"
+)
 _EVENT_COLUMNS = "task_id, seq, kind, at, actor, data"
 
 
 # Incrementing last_seq on the task row locks it until commit, so concurrent writers in any
 # process queue up here and seqs come out gap-free: a rolled-back append rolls back its
-# increment too.
+# increment too. An executor's report (a claimant) claims an unclaimed task and applies only to
+# a task unclaimed or claimed by the same subject: the condition is evaluated on the locked row,
+# so of two executors racing to start a task exactly one claims it.
 _BUMP = (
     "UPDATE tasks SET last_seq = last_seq + 1, updated_at = ?, "
     "state = COALESCE(?, state), progress = COALESCE(?, progress), "
-    "result = COALESCE(?, result) WHERE id = ? RETURNING last_seq AS seq"
+    "result = COALESCE(?, result), claimed_by = COALESCE(claimed_by, CAST(? AS TEXT)) "
+    "WHERE id = ? AND (CAST(? AS TEXT) IS NULL OR claimed_by IS NULL OR claimed_by = ?) "
+    "RETURNING last_seq AS seq"
 )
 # PostgreSQL: the same UPDATE and the event's INSERT in one statement (no row: no such task).
 # The casts give the SELECT list's parameters the columns' types.
@@ -40,6 +46,7 @@ def _task(q: Query, row: Row) -> TaskRecord:
         created_at=float(row["created_at"]),
         updated_at=float(row["updated_at"]),
         last_seq=int(row["last_seq"]),
+        claimed_by=row["claimed_by"],
     )
 
 
@@ -68,7 +75,7 @@ class TaskSql(Unit):
         async with self._unit(write=True) as q:
             # A new task comes back from the INSERT itself; only an existing one is read.
             row = await q.one(
-                f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES (?, 'pending', 0, NULL, ?, ?, ?, 0) "
+                f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES (?, 'pending', 0, NULL, ?, ?, ?, 0, NULL) "
                 f"ON CONFLICT (id) DO NOTHING RETURNING {_TASK_COLUMNS}",
                 id, created_by, at, at,
             )  # fmt: skip
@@ -105,19 +112,24 @@ class TaskSql(Unit):
         state: str | None = None,
         progress: int | None = None,
         result: Json | None = None,
+        claimant: str | None = None,
     ) -> EventRecord:
         if state is not None and state not in TASK_STATES:
             raise ValueError(f"invalid task state {state!r}")
         async with self._unit(write=True) as q:
             d = q.dialect
-            bump = (at, state, progress, None if result is None else d.json_in(result), task_id)
+            bump = (at, state, progress, None if result is None else d.json_in(result),
+                    claimant, task_id, claimant, claimant)
             if d.writes_in_cte:  # both writes in one round trip
                 row = await q.one(_BUMP_AND_APPEND, *bump, task_id, kind, at, actor,
                                   d.json_in(data))
             else:
                 row = await q.one(_BUMP, *bump)
             if row is None:
-                raise NotFound("task", task_id)
+                task = await _get(q, task_id)
+                if task is None:
+                    raise NotFound("task", task_id)
+                raise Conflict("task_claimed", current_state=task.state)
             seq = int(row["seq"])
             if not d.writes_in_cte:
                 await q.exec(
