@@ -297,7 +297,7 @@ async def test_a_policy_change_request_carries_the_change(make_client, receiver,
     and why, its diff summary against the running revision and its impact (webhook data and the
     chat message)."""
     from service.authz.revisions import Bundle
-    from tests.api.test_policy_revisions import keypair, published, store_keys, variant
+    from tests.authz.revisions import keypair, published, store_keys, variant
 
     key, public = keypair(tmp_path)
     client = await make_client({**notifications(receiver.url),
