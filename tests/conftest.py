@@ -17,6 +17,12 @@ the engine calls; production has no setting for it. Tests under tests/authz/ (th
 the policy CLI's own tests, including crash isolation; not the app tests of policy features listed
 in ``IN_PROCESS_VETTING``) and tests marked ``child_process_vetting`` keep the real child-process
 path.
+
+Password cost: the app of ``make_config`` reads the dev identities of ``examples/identities.yaml``
+with their password hashes made again at a low scrypt cost (``TEST_SCRYPT``): the same subjects,
+passwords, TOTP secrets and keys, and real scrypt verification, without a 32 MiB derivation per
+login (most app tests log in several times). A test that names its own identities file (by
+override or ``CONTROLPLANE_AUTHN__IDENTITIES``) gets that file as it is.
 """
 
 from __future__ import annotations
@@ -27,15 +33,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp.test_utils import TestClient
 
 from service.app import create_app
+from service.authn import passwords
 from service.authz import engine as policy_engine
 from service.authz import regotest
 from service.authz.source import Snapshot
 from service.config import Config, load
 from service.repeats import REPEATS
 from tests import contract_hooks
+from tests.auth import PASSWORDS
 from tests.servers import EdgeTestServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,13 +140,33 @@ def in_process_policy_vetting(request: pytest.FixtureRequest, monkeypatch: pytes
         monkeypatch.setattr(policy_engine, "run_tests_isolated", vet_in_process)
 
 
+#: The scrypt cost of the test identities' password hashes (the service's default is ln=15).
+TEST_SCRYPT = passwords.ScryptParams(ln=4, r=8, p=1)
+
+
+@pytest.fixture(scope="session")
+def dev_identities(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``examples/identities.yaml`` with the known dev passwords hashed at ``TEST_SCRYPT``."""
+    doc = yaml.safe_load((REPO / "examples" / "identities.yaml").read_text(encoding="utf-8"))
+    for identity in doc["identities"]:
+        if identity.get("password_hash") and identity["subject_id"] in PASSWORDS:
+            identity["password_hash"] = passwords.hash_password(
+                PASSWORDS[identity["subject_id"]], TEST_SCRYPT)
+    path = tmp_path_factory.mktemp("identities") / "identities.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
 @pytest.fixture
-def make_config(tmp_path: Path) -> MakeConfig:
-    """Build a Config from defaults + ``overrides`` (nested dicts), state under ``tmp_path``."""
+def make_config(tmp_path: Path, dev_identities: Path) -> MakeConfig:
+    """Build a Config from defaults + ``overrides`` (nested dicts), state under ``tmp_path``,
+    the dev identities at a low password cost unless the test names its own."""
 
     def make(overrides: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> Config:
         merged: dict[str, Any] = {"state_dir": str(tmp_path / "state")}
         merged.update(overrides or {})
+        if "CONTROLPLANE_AUTHN__IDENTITIES" not in (environ or {}):
+            merged["authn"] = {"identities": str(dev_identities), **(merged.get("authn") or {})}
         return load(None, environ or {}, base_dir=REPO, overrides=merged)
 
     return make
