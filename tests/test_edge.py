@@ -23,6 +23,10 @@ from service.edge import LINGER_BYTES, EdgeRequestHandler
 from tests.rawhttp import TAIL, TOKEN, assert_problem, broken_authorization, exchange, parse
 from tests.servers import EdgeTestServer, serve
 
+#: How long the slow clients below keep a connection open at most (the deadline under test is
+#: 1 s, the default one 10 s).
+TRICKLE_S = 8.0
+
 
 @pytest.fixture
 async def edge(make_config):
@@ -112,7 +116,8 @@ async def test_many_huge_header_fields_are_refused_without_reading_them(edge, ca
     # one socket read (asyncio reads at most 256 KiB at a time). Not 15 MiB.
     assert received <= 256 * 1024 + LINGER_BYTES + 2 * 256 * 1024, received
     assert sent < 120 * len(field)
-    assert time.monotonic() - started < 5
+    # Answered by the field bound, not by the 10 s header deadline (slack for a loaded machine).
+    assert time.monotonic() - started < 9
     assert_problem(raw, 431, "header_fields_too_large")
     assert_quiet_logs(caplog)
 
@@ -149,7 +154,10 @@ async def test_a_slow_head_is_closed_at_the_header_deadline(edge):
     writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
     closed_after = None
     try:
-        for _ in range(20):  # one header line every 0.25 s: never a complete head
+        # One header line every 0.25 s, never a complete head, for TRICKLE_S: a deadline that
+        # each line restarted, or the 10 s default instead of the configured 1 s, leaves the
+        # connection open that long; a loaded machine only makes the close later than 1 s.
+        while time.monotonic() - started < TRICKLE_S:
             await asyncio.sleep(0.25)
             writer.write(b"X-Slow: 1\r\n")
             await writer.drain()
@@ -159,8 +167,8 @@ async def test_a_slow_head_is_closed_at_the_header_deadline(edge):
     except ConnectionError:
         closed_after = time.monotonic() - started
     writer.close()
-    assert closed_after is not None, "the connection was still open after 5 s"
-    assert 0.9 <= closed_after < 3.5
+    assert closed_after is not None, f"the connection was still open after {TRICKLE_S} s"
+    assert 0.9 <= closed_after < TRICKLE_S
 
 
 async def _eof_soon(reader: asyncio.StreamReader) -> bool:
@@ -173,9 +181,9 @@ async def _eof_soon(reader: asyncio.StreamReader) -> bool:
 async def test_a_connection_that_never_sends_is_closed_too_and_timely_ones_are_served(edge):
     server = await edge({"server": {"header_timeout_s": 1}})
     reader, writer = await asyncio.open_connection(server.host, server.port)
-    started = time.monotonic()
-    assert await asyncio.wait_for(reader.read(), 5) == b""
-    assert time.monotonic() - started < 3
+    # Closed at the 1 s deadline; the wait is the bound (TimeoutError): below the 10 s default,
+    # with slack for a loaded machine.
+    assert await asyncio.wait_for(reader.read(), TRICKLE_S) == b""
     writer.close()
     # Keep-alive: a second request 0.5 s after the first response is served.
     reader, writer = await asyncio.open_connection(server.host, server.port)
