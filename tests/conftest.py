@@ -5,8 +5,8 @@ Layout: tests mirror ``service/``. A test of ``service/X/Y.py`` lives in ``tests
 ``service/Y.py`` in ``tests/test_Y.py`` (``tests/test_Y_<aspect>.py``). Whole-system tests that
 belong to no one module (several ``cpctl serve`` processes, the walkthrough script) live in
 ``tests/system/``. Helpers shared by several test modules are modules without the ``test_``
-prefix (``tests/tickets.py``, ``tests/rawhttp.py``, ``tests/authz/revisions.py``...); a test
-module never imports from another test module.
+prefix (``tests/tickets.py``, ``tests/rawhttp.py``, ``tests/authz/revisions.py``...), not test
+modules imported by others.
 
 Policy vetting: every app start loads the policy engine, which vets the revision (compile, probe
 decision, the revision's own ``*_test.rego``) in a child interpreter so that a native crash
