@@ -2,9 +2,10 @@
 and never decides. Behind it is the real app (real SQLite store, real sessions and keys) plus one
 probe route that shows what the middleware attached: the principal, or the token's error code
 for the chain to answer with. A valid token names its session's subject; a malformed token, a
-forged one, one signed with another algorithm, an expired one (also once verified and cached)
-and one of a revoked session leave the request anonymous with that token's code; another
-scheme or no header leaves it anonymous with no code."""
+forged one, one signed with another algorithm or by a key this service does not have, an
+expired one (also once verified and cached) and one of a revoked session leave the request
+anonymous with that token's code; another scheme or no header leaves it anonymous with no code;
+without a store a token cannot be checked, and says so."""
 
 from __future__ import annotations
 
