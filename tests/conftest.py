@@ -1,13 +1,28 @@
 """Shared fixtures: a configuration per test (its own state dir) and the real app behind a client.
 
+Layout: tests mirror ``service/``. A test of ``service/X/Y.py`` lives in ``tests/X/test_Y.py``
+(or ``tests/X/test_Y_<aspect>.py`` when one module has several), a test of a top-level module
+``service/Y.py`` in ``tests/test_Y.py`` (``tests/test_Y_<aspect>.py``). Whole-system tests that
+belong to no one module (several ``cpctl serve`` processes, the walkthrough script) live in
+``tests/system/``. Helpers shared by several test modules are modules without the ``test_``
+prefix (``tests/tickets.py``, ``tests/rawhttp.py``, ``tests/authz/revisions.py``...), not test
+modules imported by others.
+
 Policy vetting: every app start loads the policy engine, which vets the revision (compile, probe
 decision, the revision's own ``*_test.rego``) in a child interpreter so that a native crash
 cannot take a serving worker down. App tests vet in this process instead, once per policy
 content per session (``in_process_policy_vetting``): the same ``regotest.vet`` the child runs,
 without an interpreter start per test. This is a test-only substitution of the module attribute
 the engine calls; production has no setting for it. Tests under tests/authz/ (the engine's and
-the policy CLI's own tests, including crash isolation) and tests marked
-``child_process_vetting`` keep the real child-process path.
+the policy CLI's own tests, including crash isolation; not the app tests of policy features listed
+in ``IN_PROCESS_VETTING``) and tests marked ``child_process_vetting`` keep the real child-process
+path.
+
+Password cost: the app of ``make_config`` reads the dev identities of ``examples/identities.yaml``
+with their password hashes made again at a low scrypt cost (``TEST_SCRYPT``): the same subjects,
+passwords, TOTP secrets and keys, and real scrypt verification, without a 32 MiB derivation per
+login (most app tests log in several times). A test that names its own identities file (by
+override or ``CONTROLPLANE_AUTHN__IDENTITIES``) gets that file as it is.
 """
 
 from __future__ import annotations
@@ -18,19 +33,32 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp.test_utils import TestClient
 
 from service.app import create_app
+from service.authn import passwords
 from service.authz import engine as policy_engine
 from service.authz import regotest
 from service.authz.source import Snapshot
 from service.config import Config, load
 from service.repeats import REPEATS
 from tests import contract_hooks
+from tests.auth import PASSWORDS
 from tests.servers import EdgeTestServer
 
 REPO = Path(__file__).resolve().parent.parent
 AUTHZ_TESTS = REPO / "tests" / "authz"
+
+#: Modules under tests/authz/ that test policy features through the app, as the other app tests do:
+#: they vet in-process.
+IN_PROCESS_VETTING = frozenset({
+    "tests/authz/test_activations_fleet.py",
+    "tests/authz/test_input_resource.py",
+    "tests/authz/test_shadow.py",
+    "tests/authz/test_shadowproc.py",
+    "tests/authz/test_shadow_revision.py",
+})
 
 MakeConfig = Callable[..., Config]
 MakeClient = Callable[..., Awaitable[TestClient]]
@@ -56,12 +84,12 @@ def vet_in_process(
 #: ``make e2e`` runs them (marker ``e2e``), ``make test`` the rest; ``.ci/run`` runs both. A module
 #: path names every test in it, ``path::name`` one test.
 E2E_TESTS = frozenset({
-    "tests/test_processes.py",
-    "tests/test_operations.py",
-    "tests/test_log_floods.py",
-    "tests/test_login_throttle_processes.py",
-    "tests/test_policy_fleet.py",
-    "tests/test_policy_shadow_process.py::test_no_shadow_process_outlives_cpctl_serve_workers",
+    "tests/system/test_processes.py",
+    "tests/system/test_operations.py",
+    "tests/system/test_log_floods.py",
+    "tests/authn/test_throttling_processes.py",
+    "tests/authz/test_activations_fleet.py",
+    "tests/authz/test_shadowproc.py::test_no_shadow_process_outlives_cpctl_serve_workers",
     "tests/console/test_console_browser.py",
     "tests/console/test_console_sso_review.py::"
     "test_an_sso_approver_approves_in_a_real_browser_and_the_run_executes",
@@ -73,12 +101,12 @@ E2E_TESTS = frozenset({
     "tests/cli/test_audit_cli.py",
     "tests/cli/test_token_renewal_cli.py",
     "tests/cli/test_task_loop_cli.py",
-    "tests/test_walkthrough.py",
-    "tests/test_http_edge.py::test_cpctl_serve_streams_end_on_sigterm_and_disconnects_log_nothing",
+    "tests/system/test_walkthrough.py",
+    "tests/test_edge.py::test_cpctl_serve_streams_end_on_sigterm_and_disconnects_log_nothing",
     "tests/authn/test_token_exchange.py::test_cpctl_login_token_file",
     "tests/cli/test_keyring_cli.py::test_rotation_under_a_running_server",
     "tests/test_accesslog.py::test_cpctl_serve_writes_one_json_access_line_with_the_clients_id",
-    "tests/test_policy_shadow_process.py::test_a_killed_shadow_process_is_started_again_and_counted",
+    "tests/authz/test_shadowproc.py::test_a_killed_shadow_process_is_started_again_and_counted",
     "tests/authn/test_reload.py::test_cpctl_add_user_lets_them_log_in_to_a_running_server_within_5s",
     "tests/store/test_faults.py::test_stall_answers_every_request_within_the_deadline",
     "tests/authz/test_rego_input.py::test_the_policy_sees_the_document",
@@ -90,9 +118,9 @@ E2E_TESTS = frozenset({
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if AUTHZ_TESTS in item.path.parents:
-            item.add_marker(pytest.mark.child_process_vetting)
         module = item.path.relative_to(REPO).as_posix()
+        if AUTHZ_TESTS in item.path.parents and module not in IN_PROCESS_VETTING:
+            item.add_marker(pytest.mark.child_process_vetting)
         name = getattr(item, "originalname", item.name)
         if module in E2E_TESTS or f"{module}::{name}" in E2E_TESTS:
             item.add_marker(pytest.mark.e2e)
@@ -112,13 +140,33 @@ def in_process_policy_vetting(request: pytest.FixtureRequest, monkeypatch: pytes
         monkeypatch.setattr(policy_engine, "run_tests_isolated", vet_in_process)
 
 
+#: The scrypt cost of the test identities' password hashes (the service's default is ln=15).
+TEST_SCRYPT = passwords.ScryptParams(ln=4, r=8, p=1)
+
+
+@pytest.fixture(scope="session")
+def dev_identities(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``examples/identities.yaml`` with the known dev passwords hashed at ``TEST_SCRYPT``."""
+    doc = yaml.safe_load((REPO / "examples" / "identities.yaml").read_text(encoding="utf-8"))
+    for identity in doc["identities"]:
+        if identity.get("password_hash") and identity["subject_id"] in PASSWORDS:
+            identity["password_hash"] = passwords.hash_password(
+                PASSWORDS[identity["subject_id"]], TEST_SCRYPT)
+    path = tmp_path_factory.mktemp("identities") / "identities.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
 @pytest.fixture
-def make_config(tmp_path: Path) -> MakeConfig:
-    """Build a Config from defaults + ``overrides`` (nested dicts), state under ``tmp_path``."""
+def make_config(tmp_path: Path, dev_identities: Path) -> MakeConfig:
+    """Build a Config from defaults + ``overrides`` (nested dicts), state under ``tmp_path``,
+    the dev identities at a low password cost unless the test names its own."""
 
     def make(overrides: dict[str, Any] | None = None, environ: dict[str, str] | None = None) -> Config:
         merged: dict[str, Any] = {"state_dir": str(tmp_path / "state")}
         merged.update(overrides or {})
+        if "CONTROLPLANE_AUTHN__IDENTITIES" not in (environ or {}):
+            merged["authn"] = {"identities": str(dev_identities), **(merged.get("authn") or {})}
         return load(None, environ or {}, base_dir=REPO, overrides=merged)
 
     return make

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Families", "scrape", "value"]
+__all__ = ["Families", "scrape", "shadow_divergence", "value"]
 
 #: family name -> its samples (sample name, labels, value).
 Families = dict[str, list[tuple[str, dict[str, str], float]]]
@@ -25,3 +25,13 @@ def value(families: Families, family: str, sample: str | None = None, **labels: 
     labels include ``labels``."""
     return sum(v for name, lab, v in families[family]
                if name == (sample or family) and all(lab.get(k) == x for k, x in labels.items()))
+
+
+async def shadow_divergence(client, live: str, candidate: str) -> float:
+    """``controlplane_policy_shadow_divergence_total`` for one (live, candidate) pair; 0 before
+    the first divergence is counted."""
+    families = await scrape(client)
+    family = "controlplane_policy_shadow_divergence"
+    if family not in families:
+        return 0.0
+    return value(families, family, f"{family}_total", live=live, candidate=candidate)

@@ -17,8 +17,8 @@ from service.accesslog import ACCESS_LOGGER
 from service.app import create_app
 from service.logs import JSONFormatter
 from tests.auth import bearer, login
+from tests.rawhttp import assert_problem, broken_authorization, exchange
 from tests.servers import EdgeTestServer, serve
-from tests.test_http_edge import assert_problem, broken_authorization, exchange
 
 CID = "issue-14.item-7:cid"
 

@@ -6,7 +6,6 @@ import json
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -19,44 +18,9 @@ from service.approvals.expiry import expire_once
 from service.store.base import ThrottleRule
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
+from tests.tickets import RESOURCE, approved_ticket, audit_entries, installer_body, ticket_headers
 
 REPO = Path(__file__).resolve().parent.parent
-RESOURCE = {"app": "web", "version": "1.2.3"}
-
-
-def installer_body(env: str = "prod", task_id: str = "task-1", resource: Any = None) -> dict[str, Any]:
-    return {"task_id": task_id, "action": "installer.run.execute",
-            "resource": RESOURCE if resource is None else resource, "env": env}
-
-
-def ticket_headers(token: str, ticket: dict[str, Any], **extra: str) -> dict[str, str]:
-    return bearer(token, **{"Approval-Ticket": ticket["id"], "Approval-Nonce": ticket["nonce"]},
-                  **extra)
-
-
-async def audit_entries(client) -> list[dict[str, Any]]:
-    store = client.server.app[STORE].require()
-    return [r.entry for r in await store.audit_range(0, 1000)]
-
-
-async def approved_ticket(client, requester_token: str, *, subject: str = "alice",
-                          env: str = "prod", resource: Any = None,
-                          command: str | None = None) -> dict[str, Any]:
-    """Create a ticket as the requester and have bob (stepped up) approve it."""
-    body: dict[str, Any] = {"subject_id": subject, "env": env, "action": "installer.run.execute",
-                            "resource": RESOURCE if resource is None else resource,
-                            "reason": "release 1.2.3"}
-    if command is not None:
-        body["command_hash"] = command_hash(command)
-    response = await client.post("/api/v1/approvals", json=body, headers=bearer(requester_token))
-    assert response.status == 201, await response.text()
-    ticket = await response.json()
-    bob = await step_up(client, await login(client, "bob"), "bob")
-    review = await client.post(f"/api/v1/approvals/{ticket['id']}/reviews",
-                               json={"decision": "approve"}, headers=bearer(bob))
-    assert review.status == 200, await review.text()
-    assert (await review.json())["state"] == "approved"
-    return ticket
 
 
 async def test_readme_story_end_to_end(client):

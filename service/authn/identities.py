@@ -82,8 +82,9 @@ class IdentityDirectory:
         return len(self._by_subject)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (a silently shadowed entry is a trap)."""
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The safe loader (libyaml's where PyYAML has it: identities load at every start and
+    reload) refusing duplicate mapping keys (a silently shadowed entry is a trap)."""
 
 
 def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -91,7 +92,8 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     duplicates = [k for k, n in collections.Counter(map(str, keys)).items() if n > 1]
     if duplicates:
         raise IdentitiesError(f"duplicate key {duplicates[0]!r} at line {node.start_mark.line + 1}")
-    return loader.construct_mapping(node, deep=True)
+    mapping: dict[Any, Any] = loader.construct_mapping(node, deep=True)
+    return mapping
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hmac
 import os
 import re
@@ -121,7 +122,14 @@ def dummy_hash(like: str | None = None) -> str:
     """A hash of a random password with the cost of ``like`` (default: ``DEFAULT_PARAMS``).
 
     Verified instead of a real hash for unknown or disabled subjects, so the time a failed
-    login takes does not tell whether the subject exists.
+    login takes does not tell whether the subject exists. One per cost per process
+    (``_dummy_for``): it only has to cost what a real one costs, and making it is a whole
+    scrypt derivation that every identities load (each app start, each reload) paid again.
     """
-    params = parse_hash(like).params if like else DEFAULT_PARAMS
+    return _dummy_for(parse_hash(like).params if like else DEFAULT_PARAMS)
+
+
+@functools.cache
+def _dummy_for(params: ScryptParams) -> str:
+    # The password is random and never kept: nothing verifies against it but by chance.
     return hash_password(_b64(os.urandom(24)), params)

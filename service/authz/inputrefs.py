@@ -34,6 +34,7 @@ not an object, by JSON type), which is all a static path can observe there.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -299,7 +300,14 @@ def _chain(m: _Module, j: int) -> tuple[Path, int]:
 
 def analyse(sources: Iterable[str]) -> InputRefs:
     """The input paths the modules (their source texts) may read; ``InputRefs(None)`` when the
-    analysis cannot bound them."""
+    analysis cannot bound them. A function of the texts alone, remembered for the last few
+    revisions: every load of the same revision (each worker start, each reload of unchanged
+    sources) would otherwise tokenise and walk every module again."""
+    return _analysed(tuple(sources))
+
+
+@functools.lru_cache(maxsize=8)
+def _analysed(sources: tuple[str, ...]) -> InputRefs:
     try:
         return InputRefs(_analyse(list(sources)))
     except _Unsupported:

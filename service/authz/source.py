@@ -26,6 +26,9 @@ __all__ = [
 
 #: Data file suffixes read from ``<policies>/data/`` (YAML or JSON; one document per file).
 DATA_SUFFIXES = (".yaml", ".yml", ".json")
+#: The safe loader, in C where PyYAML has libyaml: the same documents and errors, and policy data
+#: is parsed on every load and reload (the pure-Python parser was most of a revision's load).
+_SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class SourceError(Exception):
@@ -118,7 +121,7 @@ def read_snapshot(policies_dir: Path, data_dir: Path | None = None) -> Snapshot:
     for path in _data_files(data_dir):
         try:
             raw = path.read_bytes()
-            doc = json.loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
+            doc = json.loads(raw) if path.suffix == ".json" else yaml.load(raw, Loader=_SAFE_LOADER)  # noqa: S506 - safe
         except (OSError, ValueError, yaml.YAMLError) as exc:
             raise SourceError(f"data/{path.name}: cannot parse: {_short(exc)}") from None
         if doc is None:

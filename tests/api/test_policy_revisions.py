@@ -7,52 +7,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from service.appkeys import STORE
 from service.authz.activations import ActivationSigner, activation_keys, verify_activation
-from service.authz.revisions import Bundle, sign
+from service.authz.revisions import Bundle
 from tests.auth import bearer, login, step_up
+from tests.authz.revisions import keypair, published, store_keys, variant
 from tests.problems import assert_problem
 
 REPO = Path(__file__).resolve().parents[2]
 NON_PRODUCTION = {"environments": {"dev": {"production": False}, "staging": {"production": False}}}
-
-
-def keypair(tmp_path: Path, name: str = "signer") -> tuple[Ed25519PrivateKey, Path]:
-    key = Ed25519PrivateKey.generate()
-    public = tmp_path / f"{name}.pub.pem"
-    public.write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    return key, public
-
-
-def store_keys(public: Path) -> dict[str, Any]:
-    """``policies.store`` trusting ``public`` for revisions, with an activation key beside it
-    (written once: every replica of a test shares it)."""
-    activation = public.with_name("activation.pem")
-    if not activation.exists():
-        activation.write_bytes(Ed25519PrivateKey.generate().private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption()))
-    return {"trusted_keys": [str(public)], "activation_key": str(activation)}
-
-
-def published(key: Ed25519PrivateKey, bundle: Bundle | None = None,
-              message: str = "tighten reads") -> dict[str, Any]:
-    bundle = bundle or Bundle.from_dir(REPO / "policies")
-    return {"bundle": bundle.to_doc(),
-            "signature": sign(bundle, key, author="alice", message=message,
-                              created_at="2026-11-23T18:00:00+00:00")}
-
-
-def variant(comment: str) -> Bundle:
-    """The shipped policies with one more comment line: another revision, same behaviour."""
-    base = Bundle.from_dir(REPO / "policies")
-    modules = dict(base.modules)
-    modules["authz.rego"] = modules["authz.rego"] + f"\n# {comment}\n"
-    return Bundle(modules, base.data)
 
 
 async def audit_actions(client: Any) -> list[tuple[str, str]]:
@@ -245,7 +210,7 @@ async def test_a_publish_ticket_shows_its_change_and_replayed_impact(make_client
     message and author, the vetting, the diff against the running revision and the recent
     decisions replayed against the candidate (carol's viewer role revoked: her allowed reads
     would be denied)."""
-    from tests.authz.test_replay_shadow import candidate_without_carols_role
+    from tests.authz.conftest import candidate_without_carols_role
 
     key, public = keypair(tmp_path)
     log_path = tmp_path / "decisions.jsonl"

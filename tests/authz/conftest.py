@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +43,16 @@ def write_policy(
     (root / "data").mkdir(exist_ok=True)
     (root / "data" / "env.yaml").write_text(data)
     (root / "data" / "rbac.yaml").write_text(bindings)
+    return root
+
+
+def candidate_without_carols_role(root: Path) -> Path:
+    """The shipped policies with one role binding revoked: carol loses `viewer`."""
+    shutil.copytree(REPO / "policies", root, ignore=shutil.ignore_patterns("compose"))
+    bindings = root / "data" / "bindings.yaml"
+    text = bindings.read_text()
+    assert "  carol: {roles: [viewer]}\n" in text
+    bindings.write_text(text.replace("  carol: {roles: [viewer]}\n", "  carol: {roles: []}\n"))
     return root
 
 

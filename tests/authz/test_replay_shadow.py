@@ -1,12 +1,11 @@
 """Seeing a policy change before it ships: the decision log with inputs and replay of it against
-a candidate revision (shadow evaluation in the running service: tests/test_policy_shadow.py)."""
+a candidate revision (shadow evaluation in the running service: tests/authz/test_shadow.py)."""
 
 from __future__ import annotations
 
 import io
 import itertools
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,21 +15,11 @@ from service.authz import actions
 from service.authz.decisionlog import MASK, DecisionLog, read_records
 from service.authz.engine import PolicyEngine
 from service.cli.policy import run
-from tests.authz.conftest import REPO, doc
+from tests.authz.conftest import REPO, candidate_without_carols_role, doc
 
 SUBJECTS = (("alice", "human"), ("bob", "human"), ("carol", "human"), ("erin", "human"),
             ("ci-bot", "service"), ("agent-7", "agent"))
 ENVS = ("dev", "staging", "prod")
-
-
-def candidate_without_carols_role(root: Path) -> Path:
-    """The shipped policies with one role binding revoked: carol loses `viewer`."""
-    shutil.copytree(REPO / "policies", root, ignore=shutil.ignore_patterns("compose"))
-    bindings = root / "data" / "bindings.yaml"
-    text = bindings.read_text()
-    assert "  carol: {roles: [viewer]}\n" in text
-    bindings.write_text(text.replace("  carol: {roles: [viewer]}\n", "  carol: {roles: []}\n"))
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from service.authz.activations import (
     ActivationRefused,
     ActivationSigner,
-    activation_keys,
     verify_activation,
 )
 from service.authz.engine import PolicyEngine
@@ -27,7 +26,6 @@ from service.authz.revisions import (
     Bundle,
     BundleError,
     SignatureError,
-    key_id,
     materialize,
     sign,
     verify,
@@ -35,23 +33,11 @@ from service.authz.revisions import (
 from service.authz.source import read_snapshot
 from service.config import ConfigError, PolicyStoreConfig, load
 from service.store import Store, open_store
-from service.store.base import PolicyActivation, PolicyRevisionRecord
+from service.store.base import PolicyActivation
+from tests.authz.revisions import ACTIVATION_KEYS, ACTIVATOR, KEY, TRUSTED, publish, variant
 from tests.store.pg import require_postgres, temp_schema
 
 REPO = Path(__file__).resolve().parents[2]
-KEY = Ed25519PrivateKey.generate()
-TRUSTED = {key_id(KEY.public_key()): KEY.public_key()}
-#: The activation key of the replicas (signs activations), and what followers trust.
-ACTIVATOR = ActivationSigner(Ed25519PrivateKey.generate())
-ACTIVATION_KEYS = activation_keys((), ACTIVATOR)
-
-
-def variant(comment: str, module: str | None = None) -> Bundle:
-    base = Bundle.from_dir(REPO / "policies")
-    text = module if module is not None else base.modules["authz.rego"] + f"\n# {comment}\n"
-    return Bundle({**base.modules, "authz.rego": text}, base.data)
-
-
 def _b64(doc: Any) -> str:
     return base64.urlsafe_b64encode(rfc8785.dumps(doc)).decode().rstrip("=")
 
@@ -134,18 +120,6 @@ def test_bundle_refuses_unsafe_or_empty_content(modules: dict[str, str],
 # ---- following the store ---------------------------------------------------------------------
 
 
-async def _publish(store: Store, bundle: Bundle, key: Ed25519PrivateKey = KEY) -> str:
-    revision = bundle.revision_id()
-    await store.add_policy_revision(PolicyRevisionRecord(
-        id=revision, digest=bundle.digest, bundle=bundle.to_doc(),
-        signature=sign(bundle, key, author="alice", message="", created_at="t"),
-        kid=key_id(key.public_key()), author="alice", message="", created_at=0.0,
-        published_by="alice", published_at=time.time()))
-    await store.activate_policy_revision(revision, kind="activate", by="alice", at=time.time(),
-                                         sign=lambda a: ACTIVATOR.sign(a, "ticket-1"))
-    return revision
-
-
 async def test_follower_runs_the_active_revision_and_refuses_bad_ones(tmp_path: Path) -> None:
     store = await open_store(f"sqlite:///{tmp_path / 'cp.db'}")
     engine = PolicyEngine(REPO / "policies", vet_in_subprocess=False)
@@ -163,7 +137,7 @@ async def test_follower_runs_the_active_revision_and_refuses_bad_ones(tmp_path: 
         assert (status["active_revision"], status["degraded"], engine.revision) == (
             None, False, bootstrap)
 
-        good = await _publish(store, variant("good"))
+        good = await publish(store, variant("good"))
         await follower.sync()
         assert engine.revision == good and follower.converged
         assert follower.status()["running_active"] is True and seen[-1] == (good, True)
@@ -173,7 +147,7 @@ async def test_follower_runs_the_active_revision_and_refuses_bad_ones(tmp_path: 
 
         for bundle, key in ((variant("stranger"), Ed25519PrivateKey.generate()),
                             (variant("", "package controlplane.authz\nx := \n"), KEY)):
-            bad = await _publish(store, bundle, key)
+            bad = await publish(store, bundle, key)
             await follower.sync()
             status = follower.status()
             # Refused at once (not after the bound), the last good revision keeps serving.
@@ -183,7 +157,7 @@ async def test_follower_runs_the_active_revision_and_refuses_bad_ones(tmp_path: 
         assert "untrusted_key" in str(follower._refused)
 
         assert engine.status()["status"] == "degraded"  # the engine's own rejection
-        back = await _publish(store, variant("good"))  # re-activating the good one recovers
+        back = await publish(store, variant("good"))  # re-activating the good one recovers
         await follower.sync()
         assert back == good and follower.status()["degraded"] is False
         assert engine.status()["status"] == "ready"
@@ -232,11 +206,12 @@ async def test_postgresql_notify_wakes_the_follower_long_before_its_poll(tmp_pat
                 while not follower.listening:
                     assert time.monotonic() < deadline
                     await asyncio.sleep(0.02)
-                revision = await _publish(writer, variant("notified"))
+                revision = await publish(writer, variant("notified"))
                 started = time.monotonic()
                 while engine.revision != revision:
-                    # The poll is 60 s away: only the NOTIFY can have woken it.
-                    assert time.monotonic() - started < 10, follower.status()
+                    # The poll is 60 s away: only the NOTIFY can have woken it (30 s: slack
+                    # for a loaded machine, half the poll).
+                    assert time.monotonic() - started < 30, follower.status()
                     await asyncio.sleep(0.02)
         finally:
             await writer.close()
@@ -265,8 +240,8 @@ async def test_follower_refuses_activations_the_database_alone_wrote(tmp_path: P
     refusals: list[str] = []
     follower.activation_listeners.append(refusals.append)
     try:
-        old = await _publish(store, variant("old"))
-        new = await _publish(store, variant("new"))
+        old = await publish(store, variant("old"))
+        new = await publish(store, variant("new"))
         await follower.sync()
         assert engine.revision == new and follower.load_ok and follower.accepted_seq == 2
 
@@ -345,7 +320,7 @@ async def test_a_rollback_to_directory_mode_runs_the_directory_again(tmp_path: P
     follower = StoreFollower(engine, lambda: store, PolicyStoreConfig((), 0.1, 0.5), TRUSTED,
                              activation_keys=ACTIVATION_KEYS)
     try:
-        first = await _publish(store, variant("first"))
+        first = await publish(store, variant("first"))
         await follower.sync()
         assert engine.revision == first != directory
         back = await store.activate_policy_revision(

@@ -18,7 +18,7 @@ from service.authz.reload import StoreFollower
 from service.cli import revisions
 from service.config import PolicyStoreConfig
 from service.store import open_store
-from tests.authz.test_store_follower import ACTIVATOR, KEY, TRUSTED, _publish, variant
+from tests.authz.revisions import ACTIVATOR, KEY, TRUSTED, publish, variant
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ async def test_break_glass_returns_the_fleet_to_its_directory_audited(tmp_path, 
     follower = StoreFollower(engine, lambda: store, PolicyStoreConfig((), 0.1, 0.5), TRUSTED,
                              activation_keys={**activation_keys((), ACTIVATOR), **trusted})
     try:
-        locking = await _publish(store, variant("locks out every approver"))
+        locking = await publish(store, variant("locks out every approver"))
         await follower.sync()
         assert engine.revision == locking
         capsys.readouterr()
@@ -78,7 +78,7 @@ async def test_break_glass_returns_the_fleet_to_its_directory_audited(tmp_path, 
 
         # A revision signed by a key the configuration does not trust is refused, offline too.
         stranger = variant("stranger")
-        bad = await _publish(store, stranger, Ed25519PrivateKey.generate())
+        bad = await publish(store, stranger, Ed25519PrivateKey.generate())
         before = await store.policy_activations()
         capsys.readouterr()
         assert await asyncio.to_thread(revisions.run, [

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from service.compose.preflight import POLICY_DIR, RuleSet, evaluate
-from tests.compose.support import Check, cell
+from tests.compose.support import RUNTIME_CONFLICT, Check, cell, policy_copy
 
 WARN_ONLY = {"image": "a:1", "user": "1000", "cap_drop": ["ALL"],
              "security_opt": ["no-new-privileges:true"], "networks": {"back": None},
@@ -119,30 +118,7 @@ def test_no_services(check: Check) -> None:
 
 # --- rule errors --------------------------------------------------------------------------
 
-def policy_copy(tmp_path: Path, extra: dict[str, str]) -> Path:
-    target = tmp_path / "compose"
-    shutil.copytree(POLICY_DIR, target)
-    for name, text in extra.items():
-        (target / name).write_text(text)
-    return target
-
-
 BROKEN_SYNTAX = "package controlplane.compose.rules.broken\n\nmeta := {\n"
-RUNTIME_CONFLICT = """package controlplane.compose.rules.conflict
-
-import rego.v1
-
-meta := {"id": "conflict", "title": "t", "severity": "fail", "rationale": "r", "remediation": "m"}
-
-# Two different values for one complete rule: an evaluation error whenever there is a service.
-pick := 1 if count(input.fields.services) > 0
-pick := 2 if count(input.fields.services) > 0
-
-findings contains {"service": name, "message": "x", "pointer": ""} if {
-	some name, _ in input.fields.services
-	pick == 1
-}
-"""
 BAD_META = """package controlplane.compose.rules.bad_meta
 
 import rego.v1

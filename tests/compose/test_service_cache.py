@@ -12,8 +12,7 @@ import pytest
 
 from service.compose.normalize import normalize_files
 from service.compose.preflight import POLICY_DIR, RuleSet, evaluate
-from tests.compose.support import CORPUS, EXAMPLES
-from tests.compose.test_preflight import RUNTIME_CONFLICT, policy_copy
+from tests.compose.support import CORPUS, EXAMPLES, RUNTIME_CONFLICT, policy_copy
 
 
 @pytest.fixture(scope="module")

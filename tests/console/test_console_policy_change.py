@@ -5,8 +5,8 @@ revision, and the replayed impact; nothing of it renders as markup."""
 from __future__ import annotations
 
 from service.authz.revisions import Bundle
-from tests.api.test_policy_revisions import keypair, published, store_keys
 from tests.auth import bearer, login, step_up
+from tests.authz.revisions import keypair, published, store_keys
 from tests.console.console import Visitor
 from tests.problems import assert_problem
 from tests.servers import REPO

@@ -10,6 +10,7 @@ import hmac
 import json
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -71,13 +72,19 @@ def verify_signature(received, key: bytes) -> bool:
                for s in received.headers["webhook-signature"].split(" "))
 
 
-async def request_approve_consume(client) -> dict[str, Any]:
+async def request_approve_consume(client, before_review: Callable[[], Awaitable[None]] | None = None
+                                  ) -> dict[str, Any]:
+    """alice requests a ticket, bob approves it, alice runs with it. ``before_review``: awaited
+    between the request and the review (the request's notification names its reviewers as of
+    its delivery: once bob approved, nobody is left to suggest)."""
     alice = await step_up(client, await login(client, "alice"), "alice")
     created = await client.post("/api/v1/approvals", headers=bearer(alice), json={
         "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
         "resource": RESOURCE, "command": COMMAND, "reason": "release <b>1.2.3</b>"})
     assert created.status == 201, await created.text()
     ticket = await created.json()
+    if before_review is not None:
+        await before_review()
     bob = await step_up(client, await login(client, "bob"), "bob")
     review = await client.post(f"/api/v1/approvals/{ticket['id']}/reviews",
                                json={"decision": "approve", "reason": "CHG-42"},
@@ -93,7 +100,11 @@ async def request_approve_consume(client) -> dict[str, Any]:
 
 async def test_requested_approved_consumed_arrive_signed(make_client, receiver):
     client = await make_client(notifications(receiver.url))
-    ticket = await request_approve_consume(client)
+
+    async def requested_delivered() -> None:
+        await receiver.wait_for(lambda r: len(r.accepted("/hook")) >= 1)
+
+    ticket = await request_approve_consume(client, requested_delivered)
     await receiver.wait_for(lambda r: len(r.accepted("/hook")) >= 3 and r.accepted("/slack"))
 
     hooks = receiver.accepted("/hook")
@@ -297,7 +308,7 @@ async def test_a_policy_change_request_carries_the_change(make_client, receiver,
     and why, its diff summary against the running revision and its impact (webhook data and the
     chat message)."""
     from service.authz.revisions import Bundle
-    from tests.api.test_policy_revisions import keypair, published, store_keys, variant
+    from tests.authz.revisions import keypair, published, store_keys, variant
 
     key, public = keypair(tmp_path)
     client = await make_client({**notifications(receiver.url),

@@ -19,6 +19,10 @@ from .faultproxy import FaultProxy, proxied
 
 #: The store deadline of ``app_client``.
 DEADLINE_S = 2.0
+#: By when a call bounded by ``DEADLINE_S`` has been answered: the deadline plus slack for a
+#: loaded machine (scheduling, the answer's own record). The failures this separates from are a
+#: stall never answered and the 5 s default deadline applied instead of the configured one.
+ANSWERED_WITHIN_S = DEADLINE_S + 2.5
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from service.store.postgres import PostgresStore
 from tests.auth import bearer, login
 from tests.problems import assert_problem
 
-from .conftest import DEADLINE_S
+from .conftest import ANSWERED_WITHIN_S, DEADLINE_S
 
 pytestmark = pytest.mark.postgres
 
@@ -80,14 +80,14 @@ async def test_stall_answers_every_request_within_the_deadline(app_client, proxy
         )
         (read, read_s), (write, write_s), (log_in, login_s), (anon, anon_s), (ready, ready_s) = results
         for _, elapsed in results:
-            assert elapsed <= DEADLINE_S + 1, [round(s, 2) for _, s in results]
+            assert elapsed <= ANSWERED_WITHIN_S, [round(s, 2) for _, s in results]
         for response in (read, write, log_in, anon):
             await assert_store_unavailable(response)
         body = await assert_problem(ready, 503, "not_ready")
         assert body["components"] == {"store": "degraded"}
         # Later requests during the same stall are just as bounded.
         again, again_s = await timed(app_client.get("/readyz"))
-        assert again.status == 503 and again_s <= DEADLINE_S + 1
+        assert again.status == 503 and again_s <= ANSWERED_WITHIN_S
         print("answer times during the stall (s):",
               {"read": round(read_s, 2), "write": round(write_s, 2), "login": round(login_s, 2),
                "anonymous": round(anon_s, 2), "readyz": round(ready_s, 2),
@@ -135,7 +135,7 @@ async def test_runs_in_flight_when_a_stall_begins_are_answered_within_one_deadli
         fault.flow()
     elapsed = [round(s, 2) for _, s in results]
     print("answer times of runs in flight when the stall began (s):", elapsed)
-    assert max(elapsed) <= DEADLINE_S + 1, elapsed
+    assert max(elapsed) <= ANSWERED_WITHIN_S, elapsed
     for response, _ in results:
         if response.status != 200:
             await assert_store_unavailable(response)
@@ -159,7 +159,8 @@ async def test_readyz_answers_within_its_probe_bound_during_a_stall(make_client,
         body = await assert_problem(response, 503, "not_ready")
         assert body["components"] == {"store": "degraded"}
         assert "127.0.0.1" not in await response.text()
-    assert max(elapsed) <= 1 + 1, elapsed
+    # The 1 s probe plus slack for a loaded machine; the failure is the 5 s store deadline.
+    assert max(elapsed) <= 1 + 2.5, elapsed
 
 
 async def test_reset_right_after_commit_answers_the_executed_run_once(app_client, proxy, schema):

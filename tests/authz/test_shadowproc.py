@@ -20,10 +20,9 @@ from service.authz.engine import PolicyEngine, default_policies_dir
 from service.authz.shadow import Shadow, _Gone
 from service.authz.shadowproc import NICE, Candidate
 from tests.auth import PASSWORDS, bearer, login
-from tests.authz.conftest import doc
-from tests.authz.test_replay_shadow import candidate_without_carols_role
+from tests.authz.conftest import candidate_without_carols_role, doc
+from tests.metrics import shadow_divergence
 from tests.servers import serve
-from tests.test_policy_shadow import _metric
 
 
 def _cmdline(pid: int) -> str:
@@ -90,7 +89,7 @@ async def test_the_candidate_decides_in_its_own_lower_priority_process(make_clie
     carol, alice = await login(client, "carol"), await login(client, "alice")
     await _reads(client, carol, alice, 5)
     assert shadow.wait_idle(60)
-    assert await _metric(client, "allow", "deny") == 5.0  # carol's five reads, not alice's
+    assert await shadow_divergence(client, "allow", "deny") == 5.0  # carol's five reads, not alice's
     status = (await (await client.get("/api/v1/authz/status")).json())["shadow"]
     assert (status["evaluated"], status["diverged"], status["queued"]) == (10, 5, 0)
     assert status["process"] == {"state": "running", "restarts": 0}
@@ -117,7 +116,7 @@ async def test_a_killed_shadow_process_is_started_again_and_counted(make_client,
     assert status["state"] == "ready"
     # Every request was compared once: none was lost with the killed process (it was idle).
     assert (status["evaluated"], status["diverged"], status["errors"]) == (8, 4, 0)
-    assert await _metric(client, "allow", "deny") == 4.0
+    assert await shadow_divergence(client, "allow", "deny") == 4.0
 
 
 def test_a_batch_the_killed_process_never_read_goes_to_the_next_one(tmp_path):
@@ -161,7 +160,7 @@ async def test_sighup_reloads_a_changed_candidate_directory_in_the_shadow_proces
     carol, alice = await login(client, "carol"), await login(client, "alice")
     await _reads(client, carol, alice, 1)
     assert shadow.wait_idle(60)
-    assert await _metric(client, "allow", "deny") == 1.0
+    assert await shadow_divergence(client, "allow", "deny") == 1.0
 
     bindings = tmp_path / "candidate" / "data" / "bindings.yaml"
     bindings.write_text(bindings.read_text().replace("  carol: {roles: []}\n",
@@ -173,7 +172,7 @@ async def test_sighup_reloads_a_changed_candidate_directory_in_the_shadow_proces
     assert shadow.revision not in (None, revoking) and shadow.state == "ready"
     await _reads(client, carol, alice, 2)
     assert shadow.wait_idle(60)
-    assert await _metric(client, "allow", "deny") == 1.0  # the candidate now agrees
+    assert await shadow_divergence(client, "allow", "deny") == 1.0  # the candidate now agrees
     assert shadow.status()["evaluated"] == 6
 
 

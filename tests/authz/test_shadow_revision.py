@@ -3,7 +3,8 @@ running service, on the real store: two revisions published (one revoking carol'
 activated, the other shadowed; the divergence metric counts exactly the diverging requests and
 the live decisions do not change. A candidate the process cannot verify is rejected, shown in
 authz/status, and never affects serving; SIGHUP re-reads the config file and follows a changed
-candidate. (Outside tests/authz so the app vets revisions in-process, as other app tests do.)"""
+candidate. (In tests/conftest.py's IN_PROCESS_VETTING: the app vets revisions in-process, as
+other app tests do.)"""
 
 from __future__ import annotations
 
@@ -26,14 +27,14 @@ from service.authz.shadow import Shadow
 from service.config import ConfigError, load
 from service.store import Store, open_store
 from service.store.base import PolicyRevisionRecord
-from tests.api.test_policy_revisions import keypair, published, store_keys
 from tests.auth import bearer, login
-from tests.authz.test_replay_shadow import candidate_without_carols_role
+from tests.authz.conftest import candidate_without_carols_role
+from tests.authz.revisions import keypair, published, store_keys
+from tests.metrics import shadow_divergence
 from tests.servers import EdgeTestServer
 from tests.store import pg
-from tests.test_policy_shadow import _metric
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NON_PRODUCTION = {"dev": {"production": False}, "staging": {"production": False}}
 
 
@@ -117,7 +118,7 @@ async def test_a_published_revision_is_shadowed_and_counts_exactly_the_diverging
 
     await _reads(client)
     assert shadow.wait_idle(30)
-    assert await _metric(client, "allow", "deny") == 3.0  # carol's three reads, not alice's
+    assert await shadow_divergence(client, "allow", "deny") == 3.0  # carol's three reads, not alice's
     status = await (await client.get("/api/v1/authz/status")).json()
     assert status["shadow"]["evaluated"] - before == 6
     assert status["shadow"]["divergences"] == {"allow->deny": 3}
@@ -180,7 +181,7 @@ async def test_an_untrusted_candidate_is_rejected_and_sighup_follows_a_changed_o
     status = await (await client.get("/api/v1/authz/status")).json()
     assert status["status"] == "ready" and status["revision"] == live
     assert status["shadow"]["evaluated"] == 0 and status["shadow"]["skipped"] == 4
-    assert await _metric(client, "allow", "deny") == 0.0
+    assert await shadow_divergence(client, "allow", "deny") == 0.0
 
     # The operator names the trusted revision and sends SIGHUP: it loads and shadows.
     write(candidate_id)
@@ -190,7 +191,7 @@ async def test_an_untrusted_candidate_is_rejected_and_sighup_follows_a_changed_o
     assert status["shadow"]["revision"] == candidate_id
     await _reads(client, rounds=2)
     assert app[SHADOW].wait_idle(30)
-    assert await _metric(client, "allow", "deny") == 2.0
+    assert await shadow_divergence(client, "allow", "deny") == 2.0
     assert app[ENGINE].revision == live
 
     # A config that names no candidate any more turns shadow evaluation off.

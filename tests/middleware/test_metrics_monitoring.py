@@ -75,7 +75,7 @@ WITH_A_SINK = {"notifications": {"sinks": [
 @pytest.mark.parametrize("exprs", [_rule_exprs, _dashboard_exprs], ids=["alerts", "dashboard"])
 async def test_every_query_references_only_exported_metrics(make_client, exprs):
     scraped = await _scraped_names(await make_client(WITH_A_SINK))
-    # EXPORTED is what /metrics exposes (tests/test_metrics.py asserts each one is there).
+    # EXPORTED is what /metrics exposes (tests/middleware/test_metrics.py asserts each one is there).
     assert {name.removesuffix("_total") for name in EXPORTED} <= scraped
     allowed = _queryable(EXPORTED)
     queries = exprs()

@@ -28,7 +28,7 @@ from tests.auth import PASSWORDS
 from tests.servers import serve
 from tests.store.pg import require_postgres, temp_schema
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: The configured bound the tests hold every process to (poll 0.2 s; vetting takes the rest).
 CONVERGENCE_S = 5.0
 

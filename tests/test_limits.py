@@ -28,7 +28,7 @@ from service.limits import MAX_JSON_DEPTH, MAX_JSON_VALUE_BYTES
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
 from tests.store import pg
-from tests.test_chain import approved_ticket, audit_entries, ticket_headers
+from tests.tickets import approved_ticket, audit_entries, ticket_headers
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = "@@HOSTILE@@"

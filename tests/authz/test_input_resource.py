@@ -3,7 +3,8 @@
 A held-out candidate policy with one rule on the resource's version decides the same in every
 place a policy runs: ``cpctl policy eval`` (and ``policy test``), the running service, the
 decision log replayed by ``cpctl policy replay``, and shadow evaluation of the same candidate.
-(Outside tests/authz so the app vets revisions in-process, as the other app tests do.)
+(In tests/conftest.py's IN_PROCESS_VETTING: the app vets revisions in-process, as the other app
+tests do.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Shadow evaluation in the running service (policies.candidate_dir): the divergence metric
 counts exactly the diverging requests, authz/status shows the candidate, and a broken candidate
-never affects serving. (Outside tests/authz so the app vets revisions in-process, as the other
-app tests do; tests/authz/test_engine.py covers child-process vetting.)"""
+never affects serving. (In tests/conftest.py's IN_PROCESS_VETTING: the app vets revisions in-process,
+as the other app tests do; tests/authz/test_engine.py covers child-process vetting.)"""
 
 from __future__ import annotations
 
@@ -10,26 +10,12 @@ import io
 import json
 import shutil
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from service.appkeys import DECISION_LOG, ENGINE, SHADOW
 from service.authz.decisionlog import read_records
 from service.cli.policy import run
 from tests.auth import bearer, login
-from tests.authz.conftest import REPO
-from tests.authz.test_replay_shadow import candidate_without_carols_role
-
-
-async def _metric(client, live: str, candidate: str) -> float:
-    response = await client.get("/metrics")
-    total = 0.0
-    for family in text_string_to_metric_families(await response.text()):
-        if family.name == "controlplane_policy_shadow_divergence":
-            for s in family.samples:
-                if s.name.endswith("_total") and s.labels == {"live": live,
-                                                              "candidate": candidate}:
-                    total += s.value
-    return total
+from tests.authz.conftest import REPO, candidate_without_carols_role
+from tests.metrics import shadow_divergence
 
 
 async def test_shadow_counts_exactly_the_diverging_requests(make_client, tmp_path):
@@ -46,7 +32,7 @@ async def test_shadow_counts_exactly_the_diverging_requests(make_client, tmp_pat
             response = await client.get("/api/v1/storage/objects", headers=bearer(token))
             assert response.status == 200  # the live decision serves, whatever the candidate
     assert shadow.wait_idle(30)
-    assert await _metric(client, "allow", "deny") == 3.0  # carol's three reads, not alice's
+    assert await shadow_divergence(client, "allow", "deny") == 3.0  # carol's three reads, not alice's
     status = await (await client.get("/api/v1/authz/status")).json()
     assert status["shadow"]["revision"] != app[ENGINE].revision
     assert status["shadow"]["state"] == "ready"

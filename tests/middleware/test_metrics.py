@@ -20,7 +20,7 @@ from service.middleware.metrics import (
 from tests.auth import PASSWORDS, bearer, login, step_up
 from tests.metrics import scrape, value
 from tests.servers import REPO
-from tests.test_chain import RESOURCE, installer_body, ticket_headers
+from tests.tickets import RESOURCE, installer_body, ticket_headers
 
 SUBJECTS = ("alice", "bob", "carol", "ci-bot", "agent-7")
 

@@ -19,7 +19,7 @@ from service.approvals.expiry import expire_once
 from service.logs import JSONFormatter
 from tests.auth import bearer, login, step_up
 from tests.servers import REPO
-from tests.test_chain import RESOURCE, approved_ticket, installer_body, ticket_headers
+from tests.tickets import RESOURCE, approved_ticket, installer_body, ticket_headers
 
 SECRET = "events-Secret-Value-7"
 

@@ -1,0 +1,136 @@
+"""Stage 2 of the chain on its own (``service.authz.decide``): the input document the stage builds
+from a principal, an action and a target, decided by the shipped policies; an engine that fails
+answers deny (never an exception, never an allow); a production mutation is never a plain allow
+whatever the engine answered; the observers (decision log, shadow evaluation) see a request's
+own decisions only, and one that fails changes nothing."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.authn.principal import Principal
+from service.authz import actions
+from service.authz.decide import decide, observe
+from service.authz.decision import POLICY_ERROR, PRODUCTION_UPGRADE, Decision
+from service.authz.engine import PolicyEngine, default_policies_dir
+from service.config import Environments
+from service.run import Target
+
+NOW = 1_800_000_000.0
+WINDOW_S = 300
+ENVIRONMENTS = Environments({"dev": False, "staging": False, "prod": True})
+INSTALL = actions.get("installer.run.execute")
+LIST = actions.get("databases.list")
+RESOURCE = {"app": "web", "version": "1.2.3"}
+CONTEXT = {"correlation_id": "corr-1", "method": "POST", "path": "/api/v1/installer/actions",
+           "command_hash": None, "time": "2027-01-15T08:00:00.000Z"}
+
+
+def person(subject: str, *, stepped_up: bool = True) -> dict[str, Any]:
+    """``subject``'s policy input: a password session, stepped up a minute ago (or never)."""
+    return Principal(subject_id=subject, kind="human", session_id="s1", auth_time=NOW - 600,
+                     authn_method="password",
+                     step_up_at=NOW - 60 if stepped_up else None).to_input(NOW, WINDOW_S)
+
+
+def on(env: str) -> Target:
+    return Target(RESOURCE, env)
+
+
+@pytest.fixture(scope="module")
+def engine() -> PolicyEngine:
+    loaded = PolicyEngine(default_policies_dir(), ENVIRONMENTS)
+    assert loaded.load().ok
+    return loaded
+
+
+def test_the_shipped_policies_decide_on_the_document_the_stage_builds(engine):
+    dev = decide(engine, ENVIRONMENTS, person("alice"), INSTALL, on("dev"), CONTEXT)
+    assert dev.decision == "allow" and dev.revision == engine.status()["revision"]
+    prod = decide(engine, ENVIRONMENTS, person("alice"), INSTALL, on("prod"), CONTEXT)
+    assert prod.decision == "require_approval" and prod.approval["quorum"] >= 1
+    viewer = decide(engine, ENVIRONMENTS, person("carol"), INSTALL, on("dev"), CONTEXT)
+    assert viewer.decision == "deny" and viewer.reasons
+    # A subject the policy data does not know is denied too.
+    stranger = decide(engine, ENVIRONMENTS, person("mallory"), LIST, on("dev"), CONTEXT)
+    assert stranger.decision == "deny"
+
+
+def test_an_engine_without_a_revision_fails_closed(tmp_path):
+    broken = PolicyEngine(tmp_path / "missing", ENVIRONMENTS)
+    assert not broken.load().ok
+    for env in ("dev", "prod"):  # prod: a failure is a deny, not a ticket to ask for
+        decision = decide(broken, ENVIRONMENTS, person("alice"), INSTALL, on(env), CONTEXT)
+        assert (decision.decision, decision.reasons) == ("deny", (POLICY_ERROR,))
+
+
+def test_a_policy_that_fails_to_evaluate_fails_closed(tmp_path):
+    # Loads and serves dev; for prod its two complete rules conflict: an evaluation error.
+    root = tmp_path / "policies"
+    root.mkdir()
+    (root / "authz.rego").write_text(
+        "package controlplane.authz\nimport rego.v1\n"
+        'decision := {"decision": "allow", "reasons": ["a"], "approval": {}} if input.env == "prod"\n'
+        'decision := {"decision": "deny", "reasons": ["b"], "approval": {}} if input.env == "prod"\n'
+        'decision := {"decision": "allow", "reasons": ["dev"], "approval": {}} if input.env != "prod"\n')
+    failing = PolicyEngine(root, ENVIRONMENTS)
+    assert failing.load().ok
+    assert decide(failing, ENVIRONMENTS, person("alice"), LIST, on("dev"), CONTEXT).allowed
+    decision = decide(failing, ENVIRONMENTS, person("alice"), INSTALL, on("prod"), CONTEXT)
+    assert (decision.decision, decision.reasons) == ("deny", (POLICY_ERROR,))
+
+
+class EngineWithoutTheProductionRule(PolicyEngine):
+    """An engine answering a plain allow for everything, the production rule not applied: what
+    a decision that did not come from ``PolicyEngine.decide`` could be. The stage must still
+    turn a production allow of a ticketed action into ``require_approval``."""
+
+    def decide(self, input_doc: Mapping[str, Any]) -> Decision:
+        return Decision("allow", ("everything",), revision="unguarded")
+
+
+@pytest.mark.parametrize(("action", "env", "expected"), [
+    (INSTALL, "prod", "require_approval"),
+    (INSTALL, "dev", "allow"),
+    (LIST, "prod", "allow"),  # a read needs no ticket
+])
+def test_a_production_allow_is_upgraded_whatever_the_engine_answered(action, env, expected):
+    unguarded = EngineWithoutTheProductionRule(Path("unused"), ENVIRONMENTS)
+    decision = decide(unguarded, ENVIRONMENTS, person("alice"), action, on(env), CONTEXT)
+    assert decision.decision == expected
+    if expected == "require_approval":
+        assert decision.reasons == ("everything", PRODUCTION_UPGRADE)
+        assert decision.approval["step_up"] is True
+
+
+def test_observers_see_the_requests_decisions_only_and_cannot_change_or_fail_them(engine, caplog):
+    seen: list[tuple[Mapping[str, Any], Decision]] = []
+
+    def failing(doc: Mapping[str, Any], decision: Decision) -> None:
+        raise RuntimeError("observer broke")
+
+    removers = [observe(engine, failing), observe(engine, lambda d, dec: seen.append((d, dec)))]
+    try:
+        # A what-if question of the workflow (a ticket's requirements) is not a request.
+        decide(engine, ENVIRONMENTS, person("alice"), INSTALL, on("prod"), CONTEXT)
+        assert seen == []
+        with caplog.at_level(logging.ERROR, logger="controlplane.authz"):
+            decision = decide(engine, ENVIRONMENTS, person("alice"), INSTALL, on("prod"), CONTEXT,
+                              observed=True)
+        assert decision.decision == "require_approval"
+        [(doc, observed)] = seen
+        assert observed is decision
+        assert doc["principal"]["subject_id"] == "alice" and doc["env"] == "prod"
+        assert doc["action"] == INSTALL.name and doc["resource"]["hash"] == on("prod").hash
+        assert doc["context"]["correlation_id"] == "corr-1"
+        assert any("decision observer failed" in r.getMessage() for r in caplog.records)
+    finally:
+        for remove in removers:
+            remove()
+    decide(engine, ENVIRONMENTS, person("alice"), INSTALL, on("prod"), CONTEXT, observed=True)
+    assert len(seen) == 1  # removed: not called again
