@@ -2,15 +2,16 @@
 
 Handlers stay thin. Who is calling comes from the console's own cookie (``session.py``), never
 from a bearer token; every ticket read and every review runs the one chain (``chain.run``) with
-the same catalogue action, target and Execute step as the API route, so the policy, the review
-rules (no self-review, people only, group quorum), step-up and audit apply exactly as they do
-there. Each chain run's JSON answer is replaced by a page (``Outcome.stream`` renders it after
+the declarations and the Execute step the API route runs (``approvals.review``), so the policy,
+the review rules (no self-review, people only, group quorum), step-up and audit apply exactly as
+they do there. Each chain run's JSON answer is replaced by a page (``Outcome.stream`` renders it after
 the audit record committed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -23,7 +24,6 @@ from urllib.parse import parse_qsl, urlencode
 from aiohttp import web
 
 from .. import chain, clock
-from ..api import approvals as api_approvals
 from ..api import federation as api_federation
 from ..appkeys import (
     AUTHENTICATOR,
@@ -37,6 +37,7 @@ from ..appkeys import (
     STREAMS,
 )
 from ..approvals.policy import reviewer_candidates, suggested_reviewers
+from ..approvals.review import REVIEW_SCHEMA, TICKET_READ, TICKET_REVIEW, review_ticket
 from ..approvals.tickets import ticket_view
 from ..authn.errors import AuthnError, InvalidToken
 from ..authn.principal import ANONYMOUS, Principal
@@ -71,17 +72,9 @@ INBOX_MAX_S = 900.0
 #: A ticket's states after which nothing about it changes any more.
 FINAL_STATES = frozenset({"consumed", "rejected", "expired", "revoked"})
 
-def _declared(handler: Any) -> tuple[Protection, Callable[[Any], Awaitable[Outcome]]]:
-    """What ``@protected`` declared for an API handler: its protection and Execute step."""
-    return handler.protection, handler.execute
-
-
-# The API's ticket read and review, as the console runs them: same action, same target reader,
-# same Execute step; the review's body comes from the form (validated against the API's schema).
-_api_read, _ = _declared(api_approvals.read_approval)
-_api_review, _review_execute = _declared(api_approvals.review_approval)
-_READ = Protection(_api_read.action, _api_read.target, None)
-_REVIEW = Protection(_api_review.action, _api_review.target, None)
+# The ticket read and review the API declares too (``approvals.review``); the review's body
+# comes from the form, validated here against the same schema.
+_REVIEW = dataclasses.replace(TICKET_REVIEW, body_schema=None)
 
 
 async def _inbox_target(request: web.Request, body: Any) -> Target:
@@ -414,7 +407,7 @@ async def ticket_page(request: web.Request) -> web.StreamResponse:
     if found is None:
         return _to_login(request)
     try:
-        return await _run_page(request, _READ, _ticket_builder(request, found, None, ""))
+        return await _run_page(request, TICKET_READ, _ticket_builder(request, found, None, ""))
     except Problem as problem:
         return _problem_page(request, problem, found)
 
@@ -493,7 +486,7 @@ async def ticket_events(request: web.Request) -> web.StreamResponse:
                        stream=lambda: _ticket_stream(request, run.store, ticket.id))
 
     try:
-        return await chain.run(request, _READ, execute)
+        return await chain.run(request, TICKET_READ, execute)
     except Problem as problem:
         return _secure(web.Response(status=problem.status, text=problem.instance_code,
                                     content_type="text/plain", headers=problem.headers))
@@ -514,7 +507,7 @@ async def _ticket_stream(request: web.Request, store: Any, ticket_id: str) -> we
 @routes.post("/console/tickets/{id}/review")
 @console("approvals.review", "approvals.read")
 async def review(request: web.Request) -> web.StreamResponse:
-    """Approve or reject through the API's own review step; a one-time code in the form steps
+    """Approve or reject through the one review step (``review_ticket``); a one-time code in the form steps
     the session up first (the inline step-up prompt)."""
     found = await _session(request)
     if found is None:
@@ -527,15 +520,14 @@ async def review(request: web.Request) -> web.StreamResponse:
     new_cookie: str | None = None
     try:
         try:
-            validate("approval-review.schema.json", body)
+            validate(REVIEW_SCHEMA, body)
         except ValidationFailed as exc:
             raise to_problem(exc) from None
         if form.get("otp"):
             found, new_cookie = await _step_up(request, found, form["otp"])
 
         async def execute(run: Write) -> Outcome:
-            run.body = body
-            outcome = await _review_execute(run)
+            outcome = await review_ticket(run, body["decision"], body.get("reason"))
             return Outcome(outcome.status, outcome.body, audit=outcome.audit,
                            stream=_ready(redirect(f"/console/tickets/{run.target.id}")))
 
@@ -599,7 +591,7 @@ async def _ticket_refused(request: web.Request, found: cookies.ConsoleSession, p
     if code in ("ticket_not_found", "csrf_failed", "store_unavailable"):
         return _problem_page(request, problem, found)
     try:
-        response = await _run_page(request, _READ,
+        response = await _run_page(request, TICKET_READ,
                                    _ticket_builder(request, found, code, reason))
     except Problem as again:
         return _problem_page(request, again, found)
@@ -624,7 +616,7 @@ async def audit_page(request: web.Request) -> web.StreamResponse:
             "ticket_id": ticket.id}
 
     try:
-        return await _run_page(request, _READ, build)
+        return await _run_page(request, TICKET_READ, build)
     except Problem as problem:
         return _problem_page(request, problem, found)
 
