@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .authz.shadow import Shadow
     from .compose.evaluator import EvaluatorPool
     from .compose.preflight import RuleSet
+    from .consolesession import ConsoleSession
     from .health import Reporter
     from .middleware.metrics import Metrics, StoreGauges
     from .notifications.dispatcher import Dispatcher
@@ -39,6 +40,7 @@ __all__ = [
     "COMPOSE_EVALUATOR",
     "COMPOSE_RULES",
     "CONFIG",
+    "CONSOLE_SESSION",
     "CORRELATION_ID",
     "DECISION_LOG",
     "ENGINE",
@@ -98,5 +100,8 @@ STREAMS: web.AppKey[StreamSlots] = web.AppKey("streams")
 CORRELATION_ID = web.RequestKey("correlation_id", str)
 #: Who is calling: a Principal, or ANONYMOUS. Set by the authn middleware on every request.
 PRINCIPAL = web.RequestKey("principal", Principal)
+#: On a console request (``consolesession.CONSOLE_PREFIX``): the session its cookie stands
+#: for (its CSRF token, its step-up), or None. Set by the authn middleware with ``PRINCIPAL``.
+CONSOLE_SESSION: web.RequestKey[ConsoleSession | None] = web.RequestKey("console_session")
 #: The stable code of a presented token that failed verification (for the chain's 401).
 AUTHN_ERROR = web.RequestKey("authn_error", str)

@@ -34,7 +34,7 @@ from ..authn.stepup import METHOD_OIDC
 from ..body import read_json
 from ..chain import public
 from ..console import federated as console_sso
-from ..console.session import safe_next
+from ..consolesession import safe_next
 from ..errors import BadRequest, NotFound, ServiceUnavailable, Unauthorized
 from .authn import _authenticator, _caller, _client_addr, _token_body
 

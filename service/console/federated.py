@@ -33,10 +33,10 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from .. import clock
+from .. import consolesession as cookies
 from ..appkeys import STORE
 from ..authn.sessions import Authenticator, IssuedToken
 from . import pages
-from . import session as cookies
 
 __all__ = [
     "MARKER_COOKIE",
