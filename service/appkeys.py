@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .health import Reporter
     from .middleware.metrics import Metrics, StoreGauges
     from .notifications.dispatcher import Dispatcher
+    from .signin import ConsoleLanding
     from .storelink import StoreLink
     from .streams import StreamSlots
 
@@ -40,6 +41,7 @@ __all__ = [
     "COMPOSE_EVALUATOR",
     "COMPOSE_RULES",
     "CONFIG",
+    "CONSOLE_LANDING",
     "CONSOLE_SESSION",
     "CORRELATION_ID",
     "DECISION_LOG",
@@ -94,6 +96,8 @@ AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
 NOTIFICATIONS: web.AppKey[Dispatcher] = web.AppKey("notifications")
 #: Identity federation: OIDC sign-in of people, RFC 8693 token exchange of workloads.
 FEDERATION: web.AppKey[Federation] = web.AppKey("federation")
+#: How a sign-in at a provider started for the console ends (set by ``setup_console``).
+CONSOLE_LANDING: web.AppKey[ConsoleLanding] = web.AppKey("console_landing")
 #: Open live streams (SSE), capped per principal and per worker; told to stop on shutdown.
 STREAMS: web.AppKey[StreamSlots] = web.AppKey("streams")
 

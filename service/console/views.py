@@ -23,11 +23,11 @@ from urllib.parse import parse_qsl, urlencode
 
 from aiohttp import web
 
-from .. import chain, clock, consolesession
-from ..api import federation as api_federation
+from .. import chain, clock, consolesession, signin
 from ..appkeys import (
     AUTHENTICATOR,
     CONFIG,
+    CONSOLE_LANDING,
     CONSOLE_SESSION,
     CORRELATION_ID,
     ENGINE,
@@ -555,8 +555,8 @@ async def sso_step_up(request: web.Request) -> web.StreamResponse:
         if facts is None or back == "/console/":
             raise Forbidden("this session does not step up at a sign-in provider",
                             code="step_up_not_available")
-        response = await api_federation.start(request, facts.provider, "step_up",
-                                              found.principal.session_id, back)
+        response = await signin.start(request, facts.provider, "step_up",
+                                      found.principal.session_id, back)
     except Problem as problem:
         return _problem_page(request, problem, found)
     return _secure(response)
@@ -633,5 +633,7 @@ async def static(request: web.Request) -> web.StreamResponse:
 
 
 def setup_console(app: web.Application) -> None:
-    """Add the console's routes (and ``GET /``, which redirects to it)."""
+    """Add the console's routes (and ``GET /``, which redirects to it), and land the sign-ins
+    at a provider the console starts (the API's callback hands them to ``federated``)."""
     app.router.add_routes(routes)
+    app[CONSOLE_LANDING] = federated
