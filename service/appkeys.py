@@ -25,9 +25,11 @@ if TYPE_CHECKING:
     from .authz.shadow import Shadow
     from .compose.evaluator import EvaluatorPool
     from .compose.preflight import RuleSet
+    from .consolesession import ConsoleSession
     from .health import Reporter
     from .middleware.metrics import Metrics, StoreGauges
     from .notifications.dispatcher import Dispatcher
+    from .signin import ConsoleLanding
     from .storelink import StoreLink
     from .streams import StreamSlots
 
@@ -39,6 +41,8 @@ __all__ = [
     "COMPOSE_EVALUATOR",
     "COMPOSE_RULES",
     "CONFIG",
+    "CONSOLE_LANDING",
+    "CONSOLE_SESSION",
     "CORRELATION_ID",
     "DECISION_LOG",
     "ENGINE",
@@ -92,11 +96,16 @@ AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
 NOTIFICATIONS: web.AppKey[Dispatcher] = web.AppKey("notifications")
 #: Identity federation: OIDC sign-in of people, RFC 8693 token exchange of workloads.
 FEDERATION: web.AppKey[Federation] = web.AppKey("federation")
+#: How a sign-in at a provider started for the console ends (set by ``setup_console``).
+CONSOLE_LANDING: web.AppKey[ConsoleLanding] = web.AppKey("console_landing")
 #: Open live streams (SSE), capped per principal and per worker; told to stop on shutdown.
 STREAMS: web.AppKey[StreamSlots] = web.AppKey("streams")
 
 CORRELATION_ID = web.RequestKey("correlation_id", str)
 #: Who is calling: a Principal, or ANONYMOUS. Set by the authn middleware on every request.
 PRINCIPAL = web.RequestKey("principal", Principal)
+#: On a console request (``consolesession.CONSOLE_PREFIX``): the session its cookie stands
+#: for (its CSRF token, its step-up), or None. Set by the authn middleware with ``PRINCIPAL``.
+CONSOLE_SESSION: web.RequestKey[ConsoleSession | None] = web.RequestKey("console_session")
 #: The stable code of a presented token that failed verification (for the chain's 401).
 AUTHN_ERROR = web.RequestKey("authn_error", str)

@@ -119,3 +119,132 @@ def test_every_e2e_entry_names_an_existing_test() -> None:
         path, _, name = entry.partition("::")
         source = (REPO / path).read_text()
         assert not name or f"def {name}(" in source, f"{entry}: no such test"
+
+
+# -- layers: adapters stand apart, and a module's private names stay its own ---------------------
+
+#: The adapters: each turns the core (chain, stages, store) into one surface. None may use
+#: another, so one can change or go without touching the others.
+ADAPTERS = ("service.api", "service.console", "service.cli")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in SERVICE.rglob("*.py"):
+        parts = path.relative_to(SERVICE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path) -> list[tuple[ast.stmt, str, list[str]]]:
+    """Every import statement of a module, wherever it is (module level, inside functions,
+    under ``TYPE_CHECKING``): ``(node, module imported from, names)``; for ``import a.b`` the
+    module is ``a.b`` and the names are empty."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: list[tuple[ast.stmt, str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            found.append((node, source, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.Import):
+            found.extend((node, alias.name, []) for alias in node.names)
+    return found
+
+
+def _adapter(module: str) -> str | None:
+    return next((a for a in ADAPTERS if module == a or module.startswith(a + ".")), None)
+
+
+def _adapter_crossings(modules: dict[str, Path]) -> list[str]:
+    crossings = []
+    for name, path in sorted(modules.items()):
+        own = _adapter(name)
+        if own is None:
+            continue
+        for node, source, names in _imports(name, path):
+            for target in [source, *(f"{source}.{n}" for n in names)]:
+                other = _adapter(target)
+                if other is not None and other != own:
+                    crossings.append(f"{name}:{node.lineno} imports {target}")
+                    break
+    return crossings
+
+
+def test_adapters_do_not_import_each_other() -> None:
+    """``service.api``, ``service.console`` and ``service.cli`` import none of the others, at
+    import time or inside a function: what two of them share lives in the core (the review
+    step in ``approvals.review``, the console cookie in ``consolesession``, the start of a
+    sign-in in ``signin``). The console's sign-ins land through the API's one callback by the
+    app's ``CONSOLE_LANDING``, not by an import."""
+    modules = _modules()
+    assert any(_adapter(m) == "service.console" for m in modules), "the scan found nothing"
+    assert _adapter_crossings(modules) == []
+
+
+def test_the_adapter_check_sees_function_level_imports(tmp_path: Path) -> None:
+    console = tmp_path / "service" / "console"
+    console.mkdir(parents=True)
+    (console / "views.py").write_text("def f():\n    from ..api import approvals\n")
+    (console / "pages.py").write_text("from service.cli.main import main\n")
+    (console / "html.py").write_text("from ..approvals import review\n")
+    modules = {f"service.console.{p.stem}": p for p in console.glob("*.py")}
+    assert sorted(_adapter_crossings(modules)) == [
+        "service.console.pages:1 imports service.cli.main",
+        "service.console.views:2 imports service.api",
+    ]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_uses(modules: dict[str, Path]) -> list[str]:
+    """``from M import _x`` and ``M._x`` where ``M`` is another module of the service."""
+    uses = []
+    for name, path in sorted(modules.items()):
+        bound: dict[str, str] = {}  # a local name -> the service module it is bound to
+        for node, source, _ in _imports(name, path):
+            assert isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names:
+                if isinstance(node, ast.Import):  # ``import service.x as y``: y is bound to it
+                    if alias.name in modules and alias.asname:
+                        bound[alias.asname] = alias.name
+                    continue
+                if source in modules and _private(alias.name):
+                    uses.append(f"{name}:{node.lineno} imports {source}.{alias.name}")
+                if f"{source}.{alias.name}" in modules:  # ``from . import x``: x is a module
+                    bound[alias.asname or alias.name] = f"{source}.{alias.name}"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and _private(node.attr)
+                    and isinstance(node.value, ast.Name) and node.value.id in bound
+                    and bound[node.value.id] != name):
+                uses.append(f"{name}:{node.lineno} uses {bound[node.value.id]}.{node.attr}")
+    return uses
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    """A leading underscore means "this module's own": no module of the service imports
+    another's private name or reaches it as ``module._name``, within a package or across
+    packages alike (a name two modules need is public, with a docstring, in the module that
+    owns it). Private attributes of objects (``self._x``, ``ring._reload`` inside the class's
+    own module) and of other libraries' modules are not this test's business; tests are exempt
+    (they may look inside what they test)."""
+    modules = _modules()
+    assert _private_uses(modules) == []
+
+
+def test_the_private_name_check_finds_both_forms(tmp_path: Path) -> None:
+    package = tmp_path / "service" / "api"
+    package.mkdir(parents=True)
+    (package / "authn.py").write_text("def _caller(): ...\n")
+    (package / "federation.py").write_text(
+        "from .authn import _caller\nfrom . import authn\n\ndef f():\n    return authn._caller\n")
+    modules = {f"service.api.{p.stem}": p for p in package.glob("*.py")}
+    assert _private_uses(modules) == [
+        "service.api.federation:1 imports service.api.authn._caller",
+        "service.api.federation:5 uses service.api.authn._caller",
+    ]

@@ -13,11 +13,11 @@ from typing import Any
 from aiohttp import web
 
 from ..appkeys import STREAMS
+from ..approvals.review import TICKET_READ
 from ..approvals.tickets import ticket_view
-from ..chain import Outcome, Run, protected
+from ..chain import Outcome, Run, protected_as
 from ..store.base import Store, TicketRecord
 from ..streams import StreamWrite, event_stream_response, pump
-from .approvals import ticket_target
 
 routes = web.RouteTableDef()
 
@@ -33,7 +33,7 @@ SETTLED_STATES = frozenset({"approved", "rejected", "expired", "revoked", "consu
 
 
 @routes.get("/api/v1/approvals/{id}/events")
-@protected("approvals.read", target=ticket_target)
+@protected_as(TICKET_READ)
 async def approval_events(run: Run) -> Outcome:
     """With ``Accept: text/event-stream``: ``event: ticket`` with the current ticket, one more
     each time it changes, then ``event: end`` once it is settled. Otherwise the current ticket."""

@@ -6,58 +6,38 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import AUDIT, AUTHENTICATOR, CONFIG, ENGINE, STORE
+from ..appkeys import AUDIT, AUTHENTICATOR, CONFIG, ENGINE
 from ..approvals.binding import resource_hash
 from ..approvals.command import Command
 from ..approvals.command import command_hash as bound_command_hash
-from ..approvals.policy import (
-    Reviewer,
-    check_review,
-    review_target,
-    reviewer_facts,
-    ticket_requirements,
+from ..approvals.policy import reviewer_facts, ticket_requirements
+from ..approvals.review import (
+    TICKET_READ,
+    TICKET_REVIEW,
+    load_ticket,
+    require_repository,
+    review_ticket,
+    ticket_target,
 )
 from ..approvals.tickets import new_ticket, ticket_view
 from ..approvals.withdrawal import withdraw_unanswered
-from ..authn import stepup
 from ..authz import actions
-from ..chain import Outcome, Run, Target, Write, protected
-from ..errors import ApprovalRepositoryUnavailable, Forbidden, NotFound, SchemaValidationFailed
-from ..store.base import Store, TicketRecord, Tx
+from ..chain import Outcome, Run, Target, Write, protected, protected_as
+from ..errors import Forbidden, SchemaValidationFailed
+from ..store.base import TicketRecord
 from .queries import query_page_limit, query_str
 
 routes = web.RouteTableDef()
 
 
-def _require_repository(request: web.Request) -> None:
-    if not request.app[CONFIG].approvals.enabled:
-        raise ApprovalRepositoryUnavailable(
-            "no approval repository is configured (approvals.store: none)"
-        )
-
-
 async def _create_target(request: web.Request, body: Any) -> Target:
-    _require_repository(request)
+    require_repository(request.app[CONFIG])
     return Target(
         resource=body["resource"],
         env=body["env"],
         owner=body["subject_id"],
         attributes={"target_action": body["action"]},
     )
-
-
-async def ticket_target(request: web.Request, body: Any) -> Target:
-    """The ticket the route's ``{id}`` names, as its readers and reviewers see it."""
-    _require_repository(request)
-    return review_target(await _load(request, request.app[STORE].require()))
-
-
-async def _load(request: web.Request, source: Store | Tx) -> TicketRecord:
-    ticket_id = request.match_info["id"]
-    ticket = await source.get_ticket(ticket_id) if len(ticket_id) <= 64 else None
-    if ticket is None:
-        raise NotFound("no such approval ticket", code="ticket_not_found")
-    return ticket
 
 
 @routes.post("/api/v1/approvals")
@@ -122,7 +102,7 @@ async def create_approval(run: Write) -> Outcome:
 
 
 @routes.get("/api/v1/approvals/{id}")
-@protected("approvals.read", target=ticket_target)
+@protected_as(TICKET_READ)
 async def read_approval(run: Run) -> Outcome:
     """One ticket with its reviews and both clocks (never the nonce)."""
     ticket: TicketRecord = run.target.record
@@ -130,7 +110,7 @@ async def read_approval(run: Run) -> Outcome:
 
 
 async def _list_target(request: web.Request, body: Any) -> Target:
-    _require_repository(request)
+    require_repository(request.app[CONFIG])
     env = query_str(request, "env", pattern=r"[a-z][a-z0-9-]{0,31}")
     # Without an env filter the list spans every environment, so it is authorized as the
     # strictest one (a production environment).
@@ -162,33 +142,17 @@ async def list_approvals(run: Run) -> Outcome:
 
 
 @routes.post("/api/v1/approvals/{id}/reviews")
-@protected("approvals.review", target=ticket_target, body="approval-review.schema.json")
+@protected_as(TICKET_REVIEW)
 async def review_approval(run: Write) -> Outcome:
-    """Approve or reject; separation of duties and group quorum are enforced in code."""
-    ticket = await _load(run.request, run.tx)
-    if run.config.is_production(ticket.env):
-        stepup.require_fresh(run.principal, run.now, run.config.authn.step_up_window_s,
-                             "reviewing a production ticket needs a recent step-up authentication")
-    principal = run.principal
-    outcome = check_review(run.request.app[ENGINE], ticket,
-                           Reviewer(principal.subject_id, principal.kind, principal.idp_groups),
-                           decision=run.body["decision"], reason=run.body.get("reason"),
-                           now=run.now)
-    updated = await run.tx.add_review(ticket.id, outcome.review, outcome.new_state,
-                                      outcome.approved_expires_at, run.now)
-    return Outcome(200, ticket_view(updated), audit={
-        "ticket_id": ticket.id,
-        "ticket_event": f"review_{run.body['decision']}",
-        "ticket_state": updated.state,
-        "review_group": outcome.review.group,
-    })
+    """Approve or reject (``approvals.review``: the console's review form runs the same step)."""
+    return await review_ticket(run, run.body["decision"], run.body.get("reason"))
 
 
 @routes.post("/api/v1/approvals/{id}/revoke")
 @protected("approvals.revoke", target=ticket_target)
 async def revoke_approval(run: Write) -> Outcome:
     """Revoke a pending or approved ticket: its requester, or an admin."""
-    ticket = await _load(run.request, run.tx)
+    ticket = await load_ticket(run.tx, run.target.id or "")
     if run.principal.subject_id != ticket.requested_by and "admin" not in reviewer_facts(
         run.request.app[ENGINE], run.principal.subject_id, "approvals.revoke",
         run.principal.idp_groups,

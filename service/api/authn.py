@@ -12,26 +12,21 @@ from typing import Any
 from aiohttp import web
 
 from .. import clock
-from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, CONFIG, ENGINE, PRINCIPAL, STORE
+from ..appkeys import AUTHN_ERROR, CONFIG, ENGINE, PRINCIPAL
 from ..authn.principal import Principal
-from ..authn.sessions import Authenticator, IssuedToken
+from ..authn.sessions import IssuedToken
 from ..body import read_json
 from ..chain import public
-from ..errors import ServiceUnavailable, Unauthorized, to_problem
+from ..errors import Unauthorized, to_problem
+from ..signin import authenticator_of
 from ..store.base import StoreUnavailable
 
 routes = web.RouteTableDef()
 
 
-def _authenticator(request: web.Request) -> Authenticator:
-    if not request.app[STORE].configured:
-        raise ServiceUnavailable("authentication needs a store (store.backend is none)",
-                                 code="authentication_unavailable")
-    # A configured store that is not connected yet answers 503 store_unavailable per call.
-    return request.app[AUTHENTICATOR]
-
-
-def _caller(request: web.Request) -> Principal:
+def caller(request: web.Request) -> Principal:
+    """The authenticated caller of a self-service route; 401 (or 503 when the session cannot
+    be checked) without one."""
     principal = request[PRINCIPAL]
     if not principal.is_authenticated:
         if request.get(AUTHN_ERROR) == "store_unavailable":
@@ -40,7 +35,8 @@ def _caller(request: web.Request) -> Principal:
     return principal
 
 
-def _token_body(issued: IssuedToken) -> dict[str, Any]:
+def token_body(issued: IssuedToken) -> dict[str, Any]:
+    """The token answer (RFC 6749 §5.1) of an issued token."""
     body: dict[str, Any] = {
         "access_token": issued.access_token,
         "token_type": "Bearer",
@@ -52,7 +48,8 @@ def _token_body(issued: IssuedToken) -> dict[str, Any]:
     return body
 
 
-def _client_addr(request: web.Request) -> str | None:
+def client_addr(request: web.Request) -> str | None:
+    """The client address logins are throttled and logged by."""
     # The peer address; forwarded headers are not trusted (no proxy configuration exists).
     return request.remote
 
@@ -61,16 +58,16 @@ def _client_addr(request: web.Request) -> str | None:
 @public
 async def create_session(request: web.Request) -> web.Response:
     """Log in with ``{subject_id, password}`` (people) or ``{assertion}`` (services, agents)."""
-    authenticator = _authenticator(request)
+    authenticator = authenticator_of(request)
     body = await read_json(request, "authn-session.schema.json")
     now = clock.now()
     if "assertion" in body:
-        issued = await authenticator.login_assertion(body["assertion"], _client_addr(request), now)
+        issued = await authenticator.login_assertion(body["assertion"], client_addr(request), now)
     else:
         issued = await authenticator.login_password(
-            body["subject_id"], body["password"], _client_addr(request), now
+            body["subject_id"], body["password"], client_addr(request), now
         )
-    return web.json_response(_token_body(issued), status=201)
+    return web.json_response(token_body(issued), status=201)
 
 
 @routes.get("/api/v1/authn/sessions/current")
@@ -79,7 +76,7 @@ async def current_session(request: web.Request) -> web.Response:
     """The caller's principal (the same document the policy sees), with the roles and groups
     the serving policy data gives them: those the IdP groups of an OIDC session are bound to
     included (read at this moment, never from the token)."""
-    principal = _caller(request)
+    principal = caller(request)
     config = request.app[CONFIG]
     doc = principal.to_input(clock.now(), config.authn.step_up_window_s)
     facts = request.app[ENGINE].facts(principal.subject_id, "approvals.read", principal.idp_groups)
@@ -91,8 +88,8 @@ async def current_session(request: web.Request) -> web.Response:
 @public
 async def delete_session(request: web.Request) -> web.Response:
     """Revoke the caller's session: every token of it stops working on every worker at once."""
-    principal = _caller(request)
-    await _authenticator(request).revoke(principal, clock.now())
+    principal = caller(request)
+    await authenticator_of(request).revoke(principal, clock.now())
     return web.Response(status=204)
 
 
@@ -100,12 +97,12 @@ async def delete_session(request: web.Request) -> web.Response:
 @public
 async def step_up(request: web.Request) -> web.Response:
     """Verify a TOTP code (once) and return a fresh token carrying ``acr``/``amr``."""
-    principal = _caller(request)
+    principal = caller(request)
     body = await read_json(request, "authn-step-up.schema.json")
-    issued = await _authenticator(request).step_up(
-        principal, body["otp"], clock.now(), _client_addr(request)
+    issued = await authenticator_of(request).step_up(
+        principal, body["otp"], clock.now(), client_addr(request)
     )
-    return web.json_response(_token_body(issued), status=201)
+    return web.json_response(token_body(issued), status=201)
 
 
 @routes.post("/api/v1/authn/token/renew")
@@ -115,8 +112,8 @@ async def renew(request: web.Request) -> web.Response:
     access token of the same live session: 401 once it is logged out, revoked or expired; the
     step-up is carried over as it was, never renewed (``authn/renewal.py``)."""
     body = await read_json(request, "authn-token-renew.schema.json")
-    issued = await _authenticator(request).renew(body["refresh_token"], clock.now())
-    response = web.json_response(_token_body(issued), status=201)
+    issued = await authenticator_of(request).renew(body["refresh_token"], clock.now())
+    response = web.json_response(token_body(issued), status=201)
     response.headers["Cache-Control"] = "no-store"
     return response
 
@@ -125,6 +122,6 @@ async def renew(request: web.Request) -> web.Response:
 @public
 async def jwks(request: web.Request) -> web.Response:
     """The public keys that verify our access tokens (RFC 7517)."""
-    response = web.json_response(_authenticator(request).jwks(clock.now()))
+    response = web.json_response(authenticator_of(request).jwks(clock.now()))
     response.content_type = "application/jwk-set+json"
     return response

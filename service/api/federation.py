@@ -13,9 +13,8 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
-from .. import clock
-from ..appkeys import FEDERATION, STORE
-from ..authn.federation import Federation
+from .. import clock, signin
+from ..appkeys import CONSOLE_LANDING, FEDERATION, STORE
 from ..authn.federation.oidc import (
     BROWSER_COOKIE,
     CallbackResult,
@@ -33,10 +32,9 @@ from ..authn.federation.workload import (
 from ..authn.stepup import METHOD_OIDC
 from ..body import read_json
 from ..chain import public
-from ..console import federated as console_sso
-from ..console.session import safe_next
-from ..errors import BadRequest, NotFound, ServiceUnavailable, Unauthorized
-from .authn import _authenticator, _caller, _client_addr, _token_body
+from ..consolesession import safe_next
+from ..errors import BadRequest, ServiceUnavailable, Unauthorized
+from .authn import caller, client_addr, token_body
 
 routes = web.RouteTableDef()
 
@@ -45,42 +43,9 @@ _MAX_FORM_BYTES = 65536
 _LOGIN_PATH = "/api/v1/authn/oidc/{provider}"
 
 
-def _federation(request: web.Request) -> Federation:
-    _authenticator(request)  # 503 without a store
-    return request.app[FEDERATION]
-
-
 def _oauth_error(code: str, detail: str, status: int = 400) -> BadRequest | Unauthorized:
     cls = Unauthorized if status == 401 else BadRequest
     return cls(detail, code=code, error=code, error_description=detail)
-
-
-def _refused(exc: SignInRefused) -> Exception:
-    if exc.code == "provider_unknown":
-        return NotFound(exc.detail, code="provider_unknown")
-    if exc.code in ("invalid_request", "invalid_grant"):
-        return BadRequest(exc.detail, code=exc.code)
-    return Unauthorized(exc.detail, code=exc.code)
-
-
-def _redirect(location: str) -> web.Response:
-    return web.Response(status=302, headers={"Location": location})
-
-
-def _cookie(federation: Federation, name: str) -> tuple[str, str, bool]:
-    """``(name, path, secure)`` of a sign-in cookie (the browser binding, the console marker).
-
-    When the callback is served over HTTPS (``redirect_base_url``): ``__Host-<name>``,
-    ``Path=/``, ``Secure``, so a sibling subdomain cannot plant a binding of its own (a login
-    CSRF). Over plain HTTP (local development) the plain name on the sign-in paths."""
-    if federation.oidc.config.redirect_base_url.startswith("https://"):
-        return "__Host-" + name, "/", True
-    return name, "/api/v1/authn/oidc/", False
-
-
-def _unavailable() -> ServiceUnavailable:
-    return ServiceUnavailable("the identity provider cannot be reached; try again later",
-                              code="identity_provider_unavailable", headers={"Retry-After": "5"})
 
 
 @routes.get("/api/v1/authn/oidc/providers")
@@ -97,51 +62,9 @@ async def _start(request: web.Request, purpose: str, session_id: str | None) -> 
                                      or "cli_redirect" in query):
         raise BadRequest("next must be a console path (/console/...) and cannot go with "
                          "cli_redirect", code="invalid_request")
-    return await start(request, request.match_info["provider"], purpose, session_id,
+    return await signin.start(request, request.match_info["provider"], purpose, session_id,
                        console_path, cli_redirect=query.get("cli_redirect"),
                        cli_challenge=query.get("cli_challenge"))
-
-
-async def start(request: web.Request, provider: str, purpose: str, session_id: str | None,
-                console_path: str | None, *, cli_redirect: str | None = None,
-                cli_challenge: str | None = None) -> web.Response:
-    """Start a sign-in (``login``) or a step-up (``step_up`` of ``session_id``) at ``provider``.
-
-    With ``console_path`` the browser is sent to the provider (302) and the callback ends in
-    the console, landing there: a console session (sign-in), or the console session stepped up
-    (step-up: the console's "Confirm at the sign-in provider" button). A bearer step-up (API,
-    CLI) gets the URL to open instead (201)."""
-    federation = _federation(request)
-    try:
-        url, browser = await federation.oidc.start(
-            request.app[STORE].require(), provider, clock.now(),
-            purpose=purpose, session_id=session_id, cli_redirect=cli_redirect,
-            cli_challenge=cli_challenge,
-        )  # fmt: skip
-    except SignInRefused as exc:
-        raise _refused(exc) from None
-    except ProviderUnavailable:
-        raise _unavailable() from None
-    if purpose == "step_up" and console_path is None:
-        # A bearer request (API or CLI) gets the URL to open; the pending request is bound to
-        # the caller's session instead of a browser (the IdP must return the same person).
-        response: web.Response = web.json_response({"authorization_url": url}, status=201)
-    else:
-        response = _redirect(url)
-    ttl = federation.oidc.config.login_ttl_s
-    name, path, secure = _cookie(federation, BROWSER_COOKIE)
-    response.set_cookie(name, browser, max_age=ttl, httponly=True, samesite="Lax", path=path,
-                        secure=secure)
-    name, path, secure = _cookie(federation, console_sso.MARKER_COOKIE)
-    if console_path is not None:
-        # A console sign-in (or step-up): the callback ends in a console cookie session,
-        # landing here.
-        response.set_cookie(name, console_sso.marker(browser, console_path), max_age=ttl,
-                            httponly=True, samesite="Lax", path=path, secure=secure)
-    else:
-        response.del_cookie(name, path=path)
-    response.headers["Cache-Control"] = "no-store"
-    return response
 
 
 @routes.get(_LOGIN_PATH + "/login")
@@ -156,7 +79,7 @@ async def login(request: web.Request) -> web.Response:
 @public
 async def step_up(request: web.Request) -> web.Response:
     """Start a step-up by re-authentication at the IdP for the caller's OIDC session."""
-    principal = _caller(request)
+    principal = caller(request)
     if principal.authn_method != METHOD_OIDC:
         raise BadRequest("only a session signed in through OpenID Connect steps up at the IdP",
                          code="step_up_not_available")
@@ -168,12 +91,13 @@ async def step_up(request: web.Request) -> web.Response:
 async def callback(request: web.Request) -> web.Response:
     """The provider's redirect: verify everything, open our session, answer with our token (or
     hand off to the CLI's loopback port, or set the console's cookie for a console sign-in)."""
-    federation = _federation(request)
-    authenticator = _authenticator(request)
-    browser_name, browser_path, _ = _cookie(federation, BROWSER_COOKIE)
-    marker_name, marker_path, _ = _cookie(federation, console_sso.MARKER_COOKIE)
+    federation = signin.federation_of(request)
+    authenticator = signin.authenticator_of(request)
+    browser_name, browser_path, _ = signin.sign_in_cookie(federation, BROWSER_COOKIE)
+    marker_name, marker_path, _ = signin.sign_in_cookie(federation, signin.MARKER_COOKIE)
     browser = request.cookies.get(browser_name)
-    console_path = console_sso.console_next(request.cookies.get(marker_name), browser)
+    console_path = signin.console_next(request.cookies.get(marker_name), browser)
+    landing = request.app[CONSOLE_LANDING]
     try:
         result = await federation.oidc.callback(
             authenticator, request.match_info["provider"], request.query, browser, clock.now()
@@ -182,12 +106,12 @@ async def callback(request: web.Request) -> web.Response:
         authenticator.failed(exc.reason.split(":", 1)[0])
         _log_refusal(request, exc.reason)
         if console_path is None:
-            raise _refused(exc) from None
-        response = console_sso.refused(request, exc.code, console_path)
+            raise signin.refusal(exc) from None
+        response = landing.refused(request, exc.code, console_path)
     except ProviderUnavailable:
         if console_path is None:
-            raise _unavailable() from None
-        response = console_sso.refused(request, "identity_provider_unavailable", console_path)
+            raise signin.provider_unavailable() from None
+        response = landing.refused(request, "identity_provider_unavailable", console_path)
     else:
         response = await _signed_in(request, result, console_path)
     response.del_cookie(browser_name, path=browser_path)
@@ -202,32 +126,32 @@ async def _signed_in(request: web.Request, result: CallbackResult,
     """The callback's answer once the sign-in succeeded: the CLI handoff, the console's
     session, or our token."""
     if result.redirect is not None:
-        return _redirect(result.redirect)
+        return web.Response(status=302, headers={"Location": result.redirect})
     assert result.issued is not None
+    landing, authenticator = request.app[CONSOLE_LANDING], signin.authenticator_of(request)
     if console_path is not None and result.purpose == "login":
-        return await console_sso.signed_in(request, _authenticator(request), result.issued,
-                                           console_path)
+        return await landing.signed_in(request, authenticator, result.issued, console_path)
     if console_path is not None and result.purpose == "step_up":
         if not result.browser_bound:
             # A console step-up ends in a console cookie: only in the browser that asked.
-            return console_sso.refused(request, "sso_failed", console_path)
-        return await console_sso.signed_in(request, _authenticator(request), result.issued,
-                                           console_path, stepped=True)
-    return web.json_response(_token_body(result.issued), status=201)
+            return landing.refused(request, "sso_failed", console_path)
+        return await landing.signed_in(request, authenticator, result.issued, console_path,
+                                       stepped=True)
+    return web.json_response(token_body(result.issued), status=201)
 
 
 @routes.post(_LOGIN_PATH + "/device")
 @public
 async def device(request: web.Request) -> web.Response:
     """Start a device authorization (RFC 8628): the user code and URL to show the person."""
-    federation = _federation(request)
+    federation = signin.federation_of(request)
     try:
         body = await federation.oidc.start_device(
             request.app[STORE].require(), request.match_info["provider"], clock.now())
     except SignInRefused as exc:
-        raise _refused(exc) from None
+        raise signin.refusal(exc) from None
     except ProviderUnavailable:
-        raise _unavailable() from None
+        raise signin.provider_unavailable() from None
     response = web.json_response(body, status=201)
     response.headers["Cache-Control"] = "no-store"
     return response
@@ -238,8 +162,8 @@ async def device(request: web.Request) -> web.Response:
 async def device_token(request: web.Request) -> web.Response:
     """Poll a device authorization: 201 with the token once approved, else 400 with the
     RFC 8628 code (``authorization_pending``, ``slow_down``, ``expired_token``, ``access_denied``)."""
-    federation = _federation(request)
-    authenticator = _authenticator(request)
+    federation = signin.federation_of(request)
+    authenticator = signin.authenticator_of(request)
     body = await read_json(request, "authn-oidc-device-token.schema.json")
     try:
         issued = await federation.oidc.poll_device(
@@ -251,10 +175,10 @@ async def device_token(request: web.Request) -> web.Response:
             raise _oauth_error(exc.code, exc.detail) from None
         authenticator.failed(exc.reason.split(":", 1)[0])
         _log_refusal(request, exc.reason)
-        raise _refused(exc) from None
+        raise signin.refusal(exc) from None
     except ProviderUnavailable:
-        raise _unavailable() from None
-    return web.json_response(_token_body(issued), status=201)
+        raise signin.provider_unavailable() from None
+    return web.json_response(token_body(issued), status=201)
 
 
 _DEVICE_CODES = frozenset({"authorization_pending", "slow_down", "expired_token", "access_denied"})
@@ -264,23 +188,23 @@ _DEVICE_CODES = frozenset({"authorization_pending", "slow_down", "expired_token"
 @public
 async def handoff(request: web.Request) -> web.Response:
     """A CLI redeems its one-time loopback code with its PKCE verifier for the token."""
-    federation = _federation(request)
+    federation = signin.federation_of(request)
     body = await read_json(request, "authn-oidc-handoff.schema.json")
     try:
         issued = await federation.oidc.redeem_handoff(
-            _authenticator(request), body["code"], body["code_verifier"], clock.now()
+            signin.authenticator_of(request), body["code"], body["code_verifier"], clock.now()
         )
     except SignInRefused as exc:
-        raise _refused(exc) from None
-    return web.json_response(_token_body(issued), status=201)
+        raise signin.refusal(exc) from None
+    return web.json_response(token_body(issued), status=201)
 
 
 @routes.post("/api/v1/authn/token-exchange")
 @public
 async def token_exchange(request: web.Request) -> web.Response:
     """RFC 8693: a workload's own OIDC token (``subject_token``) for our access token."""
-    federation = _federation(request)
-    authenticator = _authenticator(request)
+    federation = signin.federation_of(request)
+    authenticator = signin.authenticator_of(request)
     form = await _form(request)
     if form.get("grant_type") != GRANT_TYPE:
         raise _oauth_error("unsupported_grant_type", f"grant_type must be {GRANT_TYPE}")
@@ -304,7 +228,7 @@ async def token_exchange(request: web.Request) -> web.Response:
         raise ServiceUnavailable("the token's issuer cannot be reached; try again later",
                                  code="temporarily_unavailable", error="temporarily_unavailable",
                                  headers={"Retry-After": "5"}) from None
-    body: dict[str, Any] = {**_token_body(issued), "issued_token_type": ACCESS_TOKEN_TYPE}
+    body: dict[str, Any] = {**token_body(issued), "issued_token_type": ACCESS_TOKEN_TYPE}
     response = web.json_response(body)
     response.headers["Cache-Control"] = "no-store"
     return response
@@ -335,5 +259,5 @@ def _log_refusal(request: web.Request, reason: str) -> None:
     logging.getLogger("controlplane.authn").warning(
         "federated sign-in refused",
         extra={"fields": {"event": "authn.federation_refused", "reason": reason,
-                          "client_addr": _client_addr(request), "path": request.path}},
+                          "client_addr": client_addr(request), "path": request.path}},
     )

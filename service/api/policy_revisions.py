@@ -34,11 +34,12 @@ from ..appkeys import (
     PRINCIPAL,
     STORE,
 )
+from ..approvals.review import TICKET_READ
 from ..authz import change
 from ..authz.activations import ActivationSigner
 from ..authz.change import DIRECTORY
 from ..authz.revisions import Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
-from ..chain import Outcome, Run, Target, Write, protected
+from ..chain import Outcome, Run, Target, Write, protected, protected_as
 from ..clock import iso
 from ..errors import (
     Conflict,
@@ -47,7 +48,6 @@ from ..errors import (
     ServiceUnavailable,
 )
 from ..store.base import PolicyActivation, PolicyRevisionRecord, StoreError, TicketRecord
-from .approvals import ticket_target
 from .queries import query_page_limit, query_str
 
 __all__ = ["activation_view", "revision_view", "routes"]
@@ -193,7 +193,7 @@ async def list_revisions(run: Run) -> Outcome:
 
 
 @routes.get("/api/v1/approvals/{id}/change")
-@protected("approvals.read", target=ticket_target)  # who may read it may read its change
+@protected_as(TICKET_READ)  # who may read it may read its change
 async def ticket_change(run: Run) -> Outcome:
     """A policy ticket's change: signed message and author, vetting, the diff against the
     revision the fleet runs and the recent decisions replayed against it (404

@@ -29,7 +29,7 @@ from typing import Any
 from service import rego
 from service.authz import regosrc
 from service.authz.projection import build_projection
-from service.authz.regotest import DECISION_ENTRYPOINT, _exit, _with_input, prepare
+from service.authz.regotest import DECISION_ENTRYPOINT, exit_reason, prepare, with_input
 from service.authz.source import Snapshot, SourceError, locate_errors
 
 __all__ = ["GATING", "Problem", "lint", "static_problems"]
@@ -106,7 +106,7 @@ def _compile_in_child(snapshot: Snapshot, timeout: float) -> tuple[list[Problem]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@lint@@ ")]
     if proc.returncode != 0 or not lines:
         return [Problem("-", 0, 0, "compile",
-                        f"the policy engine aborted ({_exit(proc.returncode)}) compiling the "
+                        f"the policy engine aborted ({exit_reason(proc.returncode)}) compiling the "
                         "modules; the static checks below still ran")], None
     answer = json.loads(lines[-1][len("@@lint@@ ") :])
     message = answer["error"]
@@ -367,7 +367,7 @@ def _norm(text: str) -> Any:
 def _with_forms(info: regosrc.ModuleInfo) -> list[Problem]:
     out: list[Problem] = []
     for rule in info.rules:
-        rewritable = rule.name.startswith("test_") and _with_input(rule) is not None
+        rewritable = rule.name.startswith("test_") and with_input(rule) is not None
         for body in rule.bodies:
             for expr in body.exprs:
                 _, pairs = regosrc.with_clauses(expr)

@@ -44,9 +44,11 @@ __all__ = [
     "TestReport",
     "TestResult",
     "discover",
+    "exit_reason",
     "run_tests",
     "run_tests_isolated",
     "vet",
+    "with_input",
 ]
 
 DECISION_ENTRYPOINT = "controlplane/authz/decision"
@@ -219,7 +221,7 @@ def prepare(
                 source = source[: rule.start] + _blank(source[rule.start : rule.end]) + (
                     source[rule.end :])
                 continue
-            value = _with_input(rule)
+            value = with_input(rule)
             if value is None:
                 continue
             source = _strip_with(source, rule)
@@ -319,7 +321,7 @@ def _has_with(rule: regosrc.Rule) -> bool:
     return any(regosrc.with_clauses(e)[1] for b in rule.bodies for e in b.exprs)
 
 
-def _with_input(rule: regosrc.Rule) -> str | None:
+def with_input(rule: regosrc.Rule) -> str | None:
     """The ``V`` of a test whose ``with`` clauses are all ``with input as V`` (same V), when
     ``V`` does not use the test's own variables, or uses only variables bound before the first
     ``with`` (``v := {...}`` then ``... with input as v``): ``_helper_rule`` computes it."""
@@ -638,7 +640,7 @@ class _Runner:
                     done = True
             if done and proc.returncode == 0:
                 return results, "", ""
-            reason = _exit(proc.returncode)
+            reason = exit_reason(proc.returncode)
             if started is None:  # before any test: compiling, or the probe decision
                 return results, "", (
                     f"policy engine crashed ({reason}) while {self.mode}ing the revision"
@@ -675,7 +677,8 @@ def _crashed(
     )
 
 
-def _exit(code: int) -> str:
+def exit_reason(code: int) -> str:
+    """How a child process ended, for a message: ``exit 3``, ``SIGSEGV``."""
     if code < 0:
         try:
             return signal.Signals(-code).name

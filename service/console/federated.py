@@ -1,11 +1,12 @@
 """Single sign-on into the console: "Sign in with <provider>" ending in a console session.
 
 The sign-in page offers one button per configured OpenID provider (``OidcSignIn.listing``),
-linking to the provider's login URL with ``next`` (a console path). That start sets, next to
-the cookie binding the pending sign-in to the browser, a marker naming where the console goes
-afterwards and bound to that same browser secret (a marker left over from an earlier attempt
-never matches a newer sign-in). When the provider's redirect returns to the one registered
-callback, the marker turns the result into a console session: the same signed cookie a password
+linking to the provider's login URL with ``next`` (a console path). That start
+(``service.signin``) sets, next to the cookie binding the pending sign-in to the browser, a
+marker naming where the console goes afterwards and bound to that same browser secret. When the
+provider's redirect returns to the one registered callback (the API's), the marker makes it hand
+the result here (``signed_in``, ``refused``: this module is the app's ``CONSOLE_LANDING``),
+which turns it into a console session: the same signed cookie a password
 sign-in sets (``HttpOnly``, ``SameSite=Strict``, ``Path=/console``, bound to the store session
 the sign-in just opened), never a token in a page.
 
@@ -23,65 +24,29 @@ with the console cookie for it, stepped up, in the browser that asked only.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
 import logging
 from urllib.parse import urlencode
 
 from aiohttp import web
 
 from .. import clock
+from .. import consolesession as cookies
 from ..appkeys import STORE
 from ..authn.sessions import Authenticator, IssuedToken
 from . import pages
-from . import session as cookies
 
 __all__ = [
-    "MARKER_COOKIE",
     "SHOWN_ERRORS",
-    "console_next",
-    "marker",
     "provider_buttons",
     "refused",
     "signed_in",
 ]
 
-#: Set with the browser-binding cookie when a sign-in is started for the console.
-MARKER_COOKIE = "cp_oidc_console"
 log = logging.getLogger("controlplane.console")
 #: Refusals the sign-in page names; any other is shown as ``sso_failed`` (the details are in the
 #: service's log, with the correlation id).
 SHOWN_ERRORS = frozenset({"identity_provider_unavailable", "idp_refused", "subject_not_allowed",
                           "subject_collision", "subject_invalid"})
-
-
-def _tag(browser_secret: str) -> str:
-    digest = hashlib.sha256(b"console-sign-in\x00" + browser_secret.encode()).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
-
-
-def marker(browser_secret: str, next_path: str) -> str:
-    """The marker cookie's value: bound to this sign-in's browser secret, with the console
-    path to land on (base64url, so it is a plain cookie value)."""
-    encoded = base64.urlsafe_b64encode(next_path.encode()).rstrip(b"=").decode("ascii")
-    return f"{_tag(browser_secret)}.{encoded}"
-
-
-def console_next(value: str | None, browser_secret: str | None) -> str | None:
-    """The console path a callback lands on when ``value`` marks this browser's sign-in as a
-    console sign-in; ``None`` when it is not one (an API or CLI sign-in)."""
-    if not value or not browser_secret or len(value) > 1024:
-        return None
-    tag, sep, encoded = value.partition(".")
-    if not sep or not hmac.compare_digest(tag.encode(), _tag(browser_secret).encode()):
-        return None
-    try:
-        path = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return None
-    return cookies.safe_next(path)
 
 
 def provider_buttons(listing: list[dict[str, str]], next_path: str) -> list[tuple[str, str]]:

@@ -1,16 +1,17 @@
 """The console's routes: sign-in, inbox (live), ticket detail, review, my requests, audit view.
 
-Handlers stay thin. Who is calling comes from the console's own cookie (``session.py``), never
-from a bearer token; every ticket read and every review runs the one chain (``chain.run``) with
-the same catalogue action, target and Execute step as the API route, so the policy, the review
-rules (no self-review, people only, group quorum), step-up and audit apply exactly as they do
-there. Each chain run's JSON answer is replaced by a page (``Outcome.stream`` renders it after
-the audit record committed).
+Handlers stay thin. Who is calling comes from the console's own cookie, never from a bearer
+token (the authn middleware reads it: ``consolesession``); every ticket read and every review
+runs the one chain (``chain.run``) with the declarations and the Execute step the API route runs
+(``approvals.review``), so the policy, the review rules (no self-review, people only, group
+quorum), step-up and audit apply exactly as they do there. Each chain run's JSON answer is
+replaced by a page (``Outcome.stream`` renders it after the audit record committed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -22,34 +23,35 @@ from urllib.parse import parse_qsl, urlencode
 
 from aiohttp import web
 
-from .. import chain, clock
-from ..api import approvals as api_approvals
-from ..api import federation as api_federation
+from .. import chain, clock, consolesession, signin
 from ..appkeys import (
     AUTHENTICATOR,
     CONFIG,
+    CONSOLE_LANDING,
+    CONSOLE_SESSION,
     CORRELATION_ID,
     ENGINE,
     FEDERATION,
     POLICY_KEYS,
-    PRINCIPAL,
     STORE,
     STREAMS,
 )
 from ..approvals.policy import reviewer_candidates, suggested_reviewers
+from ..approvals.review import REVIEW_SCHEMA, TICKET_READ, TICKET_REVIEW, review_ticket
 from ..approvals.tickets import ticket_view
-from ..authn.errors import AuthnError, InvalidToken
-from ..authn.principal import ANONYMOUS, Principal
+from ..authn.errors import AuthnError
+from ..authn.principal import Principal
 from ..authn.stepup import METHOD_OIDC
 from ..authz import actions, change
 from ..authz.revisions import TrustedKeys
+from ..consolesession import ConsoleSession
 from ..errors import Forbidden, Problem, Unauthorized, to_problem
+from ..middleware.authn import step_up_console
 from ..run import Outcome, Protection, Run, Target, Write
 from ..schemas import ValidationFailed, validate
 from ..store.base import TicketRecord
 from ..streams import StreamWrite, pump
 from . import federated, pages, queries
-from . import session as cookies
 from .html import Markup
 from .pages import CSP
 
@@ -71,17 +73,9 @@ INBOX_MAX_S = 900.0
 #: A ticket's states after which nothing about it changes any more.
 FINAL_STATES = frozenset({"consumed", "rejected", "expired", "revoked"})
 
-def _declared(handler: Any) -> tuple[Protection, Callable[[Any], Awaitable[Outcome]]]:
-    """What ``@protected`` declared for an API handler: its protection and Execute step."""
-    return handler.protection, handler.execute
-
-
-# The API's ticket read and review, as the console runs them: same action, same target reader,
-# same Execute step; the review's body comes from the form (validated against the API's schema).
-_api_read, _ = _declared(api_approvals.read_approval)
-_api_review, _review_execute = _declared(api_approvals.review_approval)
-_READ = Protection(_api_read.action, _api_read.target, None)
-_REVIEW = Protection(_api_review.action, _api_review.target, None)
+# The ticket read and review the API declares too (``approvals.review``); the review's body
+# comes from the form, validated here against the same schema.
+_REVIEW = dataclasses.replace(TICKET_REVIEW, body_schema=None)
 
 
 async def _inbox_target(request: web.Request, body: Any) -> Target:
@@ -130,25 +124,16 @@ def _to_login(request: web.Request) -> web.Response:
     return redirect("/console/login?" + urlencode({"next": target}))
 
 
-_safe_next = cookies.safe_next
+_safe_next = consolesession.safe_next
 
 
 # -- session and forms --------------------------------------------------------------------------
 
 
-async def _session(request: web.Request) -> cookies.ConsoleSession | None:
-    """The request's console session, if its cookie verifies and the store session is live."""
-    # Who is calling comes from the cookie alone: a bearer token on a console request is ignored.
-    request[PRINCIPAL] = ANONYMOUS
-    value = cookies.presented(request)
-    if value is None:
-        return None
-    try:
-        found = await cookies.verify(request.app[AUTHENTICATOR], value, clock.now())
-    except InvalidToken:
-        return None
-    request[PRINCIPAL] = found.principal  # what the chain's AuthN stage reads
-    return found
+def _session(request: web.Request) -> ConsoleSession | None:
+    """The request's console session, as the authn middleware found it (its principal is the
+    request's: what the chain's AuthN stage reads)."""
+    return request.get(CONSOLE_SESSION)
 
 
 def _same_origin(request: web.Request) -> bool:
@@ -207,16 +192,16 @@ async def root(request: web.Request) -> web.StreamResponse:
 @console()
 async def login_form(request: web.Request) -> web.StreamResponse:
     """The sign-in form, with a pre-session CSRF token (double-submitted as a cookie)."""
-    if await _session(request) is not None:
+    if _session(request) is not None:
         return redirect(_safe_next(request.query.get("next")))
-    token = cookies.presented(request, LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
+    token = consolesession.presented(request, LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
     next_path = _safe_next(request.query.get("next"))
     # A refused single sign-on comes back here naming why (only codes the page explains).
     sso_error = request.query.get("sso_error")
     error = sso_error if sso_error in federated.SHOWN_ERRORS | {"sso_failed"} else None
     response = page(pages.login_page(csrf=token, next_path=next_path, error=error,
                                      providers=_providers(request, next_path)))
-    cookies.set_cookie(request, response, token, name=LOGIN_CSRF_COOKIE)
+    consolesession.set_cookie(request, response, token, name=LOGIN_CSRF_COOKIE)
     return response
 
 
@@ -234,7 +219,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     """Password sign-in: opens a store session (as ``POST /api/v1/authn/sessions`` does) and
     sets the console cookie for it; the access token never leaves the server."""
     form = await _form(request)
-    _check_csrf(request, cookies.presented(request, LOGIN_CSRF_COOKIE), form)
+    _check_csrf(request, consolesession.presented(request, LOGIN_CSRF_COOKIE), form)
     subject, password = form.get("subject_id", "")[:200], form.get("password", "")
     next_path = _safe_next(form.get("next"))
     authenticator, now = request.app[AUTHENTICATOR], clock.now()
@@ -251,10 +236,10 @@ async def login(request: web.Request) -> web.StreamResponse:
                     status=problem.status, headers=problem.headers)
     stored = await request.app[STORE].require().get_session(principal.session_id)
     expires = stored.expires_at if stored is not None else now + authenticator.settings.token_ttl_s
-    value, _ = cookies.issue(authenticator, principal, expires_at=expires, now=now)
+    value, _ = consolesession.issue(authenticator, principal, expires_at=expires, now=now)
     response = redirect(next_path)
-    cookies.set_cookie(request, response, value)
-    cookies.clear_cookie(request, response, name=LOGIN_CSRF_COOKIE)
+    consolesession.set_cookie(request, response, value)
+    consolesession.clear_cookie(request, response, name=LOGIN_CSRF_COOKIE)
     log.info("console sign-in", extra={"fields": {"event": "console.signed_in",
                                                    "subject": principal.subject_id}})
     return response
@@ -264,15 +249,15 @@ async def login(request: web.Request) -> web.StreamResponse:
 @console()
 async def logout(request: web.Request) -> web.StreamResponse:
     """End the store session (every token and cookie of it, everywhere) and clear the cookie."""
-    found = await _session(request)
+    found = _session(request)
     response = redirect("/console/login")
     if found is None:
-        cookies.clear_cookie(request, response)
+        consolesession.clear_cookie(request, response)
         return response
     form = await _form(request)
     _check_csrf(request, found.csrf, form)
     await request.app[AUTHENTICATOR].revoke(found.principal, clock.now())
-    cookies.clear_cookie(request, response)
+    consolesession.clear_cookie(request, response)
     return response
 
 
@@ -309,7 +294,7 @@ def _code(problem: Problem) -> str:
 
 
 def _problem_page(request: web.Request, problem: Problem,
-                  found: cookies.ConsoleSession | None) -> web.Response:
+                  found: ConsoleSession | None) -> web.Response:
     who = found.principal.subject_id if found else None
     return page(pages.error_page(problem.status, _code(problem), who=who,
                                  csrf=found.csrf if found else None),
@@ -320,7 +305,7 @@ def _problem_page(request: web.Request, problem: Problem,
 @console("approvals.list")
 async def inbox_page(request: web.Request) -> web.StreamResponse:
     """Tickets this person may review, pending first and oldest first; live by SSE."""
-    found = await _session(request)
+    found = _session(request)
     if found is None:
         return _to_login(request)
 
@@ -351,7 +336,7 @@ def _view(ticket: TicketRecord) -> dict[str, Any]:
 async def inbox_events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: ``event: inbox`` with the rendered list whenever it changes (the
     store is polled, so a change made through any worker or replica shows)."""
-    found = await _session(request)
+    found = _session(request)
     if found is None:
         return _secure(web.Response(status=401, text="sign in first", content_type="text/plain"))
 
@@ -368,7 +353,7 @@ async def inbox_events(request: web.Request) -> web.StreamResponse:
         return _secure(response)
 
 
-async def _inbox_stream(request: web.Request, store: Any, found: cookies.ConsoleSession
+async def _inbox_stream(request: web.Request, store: Any, found: ConsoleSession
                         ) -> web.StreamResponse:
     async def state() -> tuple[bytes | None, bool]:
         markup = await _inbox_markup(store, request, found.principal)
@@ -399,8 +384,8 @@ async def _poll_stream(request: web.Request,
             await write(event)
         return b'{"reason":"final"}' if final else None
 
-    async def alive() -> bool:
-        return await _session(request) is not None
+    async def alive() -> bool:  # the store session, read again
+        return await consolesession.session_of(request) is not None
 
     return await pump(request, response, poll, label=name, poll_s=INBOX_POLL_S,
                       max_s=INBOX_MAX_S, alive=alive)
@@ -410,16 +395,16 @@ async def _poll_stream(request: web.Request,
 @console("approvals.read")
 async def ticket_page(request: web.Request) -> web.StreamResponse:
     """Everything about one ticket, its reviews and timeline, and the review form."""
-    found = await _session(request)
+    found = _session(request)
     if found is None:
         return _to_login(request)
     try:
-        return await _run_page(request, _READ, _ticket_builder(request, found, None, ""))
+        return await _run_page(request, TICKET_READ, _ticket_builder(request, found, None, ""))
     except Problem as problem:
         return _problem_page(request, problem, found)
 
 
-def _ticket_builder(request: web.Request, found: cookies.ConsoleSession, error: str | None,
+def _ticket_builder(request: web.Request, found: ConsoleSession, error: str | None,
                     reason: str) -> Callable[[Run], Awaitable[tuple[Markup, dict[str, Any]]]]:
     async def build(run: Run) -> tuple[Markup, dict[str, Any]]:
         ticket: TicketRecord = run.target.record
@@ -431,7 +416,7 @@ def _ticket_builder(request: web.Request, found: cookies.ConsoleSession, error: 
 
 
 async def _ticket_markup(request: web.Request, store: Any, ticket: TicketRecord,
-                         found: cookies.ConsoleSession, principal: Principal, error: str | None,
+                         found: ConsoleSession, principal: Principal, error: str | None,
                          reason: str) -> Markup:
     now, config, engine = clock.now(), request.app[CONFIG], request.app[ENGINE]
     records, _ = await queries.ticket_records(store, ticket)
@@ -482,7 +467,7 @@ async def _policy_change(request: web.Request, store: Any,
 async def ticket_events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: ``event: ticket`` with its state and review count, first at once and
     then on every change, until it reaches a final state (the page reloads itself on a change)."""
-    found = await _session(request)
+    found = _session(request)
     if found is None:
         return _secure(web.Response(status=401, text="sign in first", content_type="text/plain"))
 
@@ -493,7 +478,7 @@ async def ticket_events(request: web.Request) -> web.StreamResponse:
                        stream=lambda: _ticket_stream(request, run.store, ticket.id))
 
     try:
-        return await chain.run(request, _READ, execute)
+        return await chain.run(request, TICKET_READ, execute)
     except Problem as problem:
         return _secure(web.Response(status=problem.status, text=problem.instance_code,
                                     content_type="text/plain", headers=problem.headers))
@@ -514,9 +499,9 @@ async def _ticket_stream(request: web.Request, store: Any, ticket_id: str) -> we
 @routes.post("/console/tickets/{id}/review")
 @console("approvals.review", "approvals.read")
 async def review(request: web.Request) -> web.StreamResponse:
-    """Approve or reject through the API's own review step; a one-time code in the form steps
+    """Approve or reject through the one review step (``review_ticket``); a one-time code in the form steps
     the session up first (the inline step-up prompt)."""
-    found = await _session(request)
+    found = _session(request)
     if found is None:
         return _to_login(request)
     form = await _form(request)
@@ -527,15 +512,14 @@ async def review(request: web.Request) -> web.StreamResponse:
     new_cookie: str | None = None
     try:
         try:
-            validate("approval-review.schema.json", body)
+            validate(REVIEW_SCHEMA, body)
         except ValidationFailed as exc:
             raise to_problem(exc) from None
         if form.get("otp"):
-            found, new_cookie = await _step_up(request, found, form["otp"])
+            found, new_cookie = await step_up_console(request, found, form["otp"])
 
         async def execute(run: Write) -> Outcome:
-            run.body = body
-            outcome = await _review_execute(run)
+            outcome = await review_ticket(run, body["decision"], body.get("reason"))
             return Outcome(outcome.status, outcome.body, audit=outcome.audit,
                            stream=_ready(redirect(f"/console/tickets/{run.target.id}")))
 
@@ -544,7 +528,7 @@ async def review(request: web.Request) -> web.StreamResponse:
         problem = to_problem(exc)
         response = await _ticket_refused(request, found, problem, form.get("reason", ""))
     if new_cookie is not None:
-        cookies.set_cookie(request, response, new_cookie)
+        consolesession.set_cookie(request, response, new_cookie)
     return response
 
 
@@ -559,11 +543,11 @@ async def sso_step_up(request: web.Request) -> web.StreamResponse:
     from being redirected to another site. A page elsewhere cannot start it for someone either:
     the console cookie (``SameSite=Strict``) does not come with a navigation from another site,
     and without a console session this only leads to the sign-in page."""
-    found = await _session(request)
+    found = _session(request)
     if found is None:
         return _to_login(request)
     try:
-        back = cookies.safe_next(f"/console/tickets/{request.match_info['id']}")
+        back = consolesession.safe_next(f"/console/tickets/{request.match_info['id']}")
         facts = None
         if found.principal.authn_method == METHOD_OIDC:
             facts = await request.app[STORE].require().get_federated_session(
@@ -571,35 +555,21 @@ async def sso_step_up(request: web.Request) -> web.StreamResponse:
         if facts is None or back == "/console/":
             raise Forbidden("this session does not step up at a sign-in provider",
                             code="step_up_not_available")
-        response = await api_federation.start(request, facts.provider, "step_up",
-                                              found.principal.session_id, back)
+        response = await signin.start(request, facts.provider, "step_up",
+                                      found.principal.session_id, back)
     except Problem as problem:
         return _problem_page(request, problem, found)
     return _secure(response)
 
 
-async def _step_up(request: web.Request, found: cookies.ConsoleSession, otp: str
-                   ) -> tuple[cookies.ConsoleSession, str]:
-    """Verify the code on the session (the API's step-up), then a stepped cookie for it."""
-    authenticator, now = request.app[AUTHENTICATOR], clock.now()
-    await authenticator.step_up(found.principal, otp[:64], now, request.remote)
-    p = found.principal
-    principal = await authenticator.session_principal(p.subject_id, p.kind, p.session_id,
-                                                      stepped=True, now=now)
-    request[PRINCIPAL] = principal
-    value, csrf = cookies.issue(authenticator, principal, expires_at=found.expires_at, now=now,
-                                csrf=found.csrf, stepped=True)
-    return cookies.ConsoleSession(principal, csrf, True, found.expires_at), value
-
-
-async def _ticket_refused(request: web.Request, found: cookies.ConsoleSession, problem: Problem,
+async def _ticket_refused(request: web.Request, found: ConsoleSession, problem: Problem,
                           reason: str) -> web.StreamResponse:
     """The ticket page again, saying why (by stable code), the reason kept in the form."""
     code = _code(problem)
     if code in ("ticket_not_found", "csrf_failed", "store_unavailable"):
         return _problem_page(request, problem, found)
     try:
-        response = await _run_page(request, _READ,
+        response = await _run_page(request, TICKET_READ,
                                    _ticket_builder(request, found, code, reason))
     except Problem as again:
         return _problem_page(request, again, found)
@@ -612,7 +582,7 @@ async def _ticket_refused(request: web.Request, found: cookies.ConsoleSession, p
 @console("approvals.read")
 async def audit_page(request: web.Request) -> web.StreamResponse:
     """Every audit record that names the ticket, read-only."""
-    found = await _session(request)
+    found = _session(request)
     if found is None:
         return _to_login(request)
 
@@ -624,7 +594,7 @@ async def audit_page(request: web.Request) -> web.StreamResponse:
             "ticket_id": ticket.id}
 
     try:
-        return await _run_page(request, _READ, build)
+        return await _run_page(request, TICKET_READ, build)
     except Problem as problem:
         return _problem_page(request, problem, found)
 
@@ -633,7 +603,7 @@ async def audit_page(request: web.Request) -> web.StreamResponse:
 @console("approvals.list")
 async def requests_page(request: web.Request) -> web.StreamResponse:
     """The tickets for this person, with their state."""
-    found = await _session(request)
+    found = _session(request)
     if found is None:
         return _to_login(request)
 
@@ -663,5 +633,7 @@ async def static(request: web.Request) -> web.StreamResponse:
 
 
 def setup_console(app: web.Application) -> None:
-    """Add the console's routes (and ``GET /``, which redirects to it)."""
+    """Add the console's routes (and ``GET /``, which redirects to it), and land the sign-ins
+    at a provider the console starts (the API's callback hands them to ``federated``)."""
     app.router.add_routes(routes)
+    app[CONSOLE_LANDING] = federated

@@ -1,8 +1,15 @@
 """AuthN identifies, never decides: attach a Principal or ANONYMOUS to every request.
 
-A missing, malformed or rejected bearer token leaves the request anonymous and notes the
-token's error code; 401s, 403s and step-up challenges come from the chain, and public routes
-(status, health, login) are served to anonymous callers as usual.
+A request under ``/console/`` is identified by the console's session cookie alone (a bearer
+token there is ignored); any other request by its bearer token alone (a console cookie there is
+ignored: the API never takes a cookie, so a foreign page cannot make a browser call it). A
+missing, malformed or rejected credential leaves the request anonymous (for a bearer token,
+noting its error code); 401s, 403s and step-up challenges come from the chain, and public routes
+(status, health, login) are served to anonymous callers as usual. The console's forms carry
+their CSRF token, which the console checks (``consolesession``).
+
+``request[PRINCIPAL]`` is written here only: once per request by the middleware, and again by
+``step_up_console`` when the request itself steps its console session up.
 """
 
 from __future__ import annotations
@@ -12,10 +19,11 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from .. import clock
-from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, PRINCIPAL, STORE
+from .. import clock, consolesession
+from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, CONSOLE_SESSION, PRINCIPAL, STORE
 from ..authn.errors import InvalidToken
 from ..authn.principal import ANONYMOUS
+from ..consolesession import ConsoleSession
 from ..errors import to_problem
 from ..repeats import log_repeated
 from ..store.base import StoreUnavailable
@@ -34,35 +42,69 @@ def bearer_token(request: web.Request) -> str | None:
     return token.strip()
 
 
+async def _identify(request: web.Request) -> None:
+    """Attach who is calling: the console cookie's session under ``/console/``, else the
+    bearer token's principal. Raises ``StoreUnavailable`` when the credential cannot be
+    checked."""
+    if request.path.startswith(consolesession.CONSOLE_PREFIX):
+        request[CONSOLE_SESSION] = None
+        if request.app[STORE].configured:
+            found = await consolesession.session_of(request)
+            request[CONSOLE_SESSION] = found
+            if found is not None:
+                request[PRINCIPAL] = found.principal
+        return
+    token = bearer_token(request)
+    if token is not None and request.app[STORE].configured:
+        try:
+            request[PRINCIPAL] = await request.app[AUTHENTICATOR].authenticate_bearer(
+                token, clock.now()
+            )
+        except InvalidToken as exc:
+            request[AUTHN_ERROR] = exc.code
+    elif token is not None:
+        request[AUTHN_ERROR] = "authentication_unavailable"
+
+
+async def step_up_console(request: web.Request, found: ConsoleSession,
+                          otp: str) -> tuple[ConsoleSession, str]:
+    """Step the request's console session up with a one-time code (the API's step-up: the code
+    is used once, failures are throttled), and from now on identify the request as the stepped
+    session: the console's inline step-up before a review. Returns the session and the value
+    of its new cookie, which only then carries the step-up."""
+    authenticator, now = request.app[AUTHENTICATOR], clock.now()
+    await authenticator.step_up(found.principal, otp[:64], now, request.remote)
+    p = found.principal
+    principal = await authenticator.session_principal(p.subject_id, p.kind, p.session_id,
+                                                      stepped=True, now=now)
+    value, csrf = consolesession.issue(authenticator, principal, expires_at=found.expires_at,
+                                       now=now, csrf=found.csrf, stepped=True)
+    stepped = ConsoleSession(principal, csrf, True, found.expires_at)
+    request[PRINCIPAL], request[CONSOLE_SESSION] = principal, stepped
+    return stepped, value
+
+
 def setup_authn(app: web.Application) -> None:
     """Install the authn middleware (innermost: errors it meets are rendered by ``problems``)."""
 
     @web.middleware
     async def authn_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Verify the bearer token, if any, and attach who is calling."""
+        """Verify the request's credential, if any, and attach who is calling."""
         request[PRINCIPAL] = ANONYMOUS
-        token = bearer_token(request)
-        if token is not None and request.app[STORE].configured:
-            try:
-                request[PRINCIPAL] = await request.app[AUTHENTICATOR].authenticate_bearer(
-                    token, clock.now()
-                )
-            except InvalidToken as exc:
-                request[AUTHN_ERROR] = exc.code
-            except StoreUnavailable as exc:
-                # Revocation cannot be checked: never answer as bad credentials (a 401 would make
-                # clients drop a valid token). A public route (health, status, login) serves the
-                # caller anonymously and says why; any other route is refused now, as an outage
-                # (503 store_unavailable, Retry-After).
-                # Every request of an outage fails this way: one line per interval, counted.
-                log_repeated(log, logging.ERROR, ("store.unavailable", "session_check", str(exc)),
-                             "session check failed: %s", exc,
-                             fields={"event": "store.unavailable", "during": "session_check"})
-                if not getattr(request.match_info.handler, "public", False):
-                    raise to_problem(exc) from None
-                request[AUTHN_ERROR] = "store_unavailable"
-        elif token is not None:
-            request[AUTHN_ERROR] = "authentication_unavailable"
+        try:
+            await _identify(request)
+        except StoreUnavailable as exc:
+            # Revocation cannot be checked: never answer as bad credentials (a 401 would make
+            # clients drop a valid token). A public route (health, status, login) serves the
+            # caller anonymously and says why; any other route is refused now, as an outage
+            # (503 store_unavailable, Retry-After).
+            # Every request of an outage fails this way: one line per interval, counted.
+            log_repeated(log, logging.ERROR, ("store.unavailable", "session_check", str(exc)),
+                         "session check failed: %s", exc,
+                         fields={"event": "store.unavailable", "during": "session_check"})
+            if not getattr(request.match_info.handler, "public", False):
+                raise to_problem(exc) from None
+            request[AUTHN_ERROR] = "store_unavailable"
         return await handler(request)
 
     app.middlewares.append(authn_middleware)

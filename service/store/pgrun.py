@@ -42,9 +42,9 @@ from .base import (
 )
 from .sql import SqlTx, dump_json
 from .sql.core import Query
-from .sql.tasks import _get as get_task_row
-from .sql.tickets import _COLUMNS as TICKET_COLUMNS
-from .sql.tickets import _refusal
+from .sql.tasks import get_task
+from .sql.tickets import COLUMNS as TICKET_COLUMNS
+from .sql.tickets import consume_refusal
 
 if TYPE_CHECKING:
     from .postgres import PostgresStore
@@ -100,7 +100,7 @@ class RunTx(SqlTx):
     async def ensure_task(self, id: str, created_by: str, at: float) -> TaskRecord:
         if self._held() and self._consume is not None and self._task is None:
             async with self._store._unit(write=False, single=True) as q:
-                task = await get_task_row(q, id)
+                task = await get_task(q, id)
             self._task = (id, created_by, at)
             self._task_seq = 0 if task is None else task.last_seq
             if task is not None:
@@ -162,7 +162,7 @@ class RunTx(SqlTx):
                 current = await q.one(_CURRENT, c["id"])
             presented = Binding(c["nonce_hash"], c["subject_id"], c["env"], c["action"],
                                 c["resource_hash"], c["command_hash"])
-            raise _refusal(c["id"], current, presented, c["now"])
+            raise consume_refusal(c["id"], current, presented, c["now"])
         if sqlstate == SEQ_TAKEN:
             raise Conflict("state_conflict", current_state="task_event_seq_taken")
         assert row is not None

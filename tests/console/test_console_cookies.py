@@ -11,8 +11,8 @@ from http.cookies import SimpleCookie
 import aiohttp
 
 from service import clock
+from service import consolesession as cookies
 from service.appkeys import AUTHENTICATOR
-from service.console import session as cookies
 from tests.auth import PASSWORDS
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 
+from service import consolesession as cookies
 from service.appkeys import AUTHENTICATOR, STORE
-from service.console import session as cookies
 from service.console.views import CSP
 from service.notifications.envelope import console_url
 from tests.auth import bearer, login, otp
@@ -413,3 +413,23 @@ async def test_behind_a_tls_proxy_the_cookie_is_secure_and_https_origins_pass(cl
         "csrf": other.csrf, "subject_id": "bob", "password": "bob-dev-password"},
         headers={"Origin": "https://evil.example"})
     assert refused.status == 403
+
+
+async def test_a_console_cookie_alone_does_not_authorise_an_api_mutation(client, visitors):
+    """The API takes bearer tokens only: a signed-in browser's console cookie (what a foreign
+    page could make it send) reviews nothing there, under either of its names, and the
+    ticket stays pending; the same person's review through the console form works."""
+    ticket = await request_ticket(client)
+    bob = await signed_in(client, visitors, "bob")
+    value = bob.cookie()
+    assert value is not None
+    path = f"/api/v1/approvals/{ticket['id']}/reviews"
+    for headers in ({"Cookie": f"cp_console={value}"},
+                    {"Cookie": f"__Host-cp_console={value}", "X-Forwarded-Proto": "https"}):
+        response = await client.post(path, json={"decision": "approve"}, headers=headers)
+        assert response.status == 401, await response.text()
+        assert (await response.json())["code"] == "unauthenticated"
+    assert (await api_ticket(client, ticket["id"]))["state"] == "pending"
+    done = await review(bob, ticket["id"], "approve", otp=otp("bob", client.server.app))
+    assert done.status == 303
+    assert (await api_ticket(client, ticket["id"]))["state"] == "approved"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..base import TASK_STATES, Conflict, EventRecord, Json, NotFound, StoreError, TaskRecord
 from .core import MAX_LIST_LIMIT, Query, Row, Unit
 
-__all__ = ["TaskSql"]
+__all__ = ["TaskSql", "get_task"]
 
 _TASK_COLUMNS = (
     "id, state, progress, result, created_by, created_at, updated_at, last_seq, claimed_by"
@@ -61,7 +61,8 @@ def _event(q: Query, row: Row) -> EventRecord:
     )
 
 
-async def _get(q: Query, id: str) -> TaskRecord | None:
+async def get_task(q: Query, id: str) -> TaskRecord | None:
+    """One task by id (None: no such task), through ``q``: a store's or a transaction's."""
     row = await q.one(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = ?", id)
     return None if row is None else _task(q, row)
 
@@ -79,14 +80,14 @@ class TaskSql(Unit):
                 f"ON CONFLICT (id) DO NOTHING RETURNING {_TASK_COLUMNS}",
                 id, created_by, at, at,
             )  # fmt: skip
-            task = _task(q, row) if row is not None else await _get(q, id)
+            task = _task(q, row) if row is not None else await get_task(q, id)
         if task is None:  # pragma: no cover - the row was just inserted or already there
             raise StoreError("task vanished")
         return task
 
     async def get_task(self, id: str) -> TaskRecord | None:
         async with self._unit(write=False) as q:
-            return await _get(q, id)
+            return await get_task(q, id)
 
     async def list_tasks(self, state: str, limit: int = 100) -> list[TaskRecord]:
         if state not in TASK_STATES:

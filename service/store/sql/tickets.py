@@ -18,9 +18,10 @@ from ..base import Conflict, NotFound, ReviewRecord, TicketRecord
 from .core import MAX_LIST_LIMIT, Query, Row, Unit, opt_float
 from .outbox import insert_event
 
-__all__ = ["TicketSql"]
+__all__ = ["COLUMNS", "TicketSql", "consume_refusal"]
 
-_COLUMNS = (
+#: A ticket row's columns (the PostgreSQL chain run reads the current ticket with them too).
+COLUMNS = (
     "id, subject_id, env, resource, resource_hash, action, command_hash, nonce_hash, state, "
     "requested_by, reason, created_at, pending_until, approved_at, expires_at, consumed_at, "
     "consumed_correlation_id, closed_by, closed_at, approval, command"
@@ -30,7 +31,7 @@ _COLUMNS = (
 # A ticket with its reviews in one statement (one row per review, or one with NULL reviews):
 # ``source`` is the table or a CTE of ticket rows, named t.
 _WITH_REVIEWS = (
-    "SELECT " + ", ".join(f"t.{c.strip()}" for c in _COLUMNS.split(",")) + ", "
+    "SELECT " + ", ".join(f"t.{c.strip()}" for c in COLUMNS.split(",")) + ", "
     "r.reviewer AS r_reviewer, r.decision AS r_decision, r.group_name AS r_group_name, "
     "r.reason AS r_reason, r.at AS r_at "
     "FROM {source} t LEFT JOIN ticket_reviews r ON r.ticket_id = t.id{where} ORDER BY r.pos"
@@ -43,7 +44,7 @@ _CONSUME_SET = (
     "AND subject_id = ? AND env = ? AND action = ? AND resource_hash = ? "
     # A ticket that binds no command accepts any (approvals.binding.mismatched).
     "AND (command_hash IS NULL OR command_hash = ?) "
-    f"RETURNING {_COLUMNS}"
+    f"RETURNING {COLUMNS}"
 )
 # PostgreSQL: the consuming UPDATE and the reviews of the ticket it consumed, in one round trip.
 _CONSUME_WITH_REVIEWS = (
@@ -129,7 +130,7 @@ def _decode_cursor(cursor: str) -> tuple[float, str]:
         raise ValueError("invalid ticket list cursor") from exc
 
 
-def _refusal(id: str, current: Row | None, presented: Binding, now: float) -> Exception:
+def consume_refusal(id: str, current: Row | None, presented: Binding, now: float) -> Exception:
     """Why ``consume_ticket`` matched no row, from the ticket as it is now."""
     if current is None:
         return NotFound("ticket", id)
@@ -161,7 +162,7 @@ class TicketSql(Unit):
         async with self._unit(write=True) as q:
             d = q.dialect
             row = await q.one(
-                f"INSERT INTO tickets ({_COLUMNS}) "
+                f"INSERT INTO tickets ({COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (id) DO NOTHING RETURNING id",
                 rec.id, rec.subject_id, rec.env, d.json_in(rec.resource), rec.resource_hash,
@@ -205,7 +206,7 @@ class TicketSql(Unit):
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         async with self._unit(write=False) as q:
             rows = await q.all(
-                f"SELECT {_COLUMNS} FROM tickets {clause}"
+                f"SELECT {COLUMNS} FROM tickets {clause}"
                 "ORDER BY created_at DESC, id DESC LIMIT ?",
                 *args, limit + 1,
             )  # fmt: skip
@@ -241,7 +242,7 @@ class TicketSql(Unit):
         async with self._unit(write=True) as q:
             row = await q.one(
                 f"UPDATE tickets SET {sets} WHERE id = ? AND state = 'pending' "
-                f"AND pending_until > ? RETURNING {_COLUMNS}",
+                f"AND pending_until > ? RETURNING {COLUMNS}",
                 *set_args, id, now,
             )  # fmt: skip
             if row is None:
@@ -280,7 +281,7 @@ class TicketSql(Unit):
         async with self._unit(write=True) as q:
             row = await q.one(
                 "UPDATE tickets SET state = ?, closed_at = ?, closed_by = ? "
-                f"WHERE id = ? AND state IN ({marks}) RETURNING {_COLUMNS}",
+                f"WHERE id = ? AND state IN ({marks}) RETURNING {COLUMNS}",
                 to_state, at, by, id, *from_states,
             )  # fmt: skip
             if row is None:
@@ -321,9 +322,9 @@ class TicketSql(Unit):
                                                    correlation_id=correlation_id))
                 return ticket
             # Miss: re-read only to say why. Nothing here can change the outcome.
-            current = await q.one(f"SELECT {_COLUMNS} FROM tickets WHERE id = ?", id)
+            current = await q.one(f"SELECT {COLUMNS} FROM tickets WHERE id = ?", id)
             presented = Binding(nonce_hash, subject_id, env, action, resource_hash, command_hash)
-            raise _refusal(id, current, presented, now)
+            raise consume_refusal(id, current, presented, now)
 
     async def expire_tickets(self, now: float) -> list[TicketRecord]:
         async with self._unit(write=True) as q:
@@ -331,7 +332,7 @@ class TicketSql(Unit):
                 "UPDATE tickets SET state = 'expired', closed_at = ? "
                 "WHERE (state = 'pending' AND pending_until <= ?) "
                 "OR (state = 'approved' AND expires_at <= ?) "
-                f"RETURNING {_COLUMNS}",
+                f"RETURNING {COLUMNS}",
                 now, now, now,
             )  # fmt: skip
             rows = sorted(rows, key=lambda r: (r["created_at"], r["id"]))

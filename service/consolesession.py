@@ -1,5 +1,9 @@
 """The console's cookie session: a signed credential bound to a store session, and its CSRF token.
 
+The authn middleware identifies every request under ``/console/`` by this cookie alone
+(``session_of``); the console sets, clears and re-checks it. It lives outside the console so
+that identification stays in the middleware and the OIDC callback can land in the console.
+
 The cookie holds a compact JWS of its own type (``console-session+jwt``), signed with the same
 key ring as access tokens but never accepted as one (the access-token verifier refuses any other
 ``typ``, and the API reads only the ``Authorization`` header). It names the store session a
@@ -31,13 +35,28 @@ from typing import Any
 
 from aiohttp import web
 
-from ..authn.errors import ClaimsInvalid, InvalidToken, IssuerMismatch, UnknownKey
-from ..authn.principal import Principal
-from ..authn.sessions import Authenticator
-from ..authn.tokens import check_audience, check_time, encode, parse, require_string
+from . import clock
+from .appkeys import AUTHENTICATOR
+from .authn.errors import ClaimsInvalid, InvalidToken, IssuerMismatch, UnknownKey
+from .authn.principal import Principal
+from .authn.sessions import Authenticator
+from .authn.tokens import check_audience, check_time, encode, parse, require_string
 
-__all__ = ["CONSOLE_TYP", "COOKIE", "ConsoleSession", "csrf_matches", "issue", "safe_next", "verify"]
+__all__ = [
+    "CONSOLE_PREFIX",
+    "CONSOLE_TYP",
+    "COOKIE",
+    "ConsoleSession",
+    "csrf_matches",
+    "issue",
+    "safe_next",
+    "session_of",
+    "verify",
+]
 
+#: Every console route but ``GET /`` (a redirect here) is under this path: requests to it are
+#: identified by the console cookie alone, every other request by its bearer token alone.
+CONSOLE_PREFIX = "/console/"
 COOKIE = "cp_console"
 COOKIE_PATH = "/console"
 #: Over TLS: ``Secure``, ``Path=/``, no ``Domain``, enforced by the browser (RFC 6265bis).
@@ -155,6 +174,14 @@ def presented(request: web.Request, name: str = COOKIE) -> str | None:
     return request.cookies.get(cookie_name(request, name)) or None
 
 
-def invalid(exc: Exception) -> bool:
-    """Whether ``exc`` means "no valid console session" (as opposed to an outage)."""
-    return isinstance(exc, InvalidToken)
+async def session_of(request: web.Request) -> ConsoleSession | None:
+    """The console session the request's cookie stands for, checked against the store now
+    (None: no cookie, or one that is not a live session's). A store outage raises
+    ``StoreUnavailable``: it is not an answer about the cookie."""
+    value = presented(request)
+    if value is None:
+        return None
+    try:
+        return await verify(request.app[AUTHENTICATOR], value, clock.now())
+    except InvalidToken:
+        return None
