@@ -34,9 +34,7 @@ from ..appkeys import (
     PRINCIPAL,
     STORE,
 )
-from ..authz import change
 from ..authz.activations import ActivationSigner
-from ..authz.change import DIRECTORY
 from ..authz.revisions import Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
 from ..chain import Outcome, Run, Target, Write, protected
 from ..clock import iso
@@ -46,6 +44,8 @@ from ..errors import (
     SchemaValidationFailed,
     ServiceUnavailable,
 )
+from ..policytools import change
+from ..policytools.change import DIRECTORY
 from ..store.base import PolicyActivation, PolicyRevisionRecord, StoreError, TicketRecord
 from .approvals import ticket_target
 from .queries import query_page_limit, query_str

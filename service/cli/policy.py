@@ -26,11 +26,9 @@ import yaml
 from service import config as config_mod
 from service import limits, rego, schemas
 from service.approvals.binding import resource_hash
-from service.authz import actions, coverage
-from service.authz.cases import SCHEMA_HEADER, Case, CaseError, load_cases
+from service.authz import actions
 from service.authz.engine import PolicyEngine
 from service.authz.input import validate_input
-from service.authz.lint import GATING, Problem, lint
 from service.authz.regotest import (
     DECISION_ENTRYPOINT,
     EXPLAIN_ENTRYPOINT,
@@ -42,6 +40,9 @@ from service.authz.regotest import (
 )
 from service.authz.source import Snapshot, SourceError, read_snapshot
 from service.cli import policydir
+from service.policytools import coverage
+from service.policytools.cases import SCHEMA_HEADER, Case, CaseError, load_cases
+from service.policytools.lint import GATING, Problem, lint
 
 __all__ = ["register", "run"]
 
@@ -722,7 +723,7 @@ def _lint(args: argparse.Namespace, out: TextIO) -> int:
 def _replay(args: argparse.Namespace, out: TextIO) -> int:
     from datetime import UTC, datetime
 
-    from service.authz import replay as rp
+    from service.policytools import replay as rp
 
     if not (args.log or args.cases or args.audit):
         raise _Fatal("give at least one of --log, --cases, --audit")

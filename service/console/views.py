@@ -41,9 +41,10 @@ from ..approvals.tickets import ticket_view
 from ..authn.errors import AuthnError, InvalidToken
 from ..authn.principal import ANONYMOUS, Principal
 from ..authn.stepup import METHOD_OIDC
-from ..authz import actions, change
+from ..authz import actions
 from ..authz.revisions import TrustedKeys
 from ..errors import Forbidden, Problem, Unauthorized, to_problem
+from ..policytools import change
 from ..run import Outcome, Protection, Run, Target, Write
 from ..schemas import ValidationFailed, validate
 from ..store.base import TicketRecord

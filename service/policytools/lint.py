@@ -98,7 +98,7 @@ def _compile_in_child(snapshot: Snapshot, timeout: float) -> tuple[list[Problem]
     """Compile problems, and which called names are built-ins (None: the child could not say)."""
     try:
         proc = subprocess.run(  # our own interpreter and module
-            [sys.executable, "-m", "service.authz.lint"], input=snapshot.to_json(),
+            [sys.executable, "-m", "service.policytools.lint"], input=snapshot.to_json(),
             capture_output=True, text=True, timeout=timeout, check=False,
         )
     except subprocess.TimeoutExpired:
