@@ -43,7 +43,6 @@ from .authn.published import PublishedKeyRing
 from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
 from .authn.sessions import Authenticator
-from .authz import change
 from .authz.activations import ActivationSigner, activation_keys
 from .authz.decide import observe
 from .authz.decisionlog import DecisionLog
@@ -66,6 +65,7 @@ from .middleware.metrics import setup_metrics
 from .middleware.problems import setup_problems
 from .notifications.dispatcher import Dispatcher, dispatching
 from .notifications.reviewers import reviewers_of
+from .policytools import change
 from .repeats import log_failure
 from .store.base import OutboxEvent, Store, StoreError
 from .storelink import setup_store

@@ -35,9 +35,7 @@ from ..appkeys import (
     STORE,
 )
 from ..approvals.review import TICKET_READ
-from ..authz import change
 from ..authz.activations import ActivationSigner
-from ..authz.change import DIRECTORY
 from ..authz.revisions import Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
 from ..chain import Outcome, Run, Target, Write, protected, protected_as
 from ..clock import iso
@@ -47,6 +45,8 @@ from ..errors import (
     SchemaValidationFailed,
     ServiceUnavailable,
 )
+from ..policytools import change
+from ..policytools.change import DIRECTORY
 from ..store.base import PolicyActivation, PolicyRevisionRecord, StoreError, TicketRecord
 from .queries import query_page_limit, query_str
 

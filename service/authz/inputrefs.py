@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from service.authz import regolex
 from service.authz.input import PROJECTED_PRINCIPAL_FIELDS
 
 __all__ = ["ENGINE_PATHS", "InputRefs", "Path", "analyse", "cache_key", "key_paths"]
@@ -53,21 +53,6 @@ ENGINE_PATHS: tuple[Path, ...] = (("action",), ("env",))
 _SUBJECT: Path = ("principal", "subject_id")
 
 _MAX_ROUNDS = 64
-
-_TOKEN = re.compile(
-    r"""
-    (?P<ws>[ \t\r\f\v]+)
-  | (?P<nl>\n)
-  | (?P<comment>\#[^\n]*)
-  | (?P<string>"(?:[^"\\\n]|\\.)*")
-  | (?P<raw>`[^`]*`)
-  | (?P<template>\$["`])
-  | (?P<number>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)
-  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<op>:=|==|!=|<=|>=|[.\[\](){},;:=<>+\-*/%|&!])
-    """,
-    re.VERBOSE,
-)
 
 #: Keywords that continue an expression onto the next line (so that line starts no rule).
 _CONTINUING = frozenset({"if", "else", "contains", "in", "as", "with", "some", "every", "not",
@@ -102,29 +87,26 @@ class InputRefs:
         return {"keyed_on": "referenced_paths", "paths": [".".join(p) for p in self.paths]}
 
 
-# ------------------------------------------------------------------------------------ the lexer
+# ------------------------------------------------------------------------------------ the tokens
 
 
 def _tokens(source: str) -> list[_Tok]:
+    """The lexer's tokens (``regolex``, the tools' too) as the analysis reads them: a raw
+    string becomes the string literal it is, a template string or an unknown character ends
+    the analysis (key on the whole input)."""
     out: list[_Tok] = []
-    pos = 0
-    while pos < len(source):
-        match = _TOKEN.match(source, pos)
-        if match is None:
-            raise _Unsupported(f"unexpected character {source[pos]!r}")
-        kind = match.lastgroup
-        assert kind is not None
-        text = match.group()
-        pos = match.end()
-        if kind in ("ws", "comment"):
+    for tok in regolex.tokenize(source):
+        if tok.kind == "comment":
             continue
-        if kind == "template":
+        if tok.kind == "template":
             raise _Unsupported("template string")
-        if kind == "raw":
+        if tok.kind == "other":
+            raise _Unsupported(f"unexpected character {tok.text!r}")
+        if tok.kind == "raw":
             # A raw string is a literal like any other; newlines inside it are not statements.
-            out.append(_Tok("string", json.dumps(text[1:-1])))
+            out.append(_Tok("string", json.dumps(tok.text[1:-1])))
             continue
-        out.append(_Tok(kind, text))
+        out.append(_Tok("nl" if tok.kind == "newline" else tok.kind, tok.text))
     return out
 
 

@@ -2,7 +2,7 @@
 
 regopy exposes no syntax tree, so the offline tooling (failure explanations, ``with input``
 rewriting, lint, coverage instrumentation) reads the source itself. This is not a full parser:
-it tokenises (strings, raw strings, comments, brackets), splits a module into top-level
+it reads the tokens of ``regolex`` (the lexer the decision cache key uses too), splits a module into top-level
 statements, and a rule into its head and bodies (``if { ... }``, ``if expr``, ``else``), and a
 body into expressions (newline or ``;`` at bracket depth 0, unless the line ends in an operator).
 Anything it cannot read is left alone: the engine's compiler stays the judge of validity.
@@ -13,44 +13,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from service.authz.regolex import Token, tokenize
+
 __all__ = [
     "Body",
     "Expr",
     "ModuleInfo",
     "Rule",
-    "Token",
     "parse_module",
-    "tokenize",
 ]
-
-_TOKEN = re.compile(
-    r"""
-    (?P<comment>\#[^\n]*)
-  | (?P<string>"(?:[^"\\\n]|\\.)*")
-  | (?P<raw>`[^`]*`)
-  | (?P<newline>\n)
-  | (?P<space>[ \t\r]+)
-  | (?P<number>-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)
-  | (?P<ident>[A-Za-z_]\w*)
-  | (?P<op>:=|==|!=|<=|>=|[{}()\[\];,.:=<>+\-*/%&|!])
-    """,
-    re.X,
-)
 
 _CONTINUES = {
     ":=", "==", "!=", "<=", ">=", "=", "<", ">", "+", "-", "*", "/", "%", "&", "|", ",",
     ".", "in", "with", "as", "not", "some", "every", ":", "if", "else",
 }
 _OPEN = {"{": "}", "(": ")", "[": "]"}
-
-
-@dataclass(frozen=True)
-class Token:
-    kind: str  # comment | string | raw | newline | number | ident | op | other
-    text: str
-    start: int  # offset in the module source
-    line: int  # 1-based
-    col: int  # 1-based
 
 
 @dataclass(frozen=True)
@@ -114,35 +91,13 @@ class ModuleInfo:
         return {r.name for r in self.rules}
 
 
-def tokenize(source: str) -> list[Token]:
-    """Every token with its line and column; unknown characters become ``other`` tokens."""
-    out: list[Token] = []
-    pos, line, line_start = 0, 1, 0
-    n = len(source)
-    while pos < n:
-        m = _TOKEN.match(source, pos)
-        if m is None:
-            out.append(Token("other", source[pos], pos, line, pos - line_start + 1))
-            pos += 1
-            continue
-        kind = m.lastgroup or "other"
-        text = m.group()
-        if kind != "space":
-            out.append(Token(kind, text, pos, line, pos - line_start + 1))
-        newlines = text.count("\n")
-        if newlines:
-            line += newlines
-            line_start = pos + text.rfind("\n") + 1
-        pos = m.end()
-    return out
-
-
 def _code(tokens: list[Token]) -> list[Token]:
     return [t for t in tokens if t.kind != "comment"]
 
 
-def _statements(tokens: list[Token]) -> list[list[Token]]:
-    """Top-level statements: a statement starts at a column-1 token at bracket depth 0."""
+def _statements(tokens: list[Token], source: str) -> list[list[Token]]:
+    """Top-level statements: a statement starts at an identifier in the margin (column 1, or
+    after nothing but form feeds and vertical tabs) at bracket depth 0."""
     stmts: list[list[Token]] = []
     depth = 0
     current: list[Token] = []
@@ -150,7 +105,8 @@ def _statements(tokens: list[Token]) -> list[list[Token]]:
         if t.kind == "newline":
             current.append(t)
             continue
-        if depth == 0 and t.col == 1 and t.kind == "ident" and current:
+        margin = not source[t.start - t.col + 1 : t.start].strip("\f\v")
+        if depth == 0 and margin and t.kind == "ident" and current:
             stmts.append(current)
             current = []
         current.append(t)
@@ -263,7 +219,7 @@ def parse_module(name: str, source: str) -> ModuleInfo:
     package = ""
     imports: dict[str, str] = {}
     rules: list[Rule] = []
-    for stmt in _statements(tokens):
+    for stmt in _statements(tokens, source):
         code = [t for t in _code(stmt) if t.kind != "newline"]
         if not code:
             continue

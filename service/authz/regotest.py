@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service import rego
-from service.authz import regosrc
+from service.authz import regolex, regosrc
 from service.authz.projection import build_projection
 from service.authz.source import Snapshot, SourceError, locate_errors
 
@@ -338,7 +338,7 @@ def with_input(rule: regosrc.Rule) -> str | None:
     if len(values) != 1:
         return None
     value = values.pop()
-    used = {t.text for t in regosrc.tokenize(value) if t.kind == "ident"}
+    used = {t.text for t in regolex.tokenize(value) if t.kind == "ident"}
     if not used & bound:
         return value
     prefix = _before_with(rule)
@@ -364,7 +364,7 @@ def _helper_rule(helper: str, rule: regosrc.Rule, value: str) -> str:
     """The rule whose value is the test's input: ``V``, or for a ``V`` built from the test's
     variables, ``V`` after the expressions that bind them (the test's own prefix, re-run with
     an empty input: what a test's expressions without ``with`` see under the runner)."""
-    used = {t.text for t in regosrc.tokenize(value) if t.kind == "ident"}
+    used = {t.text for t in regolex.tokenize(value) if t.kind == "ident"}
     prefix = _before_with(rule) or []
     if not used & {n for e in prefix for n in regosrc.bound_names(e)}:
         return f"{helper} := {value}"

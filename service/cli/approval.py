@@ -430,7 +430,7 @@ def show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-#: Tickets whose change ``show`` renders (``authz.change.ACTIONS``).
+#: Tickets whose change ``show`` renders (``policytools.change.ACTIONS``).
 POLICY_ACTIONS = ("policy.publish", "policy.activate")
 
 

@@ -28,7 +28,6 @@ from .. import clock
 from .. import config as config_mod
 from ..audit.record import scrub, seal
 from ..authz.activations import ActivationSigner, activation_keys
-from ..authz.cases import CaseError, load_cases
 from ..authz.engine import DEFAULT_ENVIRONMENTS, PolicyEngine
 from ..authz.regotest import run_tests_isolated
 from ..authz.revisions import (
@@ -41,6 +40,7 @@ from ..authz.revisions import (
     sign,
     verify,
 )
+from ..policytools.cases import CaseError, load_cases
 from ..store import open_store
 from ..store.base import StoreError
 from . import client as http

@@ -295,7 +295,7 @@ def _list(values: Sequence[Any]) -> Markup:
 
 
 def policy_change(change: Mapping[str, Any] | None) -> Markup:
-    """A policy ticket's change (``authz.change.report``): who and why, vetting, the diff
+    """A policy ticket's change (``policytools.change.report``): who and why, vetting, the diff
     against the running revision with its text, and the replayed impact with examples."""
     if change is None:
         return Markup("")

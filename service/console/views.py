@@ -42,11 +42,12 @@ from ..approvals.tickets import ticket_view
 from ..authn.errors import AuthnError
 from ..authn.principal import Principal
 from ..authn.stepup import METHOD_OIDC
-from ..authz import actions, change
+from ..authz import actions
 from ..authz.revisions import TrustedKeys
 from ..consolesession import ConsoleSession
 from ..errors import Forbidden, Problem, Unauthorized, to_problem
 from ..middleware.authn import step_up_console
+from ..policytools import change
 from ..run import Outcome, Protection, Run, Target, Write
 from ..schemas import ValidationFailed, validate
 from ..store.base import TicketRecord

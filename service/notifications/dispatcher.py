@@ -46,7 +46,7 @@ log = logging.getLogger("controlplane.notifications")
 
 #: Who may review a requested ticket (None: not a request, nothing to suggest).
 ReviewersOf = Callable[[Store, OutboxEvent, float], Awaitable[Sequence[str] | None]]
-#: The policy change a requested ticket is about (``authz.change``), None for other events.
+#: The policy change a requested ticket is about (``policytools.change``), None for other events.
 ChangeOf = Callable[[Store, OutboxEvent], Awaitable[dict[str, Any] | None]]
 
 

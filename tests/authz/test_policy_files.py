@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from service.authz.cases import load_cases
 from service.authz.engine import default_policies_dir
 from service.authz.regotest import run_tests_isolated
 from service.authz.source import read_snapshot
+from service.policytools.cases import load_cases
 from tests.authz.conftest import REPO
 
 CASES = load_cases(REPO / "examples" / "decisions")

@@ -127,7 +127,7 @@ class TaskSql(Unit):
             else:
                 row = await q.one(_BUMP, *bump)
             if row is None:
-                task = await _get(q, task_id)
+                task = await get_task(q, task_id)
                 if task is None:
                     raise NotFound("task", task_id)
                 raise Conflict("task_claimed", current_state=task.state)

@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from service.authz.cases import load_cases
 from service.authz.decision import Decision
 from service.authz.decisionlog import read_records
+from service.policytools.cases import load_cases
 
 __all__ = [
     "Change",
@@ -179,7 +179,7 @@ def from_log(path: Path, since: datetime | None = None) -> list[Recorded]:
 
 
 def from_cases(path: Path) -> list[Recorded]:
-    from service.authz.cases import CaseError
+    from service.policytools.cases import CaseError
 
     try:
         cases = load_cases(path)

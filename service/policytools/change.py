@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..authz.engine import PolicyEngine
+from ..authz.revisions import Bundle, BundleError, SignatureError, materialize, verify
 from ..lru import LRU
 from ..store.base import PolicyRevisionRecord, Store
-from .engine import PolicyEngine
 from .replay import ReplayError, from_log, replay
-from .revisions import Bundle, BundleError, SignatureError, materialize, verify
 
 __all__ = ["ACTIONS", "DIRECTORY", "brief", "diff", "impact", "report"]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service import rego
-from service.authz import regosrc
+from service.authz import regolex, regosrc
 from service.authz.projection import build_projection
 from service.authz.regotest import DECISION_ENTRYPOINT, exit_reason, prepare, with_input
 from service.authz.source import Snapshot, SourceError, locate_errors
@@ -98,7 +98,7 @@ def _compile_in_child(snapshot: Snapshot, timeout: float) -> tuple[list[Problem]
     """Compile problems, and which called names are built-ins (None: the child could not say)."""
     try:
         proc = subprocess.run(  # our own interpreter and module
-            [sys.executable, "-m", "service.authz.lint"], input=snapshot.to_json(),
+            [sys.executable, "-m", "service.policytools.lint"], input=snapshot.to_json(),
             capture_output=True, text=True, timeout=timeout, check=False,
         )
     except subprocess.TimeoutExpired:
@@ -159,12 +159,12 @@ _CALL_KEYWORDS = {"print"}
 
 
 def _calls(info: regosrc.ModuleInfo, rules_by_package: dict[str, set[str]]
-           ) -> list[tuple[str, regosrc.Token]]:
+           ) -> list[tuple[str, regolex.Token]]:
     """(name, token) of each call in ``info`` to a function no module of the policy defines:
     a bare name that is not a rule of the package, ``alias.f`` / ``data.pkg.f`` whose package
     has no rule ``f``, or any other dotted name (``regex.match``: a built-in, or nothing)."""
     own = rules_by_package.get(info.package, set())
-    out: list[tuple[str, regosrc.Token]] = []
+    out: list[tuple[str, regolex.Token]] = []
     for rule in info.rules:
         toks = [t for t in rule.tokens if t.kind != "newline"]
         for k, t in enumerate(toks):
@@ -252,7 +252,7 @@ def _unsafe_vars(info: regosrc.ModuleInfo, package_rules: set[str]) -> list[Prob
     return out
 
 
-def _in_decl(toks: list[regosrc.Token], k: int) -> bool:
+def _in_decl(toks: list[regolex.Token], k: int) -> bool:
     """Token ``k`` is in the name list of a ``some``/``every`` declaration."""
     j = k
     while j > 0 and toks[j - 1].text == "," and j - 2 >= 0 and toks[j - 2].kind == "ident":
@@ -260,7 +260,7 @@ def _in_decl(toks: list[regosrc.Token], k: int) -> bool:
     return j > 0 and toks[j - 1].text in ("some", "every")
 
 
-def _inside_brackets(toks: list[regosrc.Token], k: int) -> bool:
+def _inside_brackets(toks: list[regolex.Token], k: int) -> bool:
     """Token ``k`` is the whole index of a ref (``x[i]``): Rego binds ``i`` by iteration."""
     return (
         0 < k < len(toks) - 1 and toks[k - 1].text == "[" and toks[k + 1].text == "]"
@@ -351,7 +351,9 @@ def _never_defined(info: regosrc.ModuleInfo) -> list[Problem]:
 
 
 def _literal(text: str) -> bool:
-    toks = regosrc.tokenize(text.strip())
+    toks = regolex.tokenize(text.strip())
+    if len(toks) == 2 and toks[0].text == "-" and toks[1].kind == "number":
+        toks = toks[1:]  # a negative number: ``-`` is an operator to the lexer
     return len(toks) == 1 and (
         toks[0].kind in _LITERALS or toks[0].text in ("true", "false", "null")
     )
