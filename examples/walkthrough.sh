@@ -35,14 +35,7 @@ else:
 }
 
 # The current TOTP code of a dev identity (examples/identities.yaml).
-totp() {
-  "$PY" -c '
-import sys, time, yaml
-from service.authn.totp import code_at
-doc = yaml.safe_load(open("examples/identities.yaml"))
-secret = next(i["totp_secret"] for i in doc["identities"] if i["subject_id"] == sys.argv[1])
-print(code_at(secret, time.time()))' "$1"
-}
+totp() { "$PY" examples/totp.py "$1"; }
 
 # Step a session up. A code is accepted once: when this step's code was used already (a run a
 # moment ago), wait for the next 30 s step and use its code.

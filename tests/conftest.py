@@ -102,6 +102,7 @@ E2E_TESTS = frozenset({
     "tests/cli/test_token_renewal_cli.py",
     "tests/cli/test_task_loop_cli.py",
     "tests/system/test_walkthrough.py",
+    "tests/docs/test_quickstart.py::test_the_quickstart_runs_as_pasted",
     "tests/test_edge.py::test_cpctl_serve_streams_end_on_sigterm_and_disconnects_log_nothing",
     "tests/authn/test_token_exchange.py::test_cpctl_login_token_file",
     "tests/cli/test_keyring_cli.py::test_rotation_under_a_running_server",

@@ -1,7 +1,7 @@
 """A small example executor: it closes the task loop of ``cpctl installer run``.
 
 The control plane records run intents; it executes nothing. This process plays the executor
-(the contract is in ``service/cli/task.py`` and the README's "Executors" section):
+(the contract is in ``service/cli/task.py`` and docs/howto/ci.md, "Executors"):
 
 1. it logs in as a service principal with its key (``ci-bot`` in ``examples/``: the ``ci`` role
    grants ``tasks.report`` to service principals), and again whenever its token is refused;
@@ -13,7 +13,7 @@ The control plane records run intents; it executes nothing. This process plays t
 
 Run it beside a server (from the repository root)::
 
-    python examples/executor/executor.py --server http://127.0.0.1:8080 \\
+    python examples/executor/executor.py --server http://127.0.0.1:8700 \\
         --subject ci-bot --key examples/keys/ci-bot.pem
 
 It stops on Ctrl-C or SIGTERM. Do not run it against anything but a development server: it

@@ -353,7 +353,7 @@ async def test_id_token_attacks_are_refused(app_client, browser):
             assert oidc.fetcher.fetches[jwks_url] == before + 1  # one refetch, then refused
 
 
-# ---------------------------------------------- the README chain story for a person signed in by SSO
+# ---------------------------------- the chain story (docs/concepts/identity.md) for an SSO sign-in
 
 
 @pytest.fixture

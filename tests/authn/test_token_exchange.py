@@ -162,8 +162,8 @@ async def test_the_documented_github_conditions_refuse_a_pull_request_target_job
     make_client, issuer
 ):
     """A ``pull_request_target`` job runs on the base branch (``ref: refs/heads/main``) with
-    the repository's secrets: binding ``event_name`` and ``job_workflow_ref`` (README: CI
-    without keys) keeps it from the identity of a push to main."""
+    the repository's secrets: binding ``event_name`` and ``job_workflow_ref`` (docs/howto/ci.md:
+    CI without keys) keeps it from the identity of a push to main."""
     client = await make_client(federation(issuer.url, conditions={
         "repository": "org/repo", "ref": "refs/heads/main", "environment": "prod",
         "event_name": "push", "job_workflow_ref": DEPLOY_WORKFLOW}))
