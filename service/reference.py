@@ -335,10 +335,18 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str, str, s
 
 
 def _prose(text: str | None) -> list[str]:
-    """A description or epilog as written (often aligned lists): a code block keeps it."""
+    """A description or epilog: one line is a paragraph; more are kept as written (aligned
+    lists of exit codes, examples) in a code block."""
     if not text:
         return []
-    return ["```text", inspect.cleandoc(text), "```", ""]
+    text = inspect.cleandoc(text)
+    return [text, ""] if "\n" not in text else ["```text", text, "```", ""]
+
+
+def _same(text: str) -> str:
+    """A command's help and description often say one thing twice (capitalised, with a
+    full stop): shown once."""
+    return " ".join(text.split()).rstrip(".").lower()
 
 
 def cli() -> str:
@@ -352,7 +360,7 @@ def cli() -> str:
         lines += [f"## `{full}`", ""]
         if help_text:
             lines += [help_text, ""]
-        if sub.description and sub.description != help_text:
+        if sub.description and _same(sub.description) != _same(help_text):
             lines += _prose(sub.description)
         rows = _option_rows(sub)
         if rows:
@@ -405,11 +413,11 @@ def metrics_page() -> str:
 
 
 def problem_classes() -> list[type[Any]]:
-    """Every problem class of ``service/errors.py``, by status then code."""
+    """Every problem class of ``service/errors.py`` (not their base), by status then code."""
     from . import errors
 
     found: list[type[Any]] = []
-    pending: list[type[Any]] = [errors.Problem]
+    pending: list[type[Any]] = list(errors.Problem.__subclasses__())
     while pending:
         cls = pending.pop()
         if cls.__module__ == errors.__name__:
@@ -441,7 +449,7 @@ def errors_page() -> str:
     classes = problem_classes()
     lines += _table(("code", "status", "title", "class", "meaning"), [
         (_code(c.code), c.status, c.title, _code(c.__name__),
-         inspect.cleandoc(c.__doc__ or "").split("\n\n")[0] if "__doc__" in vars(c) else "")
+         inspect.cleandoc(c.__doc__ or "").split("\n\n")[0].replace("``", "`"))
         for c in classes])
     own = {c.code for c in classes}
     codes = operation_codes(openapi_document())
