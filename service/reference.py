@@ -140,8 +140,15 @@ def _request_body(op: Mapping[str, Any]) -> str | None:
     for media, content in sorted((body.get("content") or {}).items()):
         schema = content.get("schema") or {}
         ref = schema.get("$ref")
-        name = ref.rsplit("/", 1)[-1] if ref else ("inline schema" if schema else "any JSON")
-        parts.append(f"`{name}` ({media})")
+        if ref:
+            parts.append(f"`{ref.rsplit('/', 1)[-1]}` ({media})")
+        elif schema.get("properties"):
+            required = set(schema.get("required", ()))
+            fields = ", ".join(f"`{name}`" + (" (required)" if name in required else "")
+                               for name in schema["properties"])
+            parts.append(f"{media} with the fields {fields}")
+        else:
+            parts.append(f"any {media} document")
     return ", ".join(parts)
 
 

@@ -70,6 +70,11 @@ def test_every_operation_is_on_the_http_page_with_its_summary() -> None:
             assert op.get("summary"), f"{method.upper()} {path} has no summary in openapi.yaml"
             heading = f"### `{method.upper()} {path}`\n\n{op['summary'].strip()}\n"
             assert heading in page, heading
+            section = page.split(heading, 1)[1].split("\n### ", 1)[0]
+            for content in op.get("requestBody", {}).get("content", {}).values():
+                ref = content.get("schema", {}).get("$ref")
+                if ref:
+                    assert f"- Request body: `{ref}`" in section, (method, path, ref)
     assert page.count("\n### `") == count
 
 
