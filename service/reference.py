@@ -212,7 +212,12 @@ def _type(schema: Mapping[str, Any]) -> str:
         return f"array of {_type(items)}" if items else "array"
     if kind is None and "oneOf" in schema:
         return " or ".join(_type(s) for s in schema["oneOf"])
-    return str(kind or "any")
+    bounds = [f"{word} {schema[key]}" for key, word in _BOUNDS if key in schema]
+    return " ".join([str(kind or "any"), *bounds])
+
+
+_BOUNDS = (("minimum", "from"), ("exclusiveMinimum", "over"), ("maximum", "up to"),
+           ("exclusiveMaximum", "under"))
 
 
 def config_keys(schema: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], bool]]:
