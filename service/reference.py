@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["PAGES", "REFERENCE_DIR", "main", "render"]
+__all__ = ["PAGES", "REFERENCE_DIR", "config_keys", "config_schema", "main", "metric_families",
+           "openapi_document", "operations", "problem_classes", "render", "responses"]
 
 _REPO = Path(__file__).resolve().parent.parent
 REFERENCE_DIR = _REPO / "docs" / "reference"
