@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test e2e fuzz bench lint clean
+.PHONY: run test e2e fuzz bench lint docs clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -31,6 +31,11 @@ bench: $(STAMP)
 # The full contract fuzz run (every operation, every example); `make test` runs a smoke subset.
 fuzz: $(STAMP)
 	CONTROLPLANE_FUZZ=full $(PY) -m pytest tests/contract/test_fuzz.py $(PYTEST_ARGS)
+
+# docs/reference/ is generated from the schemas, parsers and registries it describes; the suite
+# fails while a page is stale (tests/docs/test_reference.py).
+docs: $(STAMP)
+	$(PY) -m service.reference
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -46,6 +46,7 @@ __all__ = [
     "SinkConfig",
     "StorageItem",
     "WorkloadIssuer",
+    "environment_variable",
     "load",
     "load_from_process",
 ]
@@ -62,6 +63,16 @@ _SHORTHANDS = {
 _NOT_CONFIG = {"CONFIG", "CREDENTIALS", "TEST_PG_DSN", "TOKEN", "TOKEN_FILE", "URL"}
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def environment_variable(path: tuple[str, ...]) -> str:
+    """The ``CONTROLPLANE_*`` variable that sets the key at ``path`` (its shorthand when it has
+    one): what ``_from_environ`` reads, turned round, for the configuration reference."""
+    for name, at in _SHORTHANDS.items():
+        if at == path:
+            return ENV_PREFIX + name
+    return ENV_PREFIX + "__".join(part.upper() for part in path)
+
 
 _Resolve = Callable[[str], Path]
 

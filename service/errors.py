@@ -126,14 +126,22 @@ class Problem(Exception):
 
 
 class BadRequest(Problem):
+    """A request the service cannot read (aiohttp's own 400s); more specific 400s name their
+    ``code`` (``invalid_ticket_headers``, ``invalid_command_hash``, ...)."""
+
     status, code, title = 400, "bad_request", "Bad Request"
 
 
 class MalformedJSON(BadRequest):
+    """The body is not a JSON document (syntax, encoding, duplicate keys, NaN, nesting, empty)."""
+
     code, title = "malformed_json", "Malformed JSON"
 
 
 class Unauthorized(Problem):
+    """Missing or rejected credentials, with a Bearer ``WWW-Authenticate`` challenge; the
+    ``code`` says why (``invalid_credentials``, ``token_*``, ``session_*``, ...)."""
+
     status, code, title = 401, "unauthenticated", "Unauthorized"
 
     def __init__(self, detail: str | None = None, **kwargs: Any):
@@ -148,66 +156,103 @@ class StepUpRequired(Unauthorized):
 
 
 class Forbidden(Problem):
+    """The caller is known but may not do this; the ``code`` says why (``self_review``,
+    ``reviewer_role_required``, ...)."""
+
     status, code, title = 403, "forbidden", "Forbidden"
 
 
 class PolicyDenied(Forbidden):
+    """The policy denied the request; ``reasons`` carries its reason codes."""
+
     code, title = "denied", "Denied By Policy"
 
 
 class ApprovalRequired(Forbidden):
+    """The action needs an approved ticket; ``bindings`` says what the ticket must bind."""
+
     code, title = "approval_required", "Approval Required"
 
 
 class TicketBindingMismatch(Forbidden):
+    """The presented ticket is bound to another request; ``fields`` names the bindings
+    that differ."""
+
     code, title = "ticket_binding_mismatch", "Approval Ticket Does Not Match"
 
 
 class NotFound(Problem):
+    """No such route or resource; the ``code`` names the kind (``ticket_not_found``,
+    ``task_not_found``, ...)."""
+
     status, code, title = 404, "not_found", "Not Found"
 
 
 class MethodNotAllowed(Problem):
+    """The path exists but does not answer this method (with ``Allow``)."""
+
     status, code, title = 405, "method_not_allowed", "Method Not Allowed"
 
 
 class Conflict(Problem):
+    """The resource's state does not allow this (``ticket_consumed``, ``task_state_conflict``,
+    ...); ``state`` names the current state where there is one."""
+
     status, code, title = 409, "conflict", "Conflict"
 
 
 class Gone(Problem):
+    """The resource is no longer served."""
+
     status, code, title = 410, "gone", "Gone"
 
 
 class LegacyOnly(Gone):
+    """A legacy endpoint (``POST /api/v1/aidb/query``); ``migration`` names the replacement."""
+
     code, title = "legacy_only", "Legacy Endpoint: Migration Needed"
 
 
 class PayloadTooLarge(Problem):
+    """The body is over ``server.max_body_bytes``."""
+
     status, code, title = 413, "payload_too_large", "Payload Too Large"
 
 
 class UnsupportedMediaType(Problem):
+    """A body sent with a content type other than ``application/json`` (or ``+json``)."""
+
     status, code, title = 415, "unsupported_media_type", "Unsupported Media Type"
 
 
 class SchemaValidationFailed(Problem):
+    """The body or query fails its schema; ``errors`` lists each failed constraint with its
+    JSON pointer."""
+
     status, code, title = 422, "schema_validation_failed", "Request Body Failed Validation"
 
 
 class JSONTooDeep(SchemaValidationFailed):
+    """A body value nested deeper than ``limits.MAX_JSON_DEPTH`` (64)."""
+
     code, title = "too_deep", "JSON Nests Too Deeply"
 
 
 class JSONTooLarge(SchemaValidationFailed):
+    """A body value whose compact JSON is over ``limits.MAX_JSON_VALUE_BYTES`` (256 KiB)."""
+
     code, title = "too_large", "JSON Value Too Large"
 
 
 class InvalidString(SchemaValidationFailed):
+    """A string the store cannot keep: U+0000 or an unpaired surrogate."""
+
     code, title = "invalid_string", "String Cannot Be Stored"
 
 
 class InvalidNumber(SchemaValidationFailed):
+    """A number outside I-JSON (RFC 7493)."""
+
     code, title = "invalid_number", "Number Outside I-JSON"
 
 
@@ -241,6 +286,9 @@ _LIMIT_PROBLEMS: dict[type[limits.JSONValueRefused], type[SchemaValidationFailed
 
 
 class TooManyRequests(Problem):
+    """Too many attempts (``login_throttled``: failed logins or OTP codes); ``Retry-After``
+    says when to try again."""
+
     status, code, title = 429, "rate_limited", "Too Many Requests"
 
     def __init__(self, retry_after_s: int, detail: str | None = None, **kwargs: Any):
@@ -263,14 +311,23 @@ class RequestHeaderFieldsTooLarge(Problem):
 
 
 class InternalError(Problem):
+    """A bug: the body carries only the correlation id; the traceback is in the service's log
+    under it."""
+
     status, code, title = 500, "internal_error", "Internal Server Error"
 
 
 class ServiceUnavailable(Problem):
+    """A dependency is not configured or not reachable (``not_ready``, ``store_unavailable``,
+    ``audit_unavailable``, ...): nothing was executed."""
+
     status, code, title = 503, "service_unavailable", "Service Unavailable"
 
 
 class ApprovalRepositoryUnavailable(ServiceUnavailable):
+    """No approval repository is configured (``approvals.store: none``): ticket requests and
+    every action that needs a ticket are refused."""
+
     code, title = "approval_repository_unavailable", "Approval Repository Unavailable"
 
 

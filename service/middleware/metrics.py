@@ -465,44 +465,67 @@ class Metrics:
 # ---- state, read at scrape time ---------------------------------------------------------------
 
 
+@dataclass
+class ScrapeGauges:
+    """The state ``scrape`` renders after the counters, in a registry of its own made per
+    scrape (a value no scrape set is absent, not stale). Declared here, not inside ``scrape``,
+    so the metrics reference (``service.reference``) lists them with the counters."""
+
+    registry: CollectorRegistry
+    revision: Gauge
+    store_up: Gauge
+    pending: Gauge
+    oldest: Gauge
+    head: Gauge
+    chain_ok: Gauge
+
+    @classmethod
+    def create(cls) -> ScrapeGauges:
+        state = CollectorRegistry()
+        return cls(
+            registry=state,
+            revision=Gauge("controlplane_policy_revision_info",
+                           "The policy revision this worker serves (value 1, label revision).",
+                           ["revision"], registry=state),
+            store_up=Gauge("controlplane_store_up",
+                           "1 when the store answered this scrape's reads, else 0.",
+                           registry=state),
+            pending=Gauge("controlplane_approvals_pending",
+                          "Approval tickets waiting for review.", registry=state),
+            oldest=Gauge("controlplane_approval_oldest_pending_age_seconds",
+                         "Age of the oldest ticket waiting for review (0 when none waits).",
+                         registry=state),
+            head=Gauge("controlplane_audit_head_seq",
+                       "Sequence number of the last audit record.", registry=state),
+            chain_ok=Gauge("controlplane_audit_chain_ok",
+                           "0 once this worker found the audit chain changed under it (it "
+                           "refuses to extend or sign it), else 1.", registry=state),
+        )
+
+
 async def scrape(app: web.Application) -> bytes:
     """The /metrics body: the counters (every worker's, in multiprocess mode), then this
     worker's state: the serving revision, and from the store (``StoreGauges``: read at most once
     a second, one bounded read each; ``controlplane_store_up`` 0 when any failed) pending
     approvals and the audit head."""
     metrics = app[METRICS]
-    state = CollectorRegistry()
-    revision = Gauge("controlplane_policy_revision_info",
-                     "The policy revision this worker serves (value 1, label revision).",
-                     ["revision"], registry=state)
+    gauges = ScrapeGauges.create()
     engine = app.get(ENGINE)
     if engine is not None and engine.revision is not None:
-        revision.labels(engine.revision).set(1)
-    store_up = Gauge("controlplane_store_up",
-                     "1 when the store answered this scrape's reads, else 0.", registry=state)
-    pending = Gauge("controlplane_approvals_pending",
-                    "Approval tickets waiting for review.", registry=state)
-    oldest = Gauge("controlplane_approval_oldest_pending_age_seconds",
-                   "Age of the oldest ticket waiting for review (0 when none waits).",
-                   registry=state)
-    head = Gauge("controlplane_audit_head_seq",
-                 "Sequence number of the last audit record.", registry=state)
-    chain_ok = Gauge("controlplane_audit_chain_ok",
-                     "0 once this worker found the audit chain changed under it (it refuses to "
-                     "extend or sign it), else 1.", registry=state)
+        gauges.revision.labels(engine.revision).set(1)
     audit = app.get(AUDIT)
-    chain_ok.set(0 if audit is not None and not audit.tip.ok else 1)
+    gauges.chain_ok.set(0 if audit is not None and not audit.tip.ok else 1)
     read = await app[STORE_GAUGES].read(app.get(STORE))
     up = 0
     if read is not None:
         up = 1
         count, oldest_at, seq = read
-        pending.set(count)
-        oldest.set(max(0.0, time.time() - oldest_at) if oldest_at is not None else 0.0)
-        head.set(seq)
-    store_up.set(up)
+        gauges.pending.set(count)
+        gauges.oldest.set(max(0.0, time.time() - oldest_at) if oldest_at is not None else 0.0)
+        gauges.head.set(seq)
+    gauges.store_up.set(up)
     metrics.flush()  # this worker's events up to now; the others' are at most a flush old
-    return generate_latest(metrics.exposition_registry()) + generate_latest(state)
+    return generate_latest(metrics.exposition_registry()) + generate_latest(gauges.registry)
 
 
 #: How long one reading of the store's gauges serves /metrics: every scrape within it (of any
