@@ -45,6 +45,8 @@ FORMATS = ("table", "json", "junit", "sarif")
 #: The environment variable that, set to anything but "" or "0", prints the traceback of an
 #: internal error (as ``--debug`` does).
 DEBUG_ENV = "CONTROLPLANE_DEBUG"
+#: The environment variable that, set to "0", compiles the rules every time (no bundle cache).
+BUNDLE_CACHE_ENV = "CONTROLPLANE_BUNDLE_CACHE"
 
 _UNUSABLE = f"""\
   2  unusable input, one line on stderr naming the file and where: unreadable,
@@ -249,7 +251,8 @@ def _check(args: argparse.Namespace) -> int:
         if report is None:
             return 2
     else:
-        rules = RuleSet.load(args.policies)
+        rules = RuleSet.load(args.policies, bundle_cache=bundle_cache_dir(
+            getattr(args, "environ", None) or os.environ))
         if not rules.rules:  # an empty rule set would pass anything: fail closed
             print(f"cpctl compose: no compose rules in {args.policies}: nothing would be checked",
                   file=_err(args))
@@ -267,6 +270,23 @@ def _check(args: argparse.Namespace) -> int:
     out.write(render(report, args.format, files=[str(f) for f in args.files], color=color,
                      dotenv=str(dotenv) if dotenv is not None else None))
     return 0 if report["passed"] else 1
+
+
+def bundle_cache_dir(environ: Mapping[str, str]) -> Path | None:
+    """Where ``check`` keeps the compiled rules between runs (``service.rego``'s bundle cache:
+    loading them costs ~5 ms, compiling ~0.1-0.2 s): ``$XDG_CACHE_HOME/controlplane/bundles``
+    (default ``~/.cache``); ``None`` (compile every time) with ``CONTROLPLANE_BUNDLE_CACHE=0``
+    or without a home directory."""
+    if environ.get(BUNDLE_CACHE_ENV, "") == "0":
+        return None
+    base = environ.get("XDG_CACHE_HOME") or ""
+    # XDG Base Directory: a relative value is invalid and must be ignored.
+    if base and Path(base).is_absolute():
+        return Path(base) / "controlplane" / "bundles"
+    try:
+        return Path.home() / ".cache" / "controlplane" / "bundles"
+    except RuntimeError:  # no home directory to be found
+        return None
 
 
 def _is_tty(stream: TextIO) -> bool:
