@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -142,6 +141,8 @@ def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
             err = _err(args)
             environ = getattr(args, "environ", None) or os.environ
             if getattr(args, "debug", False) or environ.get(DEBUG_ENV, "") not in ("", "0"):
+                import traceback  # here: ~15 ms that only a failing run needs
+
                 traceback.print_exception(exc, file=err)
                 hint = "the traceback is above"
             else:
