@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     print(ticket_md, flush=True)
 
     decision_args = ["--decisions", "500", "--reps", "2"] if args.quick else []
-    decision = subprocess.run([sys.executable, str(BENCH / "decision_bench.py"), *decision_args],
-                              capture_output=True, text=True, timeout=600, cwd=h.REPO)
+    decision = h.run_reaped([sys.executable, str(BENCH / "decision_bench.py"), *decision_args],
+                            timeout=600, cwd=h.REPO)
     decision_md = "\n".join([
         "## Policy decisions (`bench/decision_bench.py`)", "", "```",
         (decision.stdout + (decision.stderr if decision.returncode else "")).strip(), "```", ""])
@@ -68,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     audit_md = audit_bench.markdown(audit_bench.run(audit_bench.options(common)))
     print(audit_md, flush=True)
     compose_args = ["--reps", "10", "--requests", "300"] if args.quick else []
-    compose = subprocess.run([sys.executable, str(BENCH / "compose_bench.py"), *compose_args],
-                             capture_output=True, text=True, timeout=1200, cwd=h.REPO)
+    compose = h.run_reaped([sys.executable, str(BENCH / "compose_bench.py"), *compose_args],
+                           timeout=1200, cwd=h.REPO)
     compose_md = (compose.stdout if compose.returncode == 0 else "\n".join([
         "## Compose preflight (`bench/compose_bench.py`)", "", "```",
         (compose.stdout + compose.stderr).strip()[-4000:], "```", ""]))
