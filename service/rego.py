@@ -28,7 +28,6 @@ import json
 import os
 import re
 import stat
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -264,6 +263,8 @@ def _cached_bundle(cache: Path, key: str, eps: tuple[str, ...]) -> Bundle | None
 def _save_bundle(cache: Path, key: str, compiled: Bundle) -> None:
     """Save ``compiled`` under ``key`` (best effort: a cache that cannot be written is no
     cache). Each file is written beside its name and renamed into place."""
+    import tempfile  # here: a process that finds its bundle cached does not pay for it
+
     try:
         cache.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not _private(cache, directory=True):

@@ -12,11 +12,13 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path, PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-from xml.etree import ElementTree as ET
 
 from .locate import Location, Locator
+
+if TYPE_CHECKING:  # imported by to_junit: the other formats do not pay for it
+    from xml.etree import ElementTree as ET
 
 __all__ = ["render", "to_json", "to_junit", "to_sarif", "to_table"]
 
@@ -132,6 +134,8 @@ def to_junit(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
     """One testsuite per service, one testcase per rule; fail/error cells (and warn when strict)
     are failures, n/a cells and waived ones are skipped, warn and info cells pass with their
     message as output."""
+    from xml.etree import ElementTree as ET
+
     by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for finding in report["findings"]:
         by_cell.setdefault((finding["service"], finding["rule"]), []).append(finding)
