@@ -21,6 +21,7 @@ regopy wraps a native library with sharp edges, so they are all handled here:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import hmac
@@ -214,6 +215,9 @@ def _compile_bundle(modules: Iterable[Module], data: Mapping[str, Any],
 # a miss: the bundle is compiled as without a cache, and saved for the next process.
 
 _CACHE_SUFFIX = ".rbb"
+#: Bundles a cache directory keeps (the newest; each ~0.2 MB for the compose rules): one per
+#: revision of the rules a user checks with, so older revisions go.
+CACHE_KEEP = 8
 
 
 def _cache_key(modules: list[Module], data: Mapping[str, Any], eps: tuple[str, ...]) -> str:
@@ -280,12 +284,22 @@ def _save_bundle(cache: Path, key: str, compiled: Bundle) -> None:
                 out.write(digest + "\n")
             os.replace(tmp, cache / (key + _CACHE_SUFFIX))
             os.replace(tmp_sum, cache / (key + ".sha256"))
+            _prune(cache)
         finally:
             for leftover in (tmp, tmp_sum):
                 if leftover is not None and os.path.exists(leftover):
                     os.unlink(leftover)
     except (OSError, regopy.RegoError):
         return
+
+
+def _prune(cache: Path) -> None:
+    """Remove all but the ``CACHE_KEEP`` newest bundles (and their digests)."""
+    saved = sorted(cache.glob("*" + _CACHE_SUFFIX), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in saved[CACHE_KEEP:]:
+        for path in (old, old.with_suffix(".sha256")):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 def builtins_among(names: Iterable[str]) -> set[str]:

@@ -84,6 +84,14 @@ def test_a_link_is_not_loaded(tmp_path: Path) -> None:
     assert answer(cache) == "real"
 
 
+def test_only_the_newest_bundles_are_kept(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    for i in range(rego.CACHE_KEEP + 3):
+        rego.compile_bundle(module(f"v{i}"), {}, ENTRY, cache=cache)
+    assert len(list(cache.glob("*.rbb"))) == len(list(cache.glob("*.sha256"))) == rego.CACHE_KEEP
+    assert answer(cache) == "real"
+
+
 def test_cpctl_compose_check_keeps_its_rules_cached(tmp_path: Path) -> None:
     """Same report compiled, saved, and loaded (each policy copy is a path of its own, so this
     process's own rule-set cache does not answer)."""
