@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,8 @@ def _decide(schema: Any, value: Any, root: Any) -> bool | None:
         return schema
     if not isinstance(schema, dict) or not isinstance(value, _PLAIN):
         return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # comparisons with NaN answer False either way: not sure is the exact answer
     answer: bool | None = True
     for keyword, arg in schema.items():
         if keyword in _ANNOTATIONS:

@@ -22,7 +22,8 @@ from tests.compose.support import CORPUS, EXAMPLES
 SCHEMA = "compose-import.schema.json"
 #: Replacement values: every JSON type, edge strings for the schema's patterns and lengths.
 HOSTILE: list[Any] = [
-    None, True, False, 0, 1, -1, 1.0, 1.5, 70000, "", "x", "x" * 5000, "1\n", "١٢", "80-",
+    None, True, False, 0, 1, -1, 1.0, 1.5, 70000, float("nan"), float("inf"), "", "x", "x" * 5000,
+    "1\n", "١٢", "80-",
     "on-failure:x", "10s\n", "x-y", "RWM", [], [1], ["a"], [None], {}, {"a": 1}, {"x-a": {}},
 ]
 KEYS = ["x-ext", "unknown", "image", "ports", "1", "", "UPPER", "with space", "x-"]
