@@ -8,8 +8,13 @@ Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--out FILE]
 4. bench/shadow_bench.py  live-path latency with and without shadow evaluation (fixed rate and
                           saturation), divergence metric
 5. bench/audit_bench.py   the audit chain's global section on PostgreSQL: hold time, ceiling
-6. bench/compose_bench.py   compose preflight: report latency against its floor, cached, and
-   compose import over HTTP with 80% repeated / 20% new files (its own output, verbatim)
+6. bench/compose_bench.py   compose preflight: report latency against its floor (the
+   constant-policy query), cached, compose import over HTTP with 80% repeated / 20% new files,
+   and the CLI processes (`cpctl --version`, `cpctl compose check`) against their floor (a
+   Python + PyYAML process loading the same file) (its own output, verbatim)
+
+The harness stops every process a benchmark started, when the run is interrupted too (Ctrl-C,
+SIGTERM, SIGHUP); a run killed outright is cleaned up by the next one (bench/_harness.py).
 
 Benchmarks are never tests: nothing here fails on a slow number. A benchmark that cannot run
 (PostgreSQL unreachable, wrk or py-spy missing) is skipped or falls back, and RESULTS.md says so.
