@@ -124,6 +124,11 @@ class Bundle:
                     results.append(exc)
         return results
 
+    def save(self, path: str) -> None:
+        """Write the compiled bundle to ``path`` in regopy's binary format (the bundle cache's)."""
+        with self._lock:
+            self._interpreter.save_bundle(path, self._bundle, regopy.BundleFormat.Binary)
+
     def _known(self, entrypoint: str) -> None:
         if entrypoint not in self.entrypoints:
             raise RegoEvalError(f"entrypoint {entrypoint!r} was not compiled into this bundle")
@@ -277,7 +282,7 @@ def _save_bundle(cache: Path, key: str, compiled: Bundle) -> None:
         os.close(fd)
         tmp_sum: str | None = None
         try:
-            compiled._interpreter.save_bundle(tmp, compiled._bundle, regopy.BundleFormat.Binary)
+            compiled.save(tmp)
             digest = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
             fd, tmp_sum = tempfile.mkstemp(dir=cache, suffix=".tmp")
             with os.fdopen(fd, "w", encoding="ascii") as out:
