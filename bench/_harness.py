@@ -8,6 +8,7 @@ shares the CPU with the server, so its numbers are a lower bound).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -20,6 +21,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -118,6 +120,95 @@ def wait_ready(url: str, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+# --- the processes a benchmark starts, and their reaping ------------------------------------
+#
+# Every server is started by ``spawn``: in a process group of its own (its workers join it), told
+# by the kernel to stop (SIGTERM) when the benchmark process dies however it dies
+# (``PR_SET_PDEATHSIG``), and recorded until ``_stop`` has seen its whole group go. A benchmark
+# that is interrupted (Ctrl-C, SIGTERM, SIGHUP: each raises SystemExit here, so every ``finally``
+# runs) or exits stops what is still recorded (``reap``, at exit): an aborted run leaves no
+# server, worker or reference peer behind. A benchmark killed outright (SIGKILL: nothing runs)
+# stops its servers' leaders through PR_SET_PDEATHSIG, but a leader that does not stop its
+# workers on SIGTERM leaves them: each group is also recorded in a file (``_RECORDS``), and the
+# next benchmark stops the groups of an owner that is gone (``_reap_orphans``).
+
+_STARTED: set[int] = set()  # process-group ids (the leader's pid) of the processes started here
+_PR_SET_PDEATHSIG = 1
+_RECORDS = Path(tempfile.gettempdir()) / f"controlplane-bench-{os.getuid()}"
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command (field 3 on: state, ppid, pgrp, session, ...)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def _identity(pid: int) -> str | None:
+    """A process's pid and start time: a reused pid is another identity."""
+    fields = _stat(pid)
+    return None if fields is None else f"{pid}:{fields[19]}"
+
+
+def _record(pgid: int) -> None:
+    with contextlib.suppress(OSError):
+        _RECORDS.mkdir(mode=0o700, exist_ok=True)
+        (_RECORDS / str(pgid)).write_text(f"{_identity(os.getpid())}\n{_identity(pgid)}\n")
+
+
+def _unrecord(pgid: int) -> None:
+    with contextlib.suppress(OSError):
+        (_RECORDS / str(pgid)).unlink()
+
+
+def _reap_orphans() -> None:
+    """Stop the groups recorded by a benchmark process that is gone (killed outright): every
+    process still in such a group, whose session it leads (``start_new_session``)."""
+    with contextlib.suppress(OSError):
+        for record in _RECORDS.iterdir():
+            try:
+                owner = record.read_text().split("\n")[0]
+                pgid = int(record.name)
+            except (OSError, ValueError):
+                continue
+            if _identity(int(owner.split(":")[0])) == owner:
+                continue  # its benchmark still runs
+            members = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()
+                       and (_stat(int(d.name)) or ["", "", "", ""])[2:4] == [str(pgid)] * 2]
+            if members:
+                _signal_group(pgid, signal.SIGKILL)
+            _unrecord(pgid)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def spawn(command: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen`` of a process this benchmark must not leave behind (see above)."""
+    proc = subprocess.Popen(list(command), start_new_session=True, preexec_fn=_die_with_parent,
+                            **kwargs)
+    _STARTED.add(proc.pid)
+    _record(proc.pid)
+    return proc
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to the group; whether any of it was still there."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # the id is reused by someone else's group: not ours any more
+        return False
+    return True
+
+
 def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
         if proc.poll() is None:
@@ -126,8 +217,50 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
+        # a worker that outlived its leader is still in the leader's group
+        _signal_group(proc.pid, signal.SIGKILL)
+        _STARTED.discard(proc.pid)
+        _unrecord(proc.pid)
+
+
+def run_reaped(command: Sequence[str], *, timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(command, capture_output=True, text=True)`` through ``spawn``: the
+    command's whole process group is stopped when it ends, times out (``TimeoutExpired``, as
+    ``run``) or this process is interrupted, so its own children do not outlive it."""
+    proc: Any = spawn(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        _stop([proc])
+    return subprocess.CompletedProcess(list(command), proc.returncode, out, err)
+
+
+def reap() -> None:
+    """Stop every process group ``spawn`` started that is still there (SIGTERM, then SIGKILL
+    after 5 s)."""
+    groups = [pgid for pgid in list(_STARTED) if _signal_group(pgid, signal.SIGTERM)]
+    deadline = time.monotonic() + 5.0
+    while groups and time.monotonic() < deadline:
+        time.sleep(0.1)
+        groups = [pgid for pgid in groups if _signal_group(pgid, 0)]
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGKILL)
+    for pgid in _STARTED:
+        _unrecord(pgid)
+    _STARTED.clear()
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+_reap_orphans()
+atexit.register(reap)
+if threading.current_thread() is threading.main_thread():
+    for _sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_sig, _exit_on_signal)
 
 
 @dataclass
@@ -276,10 +409,10 @@ def service(state_dir: Path, *, workers: int, env: Mapping[str, str] | None = No
     environ.update({"CONTROLPLANE_STATE_DIR": str(state_dir), **(env or {})})
     log_path = state_dir.parent / f"{state_dir.name}.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
+        proc = spawn(
             [sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(port),
              "--workers", str(workers)],
-            cwd=REPO, env=environ, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+            cwd=REPO, env=environ, stdout=subprocess.DEVNULL, stderr=log,
         )
     server = Server(f"http://127.0.0.1:{port}", [proc], log_path)
     try:
@@ -335,10 +468,10 @@ def baseline(workers: int, tmp: Path) -> Iterator[Server]:
     procs = []
     with open(log_path, "ab") as log:
         for _ in range(workers):
-            procs.append(subprocess.Popen(
+            procs.append(spawn(
                 [sys.executable, str(REPO / "bench/baseline_app.py"), "--port", str(port),
                  *(["--reuse-port"] if workers > 1 else [])],
-                cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+                cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
             ))
     server = Server(f"http://127.0.0.1:{port}", procs, log_path)
     try:
@@ -364,10 +497,10 @@ def peer(workers: int, tmp: Path, *extra: str) -> Iterator[tuple[Server, str]]:
     port = free_port()
     log_path = tmp / f"peer-{workers}.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
+        proc = spawn(
             [sys.executable, str(PEER_READ), "--serve", str(state), "--port", str(port),
              "--workers", str(workers), "--repo", str(REPO), *extra],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
     server = Server(f"http://127.0.0.1:{port}", [proc], log_path)
     try:
         wait_ready(server.base + "/healthz")

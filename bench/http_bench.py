@@ -389,10 +389,10 @@ class Bench:
             self.notes.append("reference pg_chain.py not found: no reference row")
             return
         runs = min(self.opts.tickets * 2, 4000)
-        proc = subprocess.run(
+        proc = h.run_reaped(
             [sys.executable, str(script), "--dsn", h.PG_DSN, "--mode", "func", "--runs",
              str(runs), "--procs", "2", "--conc", "16"],
-            capture_output=True, text=True, timeout=600, cwd=h.REPO,
+            timeout=600, cwd=h.REPO,
             env={**os.environ, "CP_REPO": str(h.REPO)})
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode or not lines:

@@ -8,8 +8,13 @@ Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--out FILE]
 4. bench/shadow_bench.py  live-path latency with and without shadow evaluation (fixed rate and
                           saturation), divergence metric
 5. bench/audit_bench.py   the audit chain's global section on PostgreSQL: hold time, ceiling
-6. bench/compose_bench.py   compose preflight: report latency against its floor, cached, and
-   compose import over HTTP with 80% repeated / 20% new files (its own output, verbatim)
+6. bench/compose_bench.py   compose preflight: report latency against its floor (the
+   constant-policy query), cached, compose import over HTTP with 80% repeated / 20% new files,
+   and the CLI processes (`cpctl --version`, `cpctl compose check`) against their floor (a
+   Python + PyYAML process loading the same file) (its own output, verbatim)
+
+The harness stops every process a benchmark started, when the run is interrupted too (Ctrl-C,
+SIGTERM, SIGHUP); a run killed outright is cleaned up by the next one (bench/_harness.py).
 
 Benchmarks are never tests: nothing here fails on a slow number. A benchmark that cannot run
 (PostgreSQL unreachable, wrk or py-spy missing) is skipped or falls back, and RESULTS.md says so.
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     print(ticket_md, flush=True)
 
     decision_args = ["--decisions", "500", "--reps", "2"] if args.quick else []
-    decision = subprocess.run([sys.executable, str(BENCH / "decision_bench.py"), *decision_args],
-                              capture_output=True, text=True, timeout=600, cwd=h.REPO)
+    decision = h.run_reaped([sys.executable, str(BENCH / "decision_bench.py"), *decision_args],
+                            timeout=600, cwd=h.REPO)
     decision_md = "\n".join([
         "## Policy decisions (`bench/decision_bench.py`)", "", "```",
         (decision.stdout + (decision.stderr if decision.returncode else "")).strip(), "```", ""])
@@ -68,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     audit_md = audit_bench.markdown(audit_bench.run(audit_bench.options(common)))
     print(audit_md, flush=True)
     compose_args = ["--reps", "10", "--requests", "300"] if args.quick else []
-    compose = subprocess.run([sys.executable, str(BENCH / "compose_bench.py"), *compose_args],
-                             capture_output=True, text=True, timeout=1200, cwd=h.REPO)
+    compose = h.run_reaped([sys.executable, str(BENCH / "compose_bench.py"), *compose_args],
+                           timeout=1200, cwd=h.REPO)
     compose_md = (compose.stdout if compose.returncode == 0 else "\n".join([
         "## Compose preflight (`bench/compose_bench.py`)", "", "```",
         (compose.stdout + compose.stderr).strip()[-4000:], "```", ""]))

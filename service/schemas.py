@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 from referencing import Registry, Resource
 
-__all__ = ["SCHEMA_DIR", "SchemaViolation", "ValidationFailed", "validate", "validator"]
+from .schema_accept import SCHEMA_DIR, ecma_regex
 
-#: The repository's ``schemas/`` directory (shipped beside the package).
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+__all__ = ["SCHEMA_DIR", "SchemaViolation", "ValidationFailed", "ecma_regex", "validate",
+           "validator"]
+
 
 
 @dataclass(frozen=True)
@@ -56,29 +55,6 @@ def _registry() -> Registry:
         if "$id" in contents and contents["$id"] != path.name:
             resources.append((contents["$id"], resource))
     return Registry().with_resources(resources)
-
-
-@functools.lru_cache(maxsize=1024)
-def ecma_regex(pattern: str) -> re.Pattern[str]:
-    """``pattern`` compiled with ECMA-262's meaning of ``$`` (end of input: ``\\Z``) and of
-    ``\\d``/``\\w`` (ASCII). Unescaped ``$`` outside a character class is the only rewrite."""
-    out: list[str] = []
-    i, in_class = 0, False
-    while i < len(pattern):
-        char = pattern[i]
-        if char == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-        elif char == "$":
-            char = r"\Z"
-        out.append(char)
-        i += 1
-    return re.compile("".join(out), re.ASCII)
 
 
 def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:

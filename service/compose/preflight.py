@@ -128,18 +128,23 @@ class RuleSet:
     sources: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, directory: Path = POLICY_DIR) -> RuleSet:
-        """Read ``directory/*.rego`` (not ``*_test.rego``); compile once per content revision."""
+    def load(cls, directory: Path = POLICY_DIR, *, bundle_cache: Path | None = None) -> RuleSet:
+        """Read ``directory/*.rego`` (not ``*_test.rego``); compile once per content revision.
+
+        ``bundle_cache``: a directory where the compiled bundle is kept for the next process
+        (``service.rego.compile_bundle``): a short-lived process (``cpctl compose check``)
+        then loads it instead of compiling (~5 ms against ~0.1-0.2 s)."""
         directory = Path(directory).resolve()
         sources = {
             path.name: path.read_text(encoding="utf-8")
             for path in sorted(directory.glob("*.rego"))
             if not path.name.endswith("_test.rego")
         }
-        return cls.from_sources(sources, cache_key=directory)
+        return cls.from_sources(sources, cache_key=directory, bundle_cache=bundle_cache)
 
     @classmethod
-    def from_sources(cls, sources: Mapping[str, str], *, cache_key: Path | None = None) -> RuleSet:
+    def from_sources(cls, sources: Mapping[str, str], *, cache_key: Path | None = None,
+                     bundle_cache: Path | None = None) -> RuleSet:
         """Build a rule set from ``{module name: Rego text}`` (cached by revision)."""
         revision = _revision(sources)
         key = (cache_key or Path("<memory>"), revision)
@@ -147,7 +152,7 @@ class RuleSet:
             cached = _CACHE.get(key)
             if cached is not None:
                 return cached
-        ruleset = _compile(sources, revision)
+        ruleset = _compile(sources, revision, bundle_cache)
         with _CACHE_LOCK:
             _CACHE[key] = ruleset
         return ruleset
@@ -170,7 +175,7 @@ def _rule_stem(name: str) -> str:
     return name.rsplit("/", 1)[-1].removesuffix(".rego")
 
 
-def _compile(sources: Mapping[str, str], revision: str) -> RuleSet:
+def _compile(sources: Mapping[str, str], revision: str, cache: Path | None = None) -> RuleSet:
     helpers: list[Module] = []
     rule_modules: dict[str, Module] = {}  # package suffix -> module
     errors: dict[str, str] = {}
@@ -197,7 +202,7 @@ def _compile(sources: Mapping[str, str], revision: str) -> RuleSet:
 
     bundle, good = None, dict(rule_modules)
     try:
-        bundle = _build(helpers, good)
+        bundle = _build(helpers, good, cache)
     except RegoCompileError:
         # Find the culprits by compiling each rule alone with the helpers.
         for package, module in rule_modules.items():
@@ -225,13 +230,14 @@ def _compile(sources: Mapping[str, str], revision: str) -> RuleSet:
                    groups=_groups(good) if bundle is not None else (), sources=dict(sources))
 
 
-def _build(helpers: list[Module], rules: Mapping[str, Module]) -> Bundle:
+def _build(helpers: list[Module], rules: Mapping[str, Module],
+           cache: Path | None = None) -> Bundle:
     generated = _generated_modules(rules)
     entrypoints = [f"{GROUPS_ENTRYPOINT}/g{j}" for j in range(len(_groups(rules)))]
     for package in sorted(rules):
         entrypoints += [f"controlplane/compose/cells/{package}",
                         f"controlplane/compose/rules/{package}/meta"]
-    return compile_bundle([*helpers, *rules.values(), *generated], {}, entrypoints)
+    return compile_bundle([*helpers, *rules.values(), *generated], {}, entrypoints, cache=cache)
 
 
 def _groups(rules: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:

@@ -6,16 +6,19 @@ so offline and ``--server`` runs print the same thing.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path, PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-from xml.etree import ElementTree as ET
 
 from .locate import Location, Locator
+
+if TYPE_CHECKING:  # imported by to_junit: the other formats do not pay for it
+    from xml.etree import ElementTree as ET
 
 __all__ = ["render", "to_json", "to_junit", "to_sarif", "to_table"]
 
@@ -27,9 +30,14 @@ _COLOUR = {"fail": "1;31", "error": "1;35", "warn": "33", "info": "36", "pass": 
            "n/a": "2", "PASSED": "1;32", "NOT PASSED": "1;31"}
 #: Widest service column of the table; longer names are cut with "~".
 _SERVICE_WIDTH = 16
-#: Characters outside XML 1.0's ``Char`` production (control characters but tab, newline and
-#: carriage return; surrogates; U+FFFE, U+FFFF): no XML parser accepts them, even escaped.
-_NOT_XML_CHAR = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+@functools.cache
+def _not_xml_char() -> re.Pattern[str]:
+    """Characters outside XML 1.0's ``Char`` production (control characters but tab, newline
+    and carriage return; surrogates; U+FFFE, U+FFFF): no XML parser accepts them, even escaped.
+    Compiled on first use (~10 ms: only JUnit needs it)."""
+    return re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def render(
@@ -126,6 +134,8 @@ def to_junit(report: dict[str, Any], *, files: Sequence[str] = ()) -> str:
     """One testsuite per service, one testcase per rule; fail/error cells (and warn when strict)
     are failures, n/a cells and waived ones are skipped, warn and info cells pass with their
     message as output."""
+    from xml.etree import ElementTree as ET
+
     by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for finding in report["findings"]:
         by_cell.setdefault((finding["service"], finding["rule"]), []).append(finding)
@@ -175,7 +185,7 @@ def _xml_char(match: re.Match[str]) -> str:
 
 def _xml_text(text: str) -> str:
     """``text`` with every character XML 1.0 cannot hold written as ``\\xNN`` / ``\\uNNNN``."""
-    return _NOT_XML_CHAR.sub(_xml_char, text)
+    return _not_xml_char().sub(_xml_char, text)
 
 
 def _xml_chars(root: ET.Element) -> None:

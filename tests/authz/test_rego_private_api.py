@@ -72,7 +72,7 @@ NODE_KINDS = {"_TERM": "Term", "_SCALAR": "Scalar", "_ARRAY": "Array", "_SET": "
 SHARED_OTHER = {"rego"}
 
 #: Public names of the ``regopy`` package rego.py uses (listed so the source scan is complete).
-PUBLIC_NAMES = {"Interpreter", "RegoError", "rego_shared"}
+PUBLIC_NAMES = {"Interpreter", "RegoError", "rego_shared", "BundleFormat", "__version__"}
 
 #: Private attributes read from regopy objects: the native handle of Interpreter and Bundle.
 PRIVATE_ATTRIBUTES = {"_impl"}
