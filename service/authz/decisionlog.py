@@ -27,11 +27,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from service.authz.decision import Decision
+from service.clock import iso
 from service.redaction import is_secret_field
 
 __all__ = ["MASK", "DecisionLog", "mask_input", "read_records"]
@@ -57,7 +57,7 @@ def record_of(input_doc: Mapping[str, Any], decision: Decision, ts: float) -> di
     context = input_doc.get("context")
     correlation = context.get("correlation_id") if isinstance(context, Mapping) else None
     return {
-        "ts": datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds"),
+        "ts": iso(ts),
         "decision_id": decision.decision_id,
         "correlation_id": correlation,
         "revision": decision.revision,

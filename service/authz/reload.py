@@ -15,12 +15,12 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from .. import sighup
 from ..background import background
+from ..clock import iso
 from ..config import PolicyStoreConfig
 from ..repeats import log_failure
 from ..store.base import PolicyActivation, Store, StoreError
@@ -338,22 +338,18 @@ class StoreFollower:
             "active_revision": active.revision_id or None if active else None,
             "directory_mode": active is None or active.revision_id == "",
             "active_seq": active.seq if active else None,
-            "activated_at": _iso(active.activated_at) if active else None,
+            "activated_at": iso(active.activated_at) if active else None,
             "activated_by": active.activated_by if active else None,
             "running_active": self.converged if active else None,
             "behind_s": behind_s,
             "convergence_s": self._config.convergence_s,
             "listening": self.listening,
-            "last_sync_at": _iso(self._synced_at) if self._synced_at else None,
+            "last_sync_at": iso(self._synced_at) if self._synced_at else None,
             "error": self._error if (refused or late or self._error) else None,
             "refused_activation": None if bad is None else {
                 "seq": bad[0], "revision": bad[1], "reason": bad[2]},
             "degraded": refused or late,
         }
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
 @contextlib.asynccontextmanager
