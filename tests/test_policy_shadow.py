@@ -12,8 +12,9 @@ import shutil
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.appkeys import DECISION_LOG, ENGINE, SHADOW
-from service.authz.decisionlog import read_records
+from service.authz.decisionlog import DECISION_LOG, read_records
+from service.authz.engine import ENGINE
+from service.authz.shadow import SHADOW
 from service.cli.policy import run
 from tests.auth import bearer, login
 from tests.authz.conftest import REPO

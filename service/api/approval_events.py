@@ -12,11 +12,10 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import STREAMS
 from ..approvals.tickets import ticket_view
 from ..chain import Outcome, Run, protected
 from ..store.base import Store, TicketRecord
-from ..streams import StreamWrite, event_stream_response, pump
+from ..streams import STREAMS, StreamWrite, event_stream_response, pump
 from .approvals import ticket_target
 
 routes = web.RouteTableDef()

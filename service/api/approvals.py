@@ -6,7 +6,6 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import AUDIT, AUTHENTICATOR, CONFIG, ENGINE, STORE
 from ..approvals.binding import resource_hash
 from ..approvals.command import Command
 from ..approvals.command import command_hash as bound_command_hash
@@ -19,11 +18,16 @@ from ..approvals.policy import (
 )
 from ..approvals.tickets import new_ticket, ticket_view
 from ..approvals.withdrawal import withdraw_unanswered
+from ..audit.log import AUDIT
 from ..authn import stepup
+from ..authn.sessions import AUTHENTICATOR
 from ..authz import actions
+from ..authz.engine import ENGINE
 from ..chain import Outcome, Run, Target, Write, protected
+from ..config import CONFIG
 from ..errors import ApprovalRepositoryUnavailable, Forbidden, NotFound, SchemaValidationFailed
 from ..store.base import Store, TicketRecord, Tx
+from ..storelink import STORE
 from .queries import query_page_limit, query_str
 
 routes = web.RouteTableDef()

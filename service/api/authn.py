@@ -12,13 +12,16 @@ from typing import Any
 from aiohttp import web
 
 from .. import clock
-from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, CONFIG, ENGINE, PRINCIPAL, STORE
-from ..authn.principal import Principal
-from ..authn.sessions import Authenticator, IssuedToken
+from ..appkeys import AUTHN_ERROR
+from ..authn.principal import PRINCIPAL, Principal
+from ..authn.sessions import AUTHENTICATOR, Authenticator, IssuedToken
+from ..authz.engine import ENGINE
 from ..body import read_json
 from ..chain import public
+from ..config import CONFIG
 from ..errors import ServiceUnavailable, Unauthorized, to_problem
 from ..store.base import StoreUnavailable
+from ..storelink import STORE
 
 routes = web.RouteTableDef()
 

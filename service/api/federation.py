@@ -14,8 +14,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from .. import clock
-from ..appkeys import FEDERATION, STORE
-from ..authn.federation import Federation
+from ..authn.federation import FEDERATION, Federation
 from ..authn.federation.oidc import (
     BROWSER_COOKIE,
     CallbackResult,
@@ -36,6 +35,7 @@ from ..chain import public
 from ..console import federated as console_sso
 from ..console.session import safe_next
 from ..errors import BadRequest, NotFound, ServiceUnavailable, Unauthorized
+from ..storelink import STORE
 from .authn import _authenticator, _caller, _client_addr, _token_body
 
 routes = web.RouteTableDef()

@@ -25,21 +25,16 @@ from typing import Any
 from aiohttp import web
 
 from .. import clock
-from ..appkeys import (
-    CONFIG,
-    ENGINE,
-    POLICY_ACTIVATION_SIGNER,
-    POLICY_FOLLOWER,
-    POLICY_KEYS,
-    PRINCIPAL,
-    STORE,
-)
+from ..authn.principal import PRINCIPAL
 from ..authz import change
-from ..authz.activations import ActivationSigner
+from ..authz.activations import POLICY_ACTIVATION_SIGNER, ActivationSigner
 from ..authz.change import DIRECTORY
-from ..authz.revisions import Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
+from ..authz.engine import ENGINE
+from ..authz.reload import POLICY_FOLLOWER
+from ..authz.revisions import POLICY_KEYS, Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
 from ..chain import Outcome, Run, Target, Write, protected
 from ..clock import iso
+from ..config import CONFIG
 from ..errors import (
     Conflict,
     NotFound,
@@ -47,6 +42,7 @@ from ..errors import (
     ServiceUnavailable,
 )
 from ..store.base import PolicyActivation, PolicyRevisionRecord, StoreError, TicketRecord
+from ..storelink import STORE
 from .approvals import ticket_target
 from .queries import query_page_limit, query_str
 

@@ -31,6 +31,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from aiohttp import web
+
 from service import rego
 from service.authz import actions, inputrefs
 from service.authz.decision import (
@@ -56,6 +58,7 @@ from service.config import Environments
 
 __all__ = [
     "DEFAULT_ENVIRONMENTS",
+    "ENGINE",
     "LOG_FIELDS",
     "LoadResult",
     "PolicyEngine",
@@ -486,6 +489,10 @@ class PolicyEngine:
                 **(current.refs.describe() if current else {}),
             },
         }
+
+
+#: The policy engine (compiled revision, hot reload).
+ENGINE: web.AppKey[PolicyEngine] = web.AppKey("engine")
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

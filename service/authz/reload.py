@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from .. import sighup
 from ..background import background
 from ..clock import iso
@@ -30,8 +32,18 @@ from .revisions import Bundle, BundleError, SignatureError, materialize, verify
 from .shadow import Shadow
 from .source import Snapshot
 
-__all__ = ["CHANNEL", "CandidateRevision", "RevisionRefused", "StoreFollower", "fetch_revision",
-           "following", "materialize_revision", "reloading", "shadowing"]
+__all__ = [
+    "CHANNEL",
+    "POLICY_FOLLOWER",
+    "CandidateRevision",
+    "RevisionRefused",
+    "StoreFollower",
+    "fetch_revision",
+    "following",
+    "materialize_revision",
+    "reloading",
+    "shadowing",
+]
 
 log = logging.getLogger("controlplane.authz")
 
@@ -350,6 +362,10 @@ class StoreFollower:
                 "seq": bad[0], "revision": bad[1], "reason": bad[2]},
             "degraded": refused or late,
         }
+
+
+#: With ``policies.source: store``: what keeps this process on the fleet's active revision.
+POLICY_FOLLOWER: web.AppKey[StoreFollower | None] = web.AppKey("policy_follower")
 
 
 @contextlib.asynccontextmanager

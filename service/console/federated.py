@@ -33,8 +33,8 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from .. import clock
-from ..appkeys import STORE
 from ..authn.sessions import Authenticator, IssuedToken
+from ..storelink import STORE
 from . import pages
 from . import session as cookies
 

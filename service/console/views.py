@@ -25,29 +25,24 @@ from aiohttp import web
 from .. import chain, clock
 from ..api import approvals as api_approvals
 from ..api import federation as api_federation
-from ..appkeys import (
-    AUTHENTICATOR,
-    CONFIG,
-    CORRELATION_ID,
-    ENGINE,
-    FEDERATION,
-    POLICY_KEYS,
-    PRINCIPAL,
-    STORE,
-    STREAMS,
-)
+from ..appkeys import CORRELATION_ID
 from ..approvals.policy import reviewer_candidates, suggested_reviewers
 from ..approvals.tickets import ticket_view
 from ..authn.errors import AuthnError, InvalidToken
-from ..authn.principal import ANONYMOUS, Principal
+from ..authn.federation import FEDERATION
+from ..authn.principal import ANONYMOUS, PRINCIPAL, Principal
+from ..authn.sessions import AUTHENTICATOR
 from ..authn.stepup import METHOD_OIDC
 from ..authz import actions, change
-from ..authz.revisions import TrustedKeys
+from ..authz.engine import ENGINE
+from ..authz.revisions import POLICY_KEYS, TrustedKeys
+from ..config import CONFIG
 from ..errors import Forbidden, Problem, Unauthorized, to_problem
 from ..run import Outcome, Protection, Run, Target, Write
 from ..schemas import ValidationFailed, validate
 from ..store.base import TicketRecord
-from ..streams import StreamWrite, pump
+from ..storelink import STORE
+from ..streams import STREAMS, StreamWrite, pump
 from . import federated, pages, queries
 from . import session as cookies
 from .html import Markup

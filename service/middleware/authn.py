@@ -13,12 +13,14 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from .. import clock
-from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, PRINCIPAL, STORE
+from ..appkeys import AUTHN_ERROR
 from ..authn.errors import InvalidToken
-from ..authn.principal import ANONYMOUS
+from ..authn.principal import ANONYMOUS, PRINCIPAL
+from ..authn.sessions import AUTHENTICATOR
 from ..errors import to_problem
 from ..repeats import log_repeated
 from ..store.base import StoreUnavailable
+from ..storelink import STORE
 
 log = logging.getLogger("controlplane.authn")
 

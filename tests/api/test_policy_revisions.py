@@ -10,9 +10,9 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from service.appkeys import STORE
 from service.authz.activations import ActivationSigner, activation_keys, verify_activation
 from service.authz.revisions import Bundle, sign
+from service.storelink import STORE
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
 

@@ -9,7 +9,8 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from service.app import create_app
-from service.appkeys import STORE, STREAMS
+from service.storelink import STORE
+from service.streams import STREAMS
 from tests.auth import bearer, login
 from tests.problems import assert_problem
 from tests.servers import EdgeTestServer

@@ -11,7 +11,7 @@ from http.cookies import SimpleCookie
 import aiohttp
 
 from service import clock
-from service.appkeys import AUTHENTICATOR
+from service.authn.sessions import AUTHENTICATOR
 from service.console import session as cookies
 from tests.auth import PASSWORDS
 
