@@ -24,7 +24,8 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_request import BaseRequest, Request
 from aiohttp.web_response import StreamResponse
 
-from .appkeys import CORRELATION_ID, PRINCIPAL
+from .appkeys import CORRELATION_ID
+from .authn.principal import PRINCIPAL
 from .middleware.correlation import HEADER as CORRELATION_HEADER
 
 __all__ = ["ACCESS_LOGGER", "AccessLogger", "access_fields"]

@@ -14,46 +14,29 @@ from aiohttp import web
 
 from . import clock, logs, sighup
 from .api import routes as api_routes
-from .appkeys import (
-    AUDIT,
-    AUTHENTICATOR,
-    COMPOSE_EVALUATOR,
-    COMPOSE_RULES,
-    CONFIG,
-    DECISION_LOG,
-    ENGINE,
-    FEDERATION,
-    METRICS,
-    NOTIFICATIONS,
-    POLICY_ACTIVATION_SIGNER,
-    POLICY_FOLLOWER,
-    POLICY_KEYS,
-    SHADOW,
-    STARTED_AT,
-    STORE,
-)
+from .appkeys import STARTED_AT
 from .approvals.expiry import expire_once
 from .audit.checkpointer import checkpointing
-from .audit.log import AuditLog
-from .authn.federation import Federation
+from .audit.log import AUDIT, AuditLog
+from .authn.federation import FEDERATION, Federation
 from .authn.federation.oidc import OidcSignIn
 from .authn.federation.remote import Fetcher
 from .authn.federation.workload import WorkloadExchange
 from .authn.published import PublishedKeyRing
 from .authn.reload import IdentityFile
 from .authn.reload import reloading as identities_reloading
-from .authn.sessions import Authenticator
-from .authz.activations import ActivationSigner, activation_keys
+from .authn.sessions import AUTHENTICATOR, Authenticator
+from .authz.activations import POLICY_ACTIVATION_SIGNER, ActivationSigner, activation_keys
 from .authz.decide import observe
-from .authz.decisionlog import DecisionLog
-from .authz.engine import LOG_FIELDS, PolicyEngine
-from .authz.reload import CandidateRevision, StoreFollower, following, reloading, shadowing
-from .authz.revisions import SignatureError, TrustedKeys
-from .authz.shadow import Shadow
+from .authz.decisionlog import DECISION_LOG, DecisionLog
+from .authz.engine import ENGINE, LOG_FIELDS, PolicyEngine
+from .authz.reload import POLICY_FOLLOWER, CandidateRevision, StoreFollower, following, reloading, shadowing
+from .authz.revisions import POLICY_KEYS, SignatureError, TrustedKeys
+from .authz.shadow import SHADOW, Shadow
 from .background import background
-from .compose.evaluator import EvaluatorPool
-from .compose.preflight import RuleSet
-from .config import Config, load_from_process
+from .compose.evaluator import COMPOSE_EVALUATOR, EvaluatorPool
+from .compose.preflight import COMPOSE_RULES, RuleSet
+from .config import CONFIG, Config, load_from_process
 from .console.views import setup_console
 from .edge import MAX_HEADER_FIELD_BYTES
 from .health import setup_health
@@ -61,14 +44,14 @@ from .middleware.authn import setup_authn
 from .middleware.correlation import setup_correlation
 from .middleware.deadline import setup_deadline
 from .middleware.headers import setup_headers
-from .middleware.metrics import setup_metrics
+from .middleware.metrics import METRICS, setup_metrics
 from .middleware.problems import setup_problems
-from .notifications.dispatcher import Dispatcher, dispatching
+from .notifications.dispatcher import NOTIFICATIONS, Dispatcher, dispatching
 from .notifications.reviewers import reviewers_of
 from .policytools import change
 from .repeats import log_failure
 from .store.base import OutboxEvent, Store, StoreError
-from .storelink import setup_store
+from .storelink import STORE, setup_store
 from .streams import setup_streams
 
 __all__ = ["create_app"]
@@ -127,7 +110,8 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     app.cleanup_ctx.append(_policies)
     app.cleanup_ctx.append(_compose_evaluator)  # evaluates COMPOSE_RULES in child processes
     app.cleanup_ctx.append(_decision_observers)  # decision log, shadow evaluation (if configured)
-    setup_store(app)
+    setup_store(app, on_transaction=app[METRICS].store_transaction,
+                on_round_trips=app[METRICS].store_round_trips_made)
     app.cleanup_ctx.append(_policy_store)  # policies.source: store follows the fleet's revision
     app.cleanup_ctx.append(_shadow_revision)  # policies.candidate_revision: shadow a published one
     app.cleanup_ctx.append(_audit)

@@ -26,16 +26,21 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from . import clock
-from .appkeys import AUDIT, AUTHN_ERROR, CONFIG, CORRELATION_ID, ENGINE, METRICS, PRINCIPAL, STORE
+from .appkeys import AUTHN_ERROR, CORRELATION_ID
 from .approvals import redeem
+from .audit.log import AUDIT
 from .audit.recording import recording
+from .authn.principal import PRINCIPAL
 from .authn.require import require
 from .authz import actions
 from .authz.decide import decide
-from .authz.engine import audited
+from .authz.engine import ENGINE, audited
 from .body import read_json
+from .config import CONFIG
 from .errors import PolicyDenied
+from .middleware.metrics import METRICS
 from .run import Outcome, Protection, Run, Target, TargetOf, Write
+from .storelink import STORE
 
 __all__ = ["Outcome", "Protection", "Run", "Target", "Write", "protected", "protected_as", "public"]
 

@@ -6,6 +6,7 @@ import datetime as _dt
 import functools
 import math
 import time
+from typing import overload
 
 __all__ = ["iso", "now"]
 
@@ -19,8 +20,17 @@ def now() -> float:
     return time.time()
 
 
+@overload
+def iso(ts: float) -> str: ...
+@overload
+def iso(ts: None) -> None: ...
+@overload
+def iso(ts: float | None) -> str | None: ...
+
+
 def iso(ts: float | None) -> str | None:
-    """``2026-11-22T05:07:14.123Z`` (None stays None).
+    """``2026-11-22T05:07:14.123Z`` (None stays None): the one formatter of a time as text, for
+    the API, the logs, the decision log and the CLI alike (``tests/test_clock.py`` refuses another).
 
     The same text as ``datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")``
     with ``Z`` for ``+00:00`` (a property test holds them equal): the microseconds are rounded

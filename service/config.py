@@ -27,12 +27,14 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import yaml
+from aiohttp import web
 
 from .authn.tokens import MAX_ACCESS_TTL_S
 from .notifications.signing import SignatureError, parse_secret
 from .schemas import ValidationFailed, validate
 
 __all__ = [
+    "CONFIG",
     "AuditConfig",
     "AuthnConfig",
     "Config",
@@ -955,6 +957,9 @@ class Config:
         return {"sqlite": "embedded-sqlite", "postgres": "postgresql"}.get(
             self.store.backend, "stateless"
         )
+
+
+CONFIG = web.AppKey("config", Config)
 
 
 #: The whole default document: each section's defaults, owned by its dataclass.

@@ -36,14 +36,14 @@ from typing import Any
 from aiohttp import web
 
 from . import clock
-from .appkeys import AUTHENTICATOR
 from .authn.errors import ClaimsInvalid, InvalidToken, IssuerMismatch, UnknownKey
 from .authn.principal import Principal
-from .authn.sessions import Authenticator
+from .authn.sessions import AUTHENTICATOR, Authenticator
 from .authn.tokens import check_audience, check_time, encode, parse, require_string
 
 __all__ = [
     "CONSOLE_PREFIX",
+    "CONSOLE_SESSION",
     "CONSOLE_TYP",
     "COOKIE",
     "ConsoleSession",
@@ -76,6 +76,11 @@ class ConsoleSession:
     csrf: str
     stepped: bool
     expires_at: float
+
+
+#: On a console request (``CONSOLE_PREFIX``): the session its cookie stands for (its CSRF token,
+#: its step-up), or None. Set by the authn middleware with ``PRINCIPAL``.
+CONSOLE_SESSION: web.RequestKey[ConsoleSession | None] = web.RequestKey("console_session")
 
 
 def issue(authenticator: Authenticator, principal: Principal, *, expires_at: float, now: float,

@@ -39,7 +39,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from .accesslog import ACCESS_LOGGER, AccessLogger
-from .appkeys import CONFIG
+from .config import CONFIG
 from .errors import (
     PROBLEM_CONTENT_TYPE,
     BadRequest,

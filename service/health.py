@@ -13,21 +13,19 @@ from typing import Any
 from aiohttp import web
 
 from . import clock
-from .appkeys import (
-    AUDIT,
-    AUTHENTICATOR,
-    COMPONENTS,
-    COMPOSE_RULES,
-    CONFIG,
-    DECISION_LOG,
-    ENGINE,
-    FEDERATION,
-    POLICY_FOLLOWER,
-    SHADOW,
-    STORE,
-)
+from .audit.log import AUDIT
+from .authn.federation import FEDERATION
+from .authn.sessions import AUTHENTICATOR
+from .authz.decisionlog import DECISION_LOG
+from .authz.engine import ENGINE
+from .authz.reload import POLICY_FOLLOWER
+from .authz.shadow import SHADOW
+from .compose.preflight import COMPOSE_RULES
+from .config import CONFIG
+from .storelink import STORE
 
 __all__ = [
+    "COMPONENTS",
     "READY_REQUIRES",
     "Reporter",
     "aggregate",
@@ -39,6 +37,10 @@ __all__ = [
 
 #: A component reporter returns a status object: at least ``{"status": ready|placeholder|degraded}``.
 Reporter = Callable[[], Awaitable[dict[str, Any]]]
+
+
+#: Per-component status reporters for /readyz and system/info (``service.health``).
+COMPONENTS: web.AppKey[dict[str, Reporter]] = web.AppKey("components")
 
 #: Components that must be ``ready`` for /readyz (when the application has them).
 READY_REQUIRES = ("config", "store", "policies", "audit")

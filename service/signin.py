@@ -20,14 +20,15 @@ from typing import Protocol
 from aiohttp import web
 
 from . import clock
-from .appkeys import AUTHENTICATOR, FEDERATION, STORE
-from .authn.federation import Federation
+from .authn.federation import FEDERATION, Federation
 from .authn.federation.oidc import BROWSER_COOKIE, ProviderUnavailable, SignInRefused
-from .authn.sessions import Authenticator, IssuedToken
+from .authn.sessions import AUTHENTICATOR, Authenticator, IssuedToken
 from .consolesession import safe_next
 from .errors import BadRequest, NotFound, ServiceUnavailable, Unauthorized
+from .storelink import STORE
 
 __all__ = [
+    "CONSOLE_LANDING",
     "MARKER_COOKIE",
     "ConsoleLanding",
     "authenticator_of",
@@ -56,6 +57,10 @@ class ConsoleLanding(Protocol):
     def refused(self, request: web.Request, code: str, next_path: str) -> web.Response:
         """Back to the console's sign-in page, saying why (``code``)."""
         ...
+
+
+#: How a sign-in at a provider started for the console ends (set by ``setup_console``).
+CONSOLE_LANDING: web.AppKey[ConsoleLanding] = web.AppKey("console_landing")
 
 
 def authenticator_of(request: web.Request) -> Authenticator:

@@ -16,14 +16,20 @@ from typing import Any
 
 from aiohttp import web
 
-from .appkeys import CONFIG, METRICS, STORE
-from .config import Config
+from .config import CONFIG, Config
 from .repeats import log_failure
 from .store import open_store
 from .store.base import Store, StoreError, StoreUnavailable
 from .store.sql import SchemaTooNew
 
-__all__ = ["CONNECT_RETRY_MAX_S", "CONNECT_RETRY_S", "STATUS_REFRESH_S", "StoreLink", "setup_store"]
+__all__ = [
+    "CONNECT_RETRY_MAX_S",
+    "CONNECT_RETRY_S",
+    "STATUS_REFRESH_S",
+    "STORE",
+    "StoreLink",
+    "setup_store",
+]
 
 log = logging.getLogger("controlplane.store")
 
@@ -215,13 +221,19 @@ class StoreLink:
                 "event": "store.closed", "backend": self._config.store.backend}})
 
 
-def setup_store(app: web.Application) -> None:
-    """Open the store on start-up (or keep retrying in the background); close it on shutdown."""
+#: The store as this worker sees it: connected, or not (yet), with the reason.
+STORE: web.AppKey[StoreLink] = web.AppKey("store")
+
+
+def setup_store(app: web.Application, *, on_transaction: Callable[[bool], None] | None = None,
+                on_round_trips: Callable[[int], None] | None = None) -> None:
+    """Open the store on start-up (or keep retrying in the background); close it on shutdown.
+    The hooks (the metrics', given by ``app``) are the link's ``on_transaction`` and
+    ``on_round_trips``: the link does not know who counts (metrics reads the link's store)."""
 
     async def store_ctx(app: web.Application) -> AsyncIterator[None]:
         link = app[STORE] = StoreLink(app[CONFIG])
-        link.on_transaction = app[METRICS].store_transaction
-        link.on_round_trips = app[METRICS].store_round_trips_made
+        link.on_transaction, link.on_round_trips = on_transaction, on_round_trips
         retrying: asyncio.Task[None] | None = None
         if link.configured and not await link.connect():
             if app[CONFIG].store.required:

@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from . import clock, deadline
-from .appkeys import AUTHENTICATOR, CORRELATION_ID, STREAMS
+from .appkeys import CORRELATION_ID
 from .authn.errors import AuthnError
+from .authn.sessions import AUTHENTICATOR
 from .config import StreamsConfig
 from .errors import TooManyStreams
 from .middleware.authn import bearer_token
@@ -28,6 +29,7 @@ from .store.base import StoreError
 
 __all__ = [
     "SESSION_ENDED",
+    "STREAMS",
     "Slot",
     "StreamSlots",
     "StreamWrite",
@@ -99,6 +101,10 @@ class StreamSlots:
     async def stop(self, _app: web.Application) -> None:
         """``on_shutdown``: every open stream ends at its next poll."""
         self.stopping = True
+
+
+#: Open live streams (SSE), capped per principal and per worker; told to stop on shutdown.
+STREAMS: web.AppKey[StreamSlots] = web.AppKey("streams")
 
 
 def setup_streams(app: web.Application, config: StreamsConfig) -> None:

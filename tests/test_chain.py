@@ -11,11 +11,15 @@ import pytest
 import yaml
 
 from service import clock
-from service.appkeys import AUDIT, AUTHENTICATOR, CONFIG, ENGINE, STORE
 from service.approvals.binding import resource_hash
 from service.approvals.command import command_hash
 from service.approvals.expiry import expire_once
+from service.audit.log import AUDIT
+from service.authn.sessions import AUTHENTICATOR
+from service.authz.engine import ENGINE
+from service.config import CONFIG
 from service.store.base import ThrottleRule
+from service.storelink import STORE
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
 from tests.tickets import RESOURCE, approved_ticket, audit_entries, installer_body, ticket_headers

@@ -14,10 +14,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.appkeys import ENGINE, STORE
 from service.approvals.binding import resource_hash
 from service.approvals.command import command_hash
 from service.authz.decision import Decision
+from service.authz.engine import ENGINE
+from service.storelink import STORE
 from tests.auth import bearer, login, step_up
 
 RESOURCE = {"app": "web", "version": "3.0.0"}

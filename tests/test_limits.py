@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from service import schemas
 from service.app import create_app
-from service.appkeys import STORE
 from service.approvals.binding import resource_hash
 from service.chain import Outcome, Target, Write, protected
 from service.limits import MAX_JSON_DEPTH, MAX_JSON_VALUE_BYTES
+from service.storelink import STORE
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
 from tests.store import pg

@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 
 from service import clock, storelink
-from service.appkeys import AUDIT, CONFIG, ENGINE, STORE
 from service.approvals.expiry import expire_once
+from service.audit.log import AUDIT
+from service.authz.engine import ENGINE
+from service.config import CONFIG
 from service.logs import JSONFormatter
+from service.storelink import STORE
 from tests.auth import bearer, login, step_up
 from tests.servers import REPO
 from tests.tickets import RESOURCE, approved_ticket, installer_body, ticket_headers

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.appkeys import STORE
 from service.approvals.command import command_hash
+from service.storelink import STORE
 from tests.auth import bearer, login, step_up
 
 RESOURCE = {"app": "web", "version": "1.2.3"}

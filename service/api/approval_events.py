@@ -12,12 +12,11 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import STREAMS
 from ..approvals.review import TICKET_READ
 from ..approvals.tickets import ticket_view
 from ..chain import Outcome, Run, protected_as
 from ..store.base import Store, TicketRecord
-from ..streams import StreamWrite, event_stream_response, pump
+from ..streams import STREAMS, StreamWrite, event_stream_response, pump
 
 routes = web.RouteTableDef()
 

@@ -6,7 +6,6 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import AUDIT, AUTHENTICATOR, CONFIG, ENGINE
 from ..approvals.binding import resource_hash
 from ..approvals.command import Command
 from ..approvals.command import command_hash as bound_command_hash
@@ -21,8 +20,12 @@ from ..approvals.review import (
 )
 from ..approvals.tickets import new_ticket, ticket_view
 from ..approvals.withdrawal import withdraw_unanswered
+from ..audit.log import AUDIT
+from ..authn.sessions import AUTHENTICATOR
 from ..authz import actions
+from ..authz.engine import ENGINE
 from ..chain import Outcome, Run, Target, Write, protected, protected_as
+from ..config import CONFIG
 from ..errors import Forbidden, SchemaValidationFailed
 from ..store.base import TicketRecord
 from .queries import query_page_limit, query_str

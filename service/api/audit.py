@@ -7,9 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import CONFIG
 from ..audit.checkpoint import to_doc
 from ..chain import Outcome, Run, Target, protected
+from ..config import CONFIG
 from .queries import query_int, query_page_limit
 
 routes = web.RouteTableDef()

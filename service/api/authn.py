@@ -12,11 +12,13 @@ from typing import Any
 from aiohttp import web
 
 from .. import clock
-from ..appkeys import AUTHN_ERROR, CONFIG, ENGINE, PRINCIPAL
-from ..authn.principal import Principal
+from ..appkeys import AUTHN_ERROR
+from ..authn.principal import PRINCIPAL, Principal
 from ..authn.sessions import IssuedToken
+from ..authz.engine import ENGINE
 from ..body import read_json
 from ..chain import public
+from ..config import CONFIG
 from ..errors import Unauthorized, to_problem
 from ..signin import authenticator_of
 from ..store.base import StoreUnavailable

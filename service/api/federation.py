@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from .. import clock, signin
-from ..appkeys import CONSOLE_LANDING, FEDERATION, STORE
+from ..authn.federation import FEDERATION
 from ..authn.federation.oidc import (
     BROWSER_COOKIE,
     CallbackResult,
@@ -34,6 +34,8 @@ from ..body import read_json
 from ..chain import public
 from ..consolesession import safe_next
 from ..errors import BadRequest, ServiceUnavailable, Unauthorized
+from ..signin import CONSOLE_LANDING
+from ..storelink import STORE
 from .authn import caller, client_addr, token_body
 
 routes = web.RouteTableDef()

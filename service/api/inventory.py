@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import CONFIG
 from ..chain import Outcome, Run, Target, protected
+from ..config import CONFIG
 from .queries import query_str
 
 routes = web.RouteTableDef()

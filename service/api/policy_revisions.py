@@ -25,20 +25,15 @@ from typing import Any
 from aiohttp import web
 
 from .. import clock
-from ..appkeys import (
-    CONFIG,
-    ENGINE,
-    POLICY_ACTIVATION_SIGNER,
-    POLICY_FOLLOWER,
-    POLICY_KEYS,
-    PRINCIPAL,
-    STORE,
-)
 from ..approvals.review import TICKET_READ
-from ..authz.activations import ActivationSigner
-from ..authz.revisions import Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
+from ..authn.principal import PRINCIPAL
+from ..authz.activations import POLICY_ACTIVATION_SIGNER, ActivationSigner
+from ..authz.engine import ENGINE
+from ..authz.reload import POLICY_FOLLOWER
+from ..authz.revisions import POLICY_KEYS, Bundle, BundleError, Claims, SignatureError, TrustedKeys, verify
 from ..chain import Outcome, Run, Target, Write, protected, protected_as
 from ..clock import iso
+from ..config import CONFIG
 from ..errors import (
     Conflict,
     NotFound,
@@ -48,6 +43,7 @@ from ..errors import (
 from ..policytools import change
 from ..policytools.change import DIRECTORY
 from ..store.base import PolicyActivation, PolicyRevisionRecord, StoreError, TicketRecord
+from ..storelink import STORE
 from .queries import query_page_limit, query_str
 
 __all__ = ["activation_view", "revision_view", "routes"]

@@ -9,12 +9,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
-from ..appkeys import CONFIG, STARTED_AT, STORE
+from ..appkeys import STARTED_AT
 from ..chain import public
 from ..clock import iso
+from ..config import CONFIG
 from ..errors import ServiceUnavailable
 from ..health import READY_REQUIRES, aggregate, component_status, component_statuses
 from ..middleware.metrics import scrape
+from ..storelink import STORE
 
 routes = web.RouteTableDef()
 

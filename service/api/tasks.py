@@ -8,11 +8,12 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import CONFIG, STORE, STREAMS
 from ..chain import Outcome, Run, Target, Write, protected
+from ..config import CONFIG
 from ..errors import NotFound
 from ..store.base import TASK_STATES, Store, TaskRecord, Tx
-from ..streams import StreamWrite, event_stream_response, pump
+from ..storelink import STORE
+from ..streams import STREAMS, StreamWrite, event_stream_response, pump
 from ..tasks.tasks import EventView, next_state, task_view
 from .queries import query_int, query_known, query_page_limit, query_str
 

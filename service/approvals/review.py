@@ -12,13 +12,14 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import CONFIG, ENGINE, STORE
 from ..authn import stepup
 from ..authz import actions
-from ..config import Config
+from ..authz.engine import ENGINE
+from ..config import CONFIG, Config
 from ..errors import ApprovalRepositoryUnavailable, NotFound
 from ..run import Outcome, Protection, Target, Write
 from ..store.base import Store, TicketRecord, Tx
+from ..storelink import STORE
 from .policy import Reviewer, check_review, review_target
 from .tickets import ticket_view
 

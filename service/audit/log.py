@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .. import clock
@@ -55,7 +56,7 @@ from .record import Break, scrub, seal, verify
 from .resolution import Resolver
 from .tip import AuditTampered, Tip
 
-__all__ = ["AuditLog"]
+__all__ = ["AUDIT", "AuditLog"]
 
 log = logging.getLogger("controlplane.audit")
 
@@ -458,6 +459,10 @@ class AuditLog:
                 page = []
         broken = take(page)
         return checked, broken, prev[0]
+
+
+#: The audit log over the store.
+AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
 
 
 def _nothing() -> None:

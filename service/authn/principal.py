@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from aiohttp import web
+
 #: Kinds of authenticated principals; ``anonymous`` belongs to ``ANONYMOUS`` alone.
 Kind = Literal["human", "service", "agent"]
 KINDS: tuple[Kind, ...] = ("human", "service", "agent")
@@ -57,6 +59,10 @@ class Principal:
             # Sessions opened through OpenID Connect carry the IdP groups recorded at sign-in.
             doc["idp_groups"] = list(self.idp_groups)
         return doc
+
+
+#: Who is calling: a Principal, or ANONYMOUS. Set by the authn middleware on every request.
+PRINCIPAL = web.RequestKey("principal", Principal)
 
 
 #: The caller presented no credentials (or none that verified); AuthN never rejects by itself.

@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from aiohttp import web
+
 from ..config import AuthnConfig
 from ..store.base import Conflict, NotFound, SessionRecord, Store, ThrottleRule
 from . import assertions, passwords, renewal, totp
@@ -67,7 +69,7 @@ from .stepup import (
 )
 from .tokens import AccessTokens
 
-__all__ = ["Authenticator", "IssuedToken", "create_authenticator"]
+__all__ = ["AUTHENTICATOR", "Authenticator", "IssuedToken", "create_authenticator"]
 
 METHOD_PASSWORD = "password"  # noqa: S105 - a method name, not a secret
 STEP_UP_METHOD = "totp"
@@ -514,6 +516,10 @@ class Authenticator:
                 subject_id=session.subject_id, kind=session.kind, session_id=session.id,
                 session_expires_at=session.expires_at, now=now, stepped=stepped_up)
         return IssuedToken(token, expires_in, session.id, refresh)
+
+
+#: Logins, bearer tokens, step-up (identities and signing keys loaded at startup).
+AUTHENTICATOR: web.AppKey[Authenticator] = web.AppKey("authenticator")
 
 
 def _refusal(key: str) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ..store.base import PolicyActivation
@@ -33,8 +34,14 @@ from .revisions import (
     sign_payload,
 )
 
-__all__ = ["ACTIVATION_PURPOSE", "ActivationRefused", "ActivationSigner", "activation_keys",
-           "verify_activation"]
+__all__ = [
+    "ACTIVATION_PURPOSE",
+    "POLICY_ACTIVATION_SIGNER",
+    "ActivationRefused",
+    "ActivationSigner",
+    "activation_keys",
+    "verify_activation",
+]
 
 ACTIVATION_PURPOSE = "controlplane-policy-activation"
 _TYP = "controlplane-policy-activation+jws"
@@ -76,6 +83,12 @@ class ActivationSigner:
 
     def sign(self, activation: PolicyActivation, ticket: str | None) -> dict[str, str]:
         return sign_payload(_claims(activation, ticket), self.key, _TYP)
+
+
+#: This replica's activation key (``policies.store.activation_key``), None when not configured
+#: or unreadable: activations and rollbacks executed here are signed with it.
+POLICY_ACTIVATION_SIGNER: web.AppKey[ActivationSigner | None] = web.AppKey(
+    "policy_activation_signer")
 
 
 def activation_keys(paths: tuple[Path, ...] | list[Path],

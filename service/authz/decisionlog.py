@@ -27,14 +27,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from service.authz.decision import Decision
+from service.clock import iso
 from service.redaction import is_secret_field
 
-__all__ = ["MASK", "DecisionLog", "mask_input", "read_records"]
+__all__ = ["DECISION_LOG", "MASK", "DecisionLog", "mask_input", "read_records"]
 
 log = logging.getLogger("controlplane.authz")
 
@@ -57,7 +59,7 @@ def record_of(input_doc: Mapping[str, Any], decision: Decision, ts: float) -> di
     context = input_doc.get("context")
     correlation = context.get("correlation_id") if isinstance(context, Mapping) else None
     return {
-        "ts": datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds"),
+        "ts": iso(ts),
         "decision_id": decision.decision_id,
         "correlation_id": correlation,
         "revision": decision.revision,
@@ -168,6 +170,11 @@ class DecisionLog:
             if src.exists():
                 src.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))
         self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+
+
+#: Set by ``_decision_observers`` only when configured (``decision_log.path``,
+#: ``policies.candidate_dir`` or ``.candidate_revision``).
+DECISION_LOG: web.AppKey[DecisionLog] = web.AppKey("decision_log")
 
 
 def read_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

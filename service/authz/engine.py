@@ -27,10 +27,11 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
+
+from aiohttp import web
 
 from service import rego
 from service.authz import actions, inputrefs
@@ -52,10 +53,12 @@ from service.authz.regotest import (
     vet,
 )
 from service.authz.source import Snapshot, SourceError, fingerprint, read_snapshot
+from service.clock import iso
 from service.config import Environments
 
 __all__ = [
     "DEFAULT_ENVIRONMENTS",
+    "ENGINE",
     "LOG_FIELDS",
     "LoadResult",
     "PolicyEngine",
@@ -470,8 +473,8 @@ class PolicyEngine:
             "revision": current.id if current else None,
             "module_count": len(current.snapshot.modules) if current else 0,
             "test_module_count": len(current.snapshot.test_modules) if current else 0,
-            "loaded_at": _iso(current.loaded_at) if current else None,
-            "last_reload": None if last is None else {**last, "at": _iso(last["at"])},
+            "loaded_at": iso(current.loaded_at) if current else None,
+            "last_reload": None if last is None else {**last, "at": iso(last["at"])},
             "reloads": {k: self._reloads[k] for k in ("ok", "rejected")},
             "decisions": {
                 k: counts[k]
@@ -486,6 +489,10 @@ class PolicyEngine:
                 **(current.refs.describe() if current else {}),
             },
         }
+
+
+#: The policy engine (compiled revision, hot reload).
+ENGINE: web.AppKey[PolicyEngine] = web.AppKey("engine")
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -516,10 +523,6 @@ def _mask(value: Any) -> Any:
     if value is None:
         return None
     return "masked:" + hashlib.sha256(str(value).encode()).hexdigest()[:12]
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
 def default_policies_dir() -> Path:

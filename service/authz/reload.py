@@ -15,12 +15,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from .. import sighup
 from ..background import background
+from ..clock import iso
 from ..config import PolicyStoreConfig
 from ..repeats import log_failure
 from ..store.base import PolicyActivation, Store, StoreError
@@ -30,8 +32,18 @@ from .revisions import Bundle, BundleError, SignatureError, materialize, verify
 from .shadow import Shadow
 from .source import Snapshot
 
-__all__ = ["CHANNEL", "CandidateRevision", "RevisionRefused", "StoreFollower", "fetch_revision",
-           "following", "materialize_revision", "reloading", "shadowing"]
+__all__ = [
+    "CHANNEL",
+    "POLICY_FOLLOWER",
+    "CandidateRevision",
+    "RevisionRefused",
+    "StoreFollower",
+    "fetch_revision",
+    "following",
+    "materialize_revision",
+    "reloading",
+    "shadowing",
+]
 
 log = logging.getLogger("controlplane.authz")
 
@@ -338,13 +350,13 @@ class StoreFollower:
             "active_revision": active.revision_id or None if active else None,
             "directory_mode": active is None or active.revision_id == "",
             "active_seq": active.seq if active else None,
-            "activated_at": _iso(active.activated_at) if active else None,
+            "activated_at": iso(active.activated_at) if active else None,
             "activated_by": active.activated_by if active else None,
             "running_active": self.converged if active else None,
             "behind_s": behind_s,
             "convergence_s": self._config.convergence_s,
             "listening": self.listening,
-            "last_sync_at": _iso(self._synced_at) if self._synced_at else None,
+            "last_sync_at": iso(self._synced_at) if self._synced_at else None,
             "error": self._error if (refused or late or self._error) else None,
             "refused_activation": None if bad is None else {
                 "seq": bad[0], "revision": bad[1], "reason": bad[2]},
@@ -352,8 +364,8 @@ class StoreFollower:
         }
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+#: With ``policies.source: store``: what keeps this process on the fleet's active revision.
+POLICY_FOLLOWER: web.AppKey[StoreFollower | None] = web.AppKey("policy_follower")
 
 
 @contextlib.asynccontextmanager

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -38,6 +39,7 @@ from .source import DATA_SUFFIXES, Snapshot, SourceError, read_snapshot
 __all__ = [
     "ALGORITHM",
     "FORMAT",
+    "POLICY_KEYS",
     "PURPOSE",
     "Bundle",
     "BundleError",
@@ -246,6 +248,10 @@ class TrustedKeys(Mapping[str, Ed25519PublicKey]):
 
     def __len__(self) -> int:
         return len(self._keys)
+
+
+#: The public keys trusted to sign policy revisions (``policies.store.trusted_keys``).
+POLICY_KEYS: web.AppKey[TrustedKeys] = web.AppKey("policy_keys")
 
 
 # ----------------------------------------------------------------------------------- signature

@@ -41,11 +41,13 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from service.authz.decision import Decision
 from service.authz.shadowproc import read_frame, write_frame
 from service.authz.source import Snapshot
 
-__all__ = ["Shadow"]
+__all__ = ["SHADOW", "Shadow"]
 
 log = logging.getLogger("controlplane.authz.shadow")
 
@@ -460,3 +462,6 @@ class Shadow:
             "skipped": self.counts["skipped"],
             "process": {"state": self._process_state, "restarts": self.counts["restarts"]},
         }
+
+
+SHADOW: web.AppKey[Shadow] = web.AppKey("shadow")

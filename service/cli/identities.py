@@ -9,7 +9,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..authn import identities, passwords, totp
 from ..authn.keyring import load_public_key
+from ..clock import iso
 
 __all__ = ["register", "run"]
 
@@ -176,7 +176,7 @@ def list_identities(args: argparse.Namespace) -> int:
         print(json.dumps({"identities": rows, "federated_note": note}, indent=2))
         return _EXIT_OK
     for row in rows:
-        seen = f"  last seen {_iso(row['last_seen'])}" if "last_seen" in row else ""
+        seen = f"  last seen {iso(row['last_seen'])}" if "last_seen" in row else ""
         print(f"{row['subject_id']:40} {row['kind']:8} {row['source']}{seen}")
     if note:
         print(note, file=sys.stderr)
@@ -202,10 +202,6 @@ async def _federated(config: Any) -> tuple[list[dict[str, Any]], str | None]:
          "first_seen": s.first_seen, "last_seen": s.last_seen}
         for s in seen
     ], None
-
-
-def _iso(value: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
 
 
 def _fail(message: str) -> int:

@@ -44,7 +44,7 @@ from ..policytools.cases import CaseError, load_cases
 from ..store import open_store
 from ..store.base import StoreError
 from . import client as http
-from . import policydir
+from . import policy, policydir
 from .client import EXIT_OK, UsageError, guarded
 from .options import option_values
 from .protected import Protected
@@ -126,11 +126,14 @@ def extend(policy_parser: argparse.ArgumentParser) -> None:
 
 
 def run(argv: list[str]) -> int:
-    """Run ``cpctl policy`` with ``argv`` (its words after ``policy``); the exit code."""
-    from .main import build_parser
-
+    """Run ``cpctl policy`` with ``argv`` (its words after ``policy``); the exit code. The
+    parser is ``cpctl``'s ``policy`` group as ``main`` builds it (``policy.register``, then
+    ``extend``), without the other groups: ``main`` imports this module, not the reverse."""
+    parser = argparse.ArgumentParser(prog="cpctl")
+    commands = parser.add_subparsers(dest="command", required=True)
+    extend(policy.register(commands))
     try:
-        args = build_parser().parse_args(option_values(["policy", *argv]))
+        args = parser.parse_args(option_values(["policy", *argv]))
     except SystemExit as exc:
         return int(exc.code or 0)
     return int(args.func(args))

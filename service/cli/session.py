@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..clock import iso
 from . import client as http
 from . import sso
 from .client import EXIT_OK, CredentialStore, UsageError, guarded
@@ -303,6 +304,5 @@ def _names(value: Any) -> str:
 
 
 def _iso(value: Any) -> str:
-    if not isinstance(value, (int, float)):
-        return str(value)
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+    """The server's ``auth_time`` (Unix seconds) as the one time format; anything else as is."""
+    return iso(value) if isinstance(value, (int, float)) else str(value)

@@ -41,11 +41,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from aiohttp import web
+
 from service.compose import preflight
 from service.compose.preflight import EvaluationBudgetExceeded, RuleSet
 from service.config import Environments
 
-__all__ = ["FAILURE_REASONS", "POOL_SIZE", "EvaluationFailed", "EvaluatorPool", "main"]
+__all__ = [
+    "COMPOSE_EVALUATOR",
+    "FAILURE_REASONS",
+    "POOL_SIZE",
+    "EvaluationFailed",
+    "EvaluatorPool",
+    "main",
+]
 
 log = logging.getLogger("controlplane.compose")
 
@@ -254,6 +263,10 @@ class EvaluatorPool:
         task = asyncio.get_running_loop().create_task(stop())
         self._reaping.add(task)
         task.add_done_callback(self._reaping.discard)
+
+
+#: The processes that evaluate compose reports (``service.compose.evaluator``).
+COMPOSE_EVALUATOR: web.AppKey[EvaluatorPool] = web.AppKey("compose_evaluator")
 
 
 def _encode(message: Mapping[str, Any]) -> bytes:

@@ -31,8 +31,8 @@ from aiohttp import web
 
 from .. import clock
 from .. import consolesession as cookies
-from ..appkeys import STORE
 from ..authn.sessions import Authenticator, IssuedToken
+from ..storelink import STORE
 from . import pages
 
 __all__ = [

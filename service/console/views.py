@@ -24,34 +24,29 @@ from urllib.parse import parse_qsl, urlencode
 from aiohttp import web
 
 from .. import chain, clock, consolesession, signin
-from ..appkeys import (
-    AUTHENTICATOR,
-    CONFIG,
-    CONSOLE_LANDING,
-    CONSOLE_SESSION,
-    CORRELATION_ID,
-    ENGINE,
-    FEDERATION,
-    POLICY_KEYS,
-    STORE,
-    STREAMS,
-)
+from ..appkeys import CORRELATION_ID
 from ..approvals.policy import reviewer_candidates, suggested_reviewers
 from ..approvals.review import REVIEW_SCHEMA, TICKET_READ, TICKET_REVIEW, review_ticket
 from ..approvals.tickets import ticket_view
 from ..authn.errors import AuthnError
+from ..authn.federation import FEDERATION
 from ..authn.principal import Principal
+from ..authn.sessions import AUTHENTICATOR
 from ..authn.stepup import METHOD_OIDC
 from ..authz import actions
-from ..authz.revisions import TrustedKeys
-from ..consolesession import ConsoleSession
+from ..authz.engine import ENGINE
+from ..authz.revisions import POLICY_KEYS, TrustedKeys
+from ..config import CONFIG
+from ..consolesession import CONSOLE_SESSION, ConsoleSession
 from ..errors import Forbidden, Problem, Unauthorized, to_problem
 from ..middleware.authn import step_up_console
 from ..policytools import change
 from ..run import Outcome, Protection, Run, Target, Write
 from ..schemas import ValidationFailed, validate
+from ..signin import CONSOLE_LANDING
 from ..store.base import TicketRecord
-from ..streams import StreamWrite, pump
+from ..storelink import STORE
+from ..streams import STREAMS, StreamWrite, pump
 from . import federated, pages, queries
 from .html import Markup
 from .pages import CSP

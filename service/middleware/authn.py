@@ -20,13 +20,15 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from .. import clock, consolesession
-from ..appkeys import AUTHENTICATOR, AUTHN_ERROR, CONSOLE_SESSION, PRINCIPAL, STORE
+from ..appkeys import AUTHN_ERROR
 from ..authn.errors import InvalidToken
-from ..authn.principal import ANONYMOUS
-from ..consolesession import ConsoleSession
+from ..authn.principal import ANONYMOUS, PRINCIPAL
+from ..authn.sessions import AUTHENTICATOR
+from ..consolesession import CONSOLE_SESSION, ConsoleSession
 from ..errors import to_problem
 from ..repeats import log_repeated
 from ..store.base import StoreUnavailable
+from ..storelink import STORE
 
 log = logging.getLogger("controlplane.authn")
 

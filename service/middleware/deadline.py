@@ -11,7 +11,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from .. import deadline
-from ..appkeys import CONFIG
+from ..config import CONFIG
 
 
 def setup_deadline(app: web.Application) -> None:

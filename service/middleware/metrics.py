@@ -23,9 +23,11 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from ..appkeys import AUDIT, ENGINE, METRICS, STORE, STORE_GAUGES
+from ..audit.log import AUDIT
 from ..authz.activations import ActivationRefused
+from ..authz.engine import ENGINE
 from ..store.base import Store
+from ..storelink import STORE
 
 if TYPE_CHECKING:
     from ..authz.engine import LoadResult
@@ -462,6 +464,10 @@ class Metrics:
         return metrics
 
 
+#: Metrics registry and instruments.
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics")
+
+
 # ---- state, read at scrape time ---------------------------------------------------------------
 
 
@@ -554,6 +560,10 @@ class StoreGauges:
             self._values = await _read_gauges(link)
             self._at = time.monotonic()
             return self._values
+
+
+#: The store's part of /metrics, read at most once a second (``middleware.metrics.StoreGauges``).
+STORE_GAUGES: web.AppKey[StoreGauges] = web.AppKey("store_gauges")
 
 
 async def _read_gauges(link: StoreLink | None) -> tuple[int, float | None, int] | None:

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import aiohttp
+from aiohttp import web
 
 from .. import clock
 from ..background import background
@@ -40,7 +41,7 @@ from ..store.base import DeliveryRecord, OutboxEvent, OutboxState, Store, StoreE
 from .envelope import event_data
 from .sinks import Attempt, make_sink
 
-__all__ = ["Dispatcher", "ReviewersOf", "dispatching"]
+__all__ = ["NOTIFICATIONS", "Dispatcher", "ReviewersOf", "dispatching"]
 
 log = logging.getLogger("controlplane.notifications")
 
@@ -182,6 +183,10 @@ class Dispatcher:
         elif records:
             log.info("notification delivered", extra={"fields": {
                 "event": "notification.delivered", **fields, "sinks": [r.sink for r in records]}})
+
+
+#: The notification outbox dispatcher of this process (``service.notifications``).
+NOTIFICATIONS: web.AppKey[Dispatcher] = web.AppKey("notifications")
 
 @contextlib.asynccontextmanager
 async def dispatching(dispatcher: Dispatcher, config: NotificationsConfig) -> AsyncIterator[None]:

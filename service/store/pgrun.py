@@ -25,9 +25,9 @@ this run's correlation id (``PostgresStore._run_resolver``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from typing import Any, Protocol
 
 from ..approvals.binding import Binding
 from ..approvals.events import ticket_event
@@ -46,10 +46,19 @@ from .sql.tasks import get_task
 from .sql.tickets import COLUMNS as TICKET_COLUMNS
 from .sql.tickets import consume_refusal
 
-if TYPE_CHECKING:
-    from .postgres import PostgresStore
+__all__ = ["CALL", "PostgresCalls", "RunTx"]
 
-__all__ = ["CALL", "RunTx"]
+
+class PostgresCalls(Protocol):
+    """What a run needs of ``PostgresStore``, named by shape: ``postgres`` imports this module,
+    so this one does not import it back (not even for its types)."""
+
+    def _unit(self, *, write: bool, single: bool = False) -> AbstractAsyncContextManager[Query]:
+        ...
+
+    async def _call_run(self, sql: str, args: Sequence[Any], ticket_id: str,
+                        correlation_id: str) -> tuple[Any, str | None]:
+        ...
 
 CALL = ("SELECT staged, xact FROM cp_chain_run($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
         "$12, $13::jsonb, $14, $15, $16, $17, $18, $19, $20, $21, $22::jsonb, $23, $24, $25)")
@@ -68,7 +77,7 @@ class RunTx(SqlTx):
     __slots__ = ("_consume", "_event", "_outbox", "_sent", "_stack", "_store", "_task",
                  "_task_seq", "_ticket")
 
-    def __init__(self, store: PostgresStore, ticket: TicketRecord) -> None:
+    def __init__(self, store: PostgresCalls, ticket: TicketRecord) -> None:
         super().__init__(None)  # type: ignore[arg-type]  # set by _open, if ever
         self._store = store
         self._ticket = ticket
@@ -236,7 +245,7 @@ class _Opened:
 
 
 @asynccontextmanager
-async def run_transaction(store: PostgresStore, ticket: TicketRecord) -> AsyncIterator[RunTx]:
+async def run_transaction(store: PostgresCalls, ticket: TicketRecord) -> AsyncIterator[RunTx]:
     tx = RunTx(store, ticket)
     try:
         yield tx

@@ -11,7 +11,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from service.app import create_app
-from service.appkeys import CONFIG, STREAMS
+from service.config import CONFIG
+from service.streams import STREAMS
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
 from tests.store import pg

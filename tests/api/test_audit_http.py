@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from service.appkeys import AUDIT, CONFIG
 from service.audit.checkpoint import from_doc, signature_ok
 from service.audit.keys import AuditKeys
+from service.audit.log import AUDIT
+from service.config import CONFIG
 from tests.auth import bearer, login
 from tests.problems import assert_problem
 

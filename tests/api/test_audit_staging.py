@@ -13,8 +13,9 @@ from typing import Any
 
 import asyncpg
 
-from service.appkeys import AUDIT, STORE
 from service.approvals.expiry import expire_once
+from service.audit.log import AUDIT
+from service.storelink import STORE
 from tests.auth import bearer, login
 from tests.store import pg
 

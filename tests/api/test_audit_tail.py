@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from service import clock
-from service.appkeys import AUDIT, CONFIG
+from service.audit.log import AUDIT
 from service.audit.record import seal
+from service.config import CONFIG
 from tests.auth import bearer, login
 from tests.problems import assert_problem
 

@@ -9,7 +9,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from service.app import create_app
-from service.appkeys import CONFIG
+from service.config import CONFIG
 from tests.auth import assertion, bearer, login, otp, step_up
 from tests.problems import assert_problem
 

@@ -16,9 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from service.appkeys import COMPOSE_EVALUATOR
 from service.compose import preflight
-from service.compose.evaluator import EvaluatorPool
+from service.compose.evaluator import COMPOSE_EVALUATOR, EvaluatorPool
 from tests.auth import PASSWORDS, bearer, login
 from tests.compose.long_values import documents, every_pair, rotation
 from tests.metrics import scrape, value

@@ -9,9 +9,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from service.appkeys import STORE
 from service.authz.activations import ActivationSigner, activation_keys, verify_activation
 from service.authz.revisions import Bundle
+from service.storelink import STORE
 from tests.auth import bearer, login, step_up
 from tests.authz.revisions import keypair, published, store_keys, variant
 from tests.problems import assert_problem

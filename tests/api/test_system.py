@@ -8,9 +8,9 @@ import math
 import time
 
 from service.app import create_app
-from service.appkeys import METRICS, STORE
 from service.health import register_component
-from service.storelink import STATUS_REFRESH_S
+from service.middleware.metrics import METRICS
+from service.storelink import STATUS_REFRESH_S, STORE
 from tests.problems import assert_problem
 
 

@@ -13,8 +13,9 @@ from aiohttp.test_utils import TestClient
 from cryptography.hazmat.primitives import serialization
 
 from service.app import create_app
-from service.appkeys import STORE, STREAMS
 from service.authn.assertions import make_assertion
+from service.storelink import STORE
+from service.streams import STREAMS
 from tests.auth import AUDIENCE, KEYS, bearer, login
 from tests.conftest import REPO
 from tests.problems import assert_problem

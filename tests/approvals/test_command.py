@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from service.appkeys import STORE
 from service.approvals.command import canonical_command, command_hash, masked
+from service.storelink import STORE
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
 

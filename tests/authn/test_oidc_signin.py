@@ -27,7 +27,6 @@ from joserfc.jwk import ECKey
 
 from service import clock
 from service.app import create_app
-from service.appkeys import FEDERATION, STORE
 from service.authn.errors import (
     AlgorithmNotAllowed,
     AudienceMismatch,
@@ -37,9 +36,11 @@ from service.authn.errors import (
     TokenExpired,
     UnknownKey,
 )
+from service.authn.federation import FEDERATION
 from service.authn.federation.oidc import SignInRefused, check_id_token
 from service.authn.federation.remote import RemoteKeys
 from service.authn.federation.verify import verify_foreign
+from service.storelink import STORE
 from tests.auth import bearer, login, step_up
 from tests.conftest import REPO
 from tests.servers import EdgeTestServer, free_port

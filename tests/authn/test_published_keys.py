@@ -17,10 +17,11 @@ from aiohttp.test_utils import TestClient
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from service.app import create_app
-from service.appkeys import AUTHENTICATOR, STORE
 from service.authn.keyring import public_jwk, thumbprint
+from service.authn.sessions import AUTHENTICATOR
 from service.authn.tokens import ACCESS_TYP, encode
 from service.store.base import PublishedKey
+from service.storelink import STORE
 from tests.auth import bearer, login
 from tests.problems import assert_problem
 from tests.servers import EdgeTestServer

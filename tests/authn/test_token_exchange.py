@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from joserfc import jwt
 
-from service.appkeys import CONFIG, STORE
 from service.authn import stepup
 from service.authn.principal import Principal
+from service.config import CONFIG
+from service.storelink import STORE
 from tests.conftest import REPO
 from tests.store import pg
 

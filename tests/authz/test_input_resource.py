@@ -16,8 +16,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from service.appkeys import DECISION_LOG, SHADOW
-from service.authz.decisionlog import MASK, read_records
+from service.authz.decisionlog import DECISION_LOG, MASK, read_records
+from service.authz.shadow import SHADOW
 from service.cli.policy import run
 from tests.auth import bearer, login
 from tests.authz.conftest import write_policy

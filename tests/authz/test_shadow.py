@@ -10,8 +10,9 @@ import io
 import json
 import shutil
 
-from service.appkeys import DECISION_LOG, ENGINE, SHADOW
-from service.authz.decisionlog import read_records
+from service.authz.decisionlog import DECISION_LOG, read_records
+from service.authz.engine import ENGINE
+from service.authz.shadow import SHADOW
 from service.cli.policy import run
 from tests.auth import bearer, login
 from tests.authz.conftest import REPO, candidate_without_carols_role

@@ -20,13 +20,14 @@ import pytest
 import yaml
 
 from service.app import create_app
-from service.appkeys import ENGINE, SHADOW, STORE
+from service.authz.engine import ENGINE
 from service.authz.reload import CandidateRevision
 from service.authz.revisions import Bundle, key_id, sign
-from service.authz.shadow import Shadow
+from service.authz.shadow import SHADOW, Shadow
 from service.config import ConfigError, load
 from service.store import Store, open_store
 from service.store.base import PolicyRevisionRecord
+from service.storelink import STORE
 from tests.auth import bearer, login
 from tests.authz.conftest import candidate_without_carols_role
 from tests.authz.revisions import keypair, published, store_keys

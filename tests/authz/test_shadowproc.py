@@ -15,9 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from service.appkeys import SHADOW
 from service.authz.engine import PolicyEngine, default_policies_dir
-from service.authz.shadow import Shadow, _Gone
+from service.authz.shadow import SHADOW, Shadow, _Gone
 from service.authz.shadowproc import NICE, Candidate
 from tests.auth import PASSWORDS, bearer, login
 from tests.authz.conftest import candidate_without_carols_role, doc

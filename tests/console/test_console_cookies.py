@@ -12,7 +12,7 @@ import aiohttp
 
 from service import clock
 from service import consolesession as cookies
-from service.appkeys import AUTHENTICATOR
+from service.authn.sessions import AUTHENTICATOR
 from tests.auth import PASSWORDS
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')

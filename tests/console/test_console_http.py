@@ -15,9 +15,10 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from service import consolesession as cookies
-from service.appkeys import AUTHENTICATOR, STORE
+from service.authn.sessions import AUTHENTICATOR
 from service.console.views import CSP
 from service.notifications.envelope import console_url
+from service.storelink import STORE
 from tests.auth import bearer, login, otp
 from tests.console.console import COMMANDS, Visitor, request_ticket, token_of
 from tests.console.test_console_cookies import sign_in as https_sign_in

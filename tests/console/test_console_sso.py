@@ -16,7 +16,7 @@ import pytest
 
 from service import clock
 from service.app import create_app
-from service.appkeys import STORE
+from service.storelink import STORE
 from tests.authn.openid_provider import CLIENT_ID, CLIENT_SECRET, Browser, openid_provider, url
 from tests.servers import REPO, EdgeTestServer
 

@@ -21,10 +21,13 @@ from pathlib import Path
 import pytest
 
 from service.app import create_app
-from service.appkeys import AUTHENTICATOR, CONFIG, ENGINE, STORE
 from service.authn import totp
+from service.authn.sessions import AUTHENTICATOR
+from service.authz.engine import ENGINE
+from service.config import CONFIG
 from service.notifications.reviewers import reviewers_of
 from service.store.base import OutboxEvent
+from service.storelink import STORE
 from tests.auth import TOTP_SECRETS, bearer
 from tests.authn.openid_provider import CLIENT_ID, CLIENT_SECRET, Browser, openid_provider, url
 from tests.console.console import Visitor, request_ticket, token_of

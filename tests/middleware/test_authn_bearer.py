@@ -21,8 +21,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from service import clock
 from service.app import create_app
-from service.appkeys import AUTHN_ERROR, CONFIG, PRINCIPAL
+from service.appkeys import AUTHN_ERROR
+from service.authn.principal import PRINCIPAL
 from service.chain import public
+from service.config import CONFIG
 from tests.auth import bearer, login
 
 PROBE = "/test/authn-probe"

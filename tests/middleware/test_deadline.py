@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from service import deadline
-from service.appkeys import CONFIG
+from service.config import CONFIG
 from service.middleware.deadline import setup_deadline
 
 TIMEOUT_S = 2.0

@@ -6,13 +6,15 @@ import asyncio
 import re
 import shutil
 
-from service.appkeys import AUDIT, ENGINE, METRICS
+from service.audit.log import AUDIT
+from service.authz.engine import ENGINE
 from service.middleware import metrics as metrics_module
 from service.middleware.metrics import (
     APPROVAL_OUTCOMES,
     DECISION_RESULTS,
     EXPORTED,
     LOGIN_FAILURE_REASONS,
+    METRICS,
     NOTIFICATION_OUTCOMES,
     RELOAD_RESULTS,
     STORE_GAUGES_TTL_S,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from service.appkeys import STORE
+from service.storelink import STORE
 from tests.auth import bearer, login, step_up
 from tests.metrics import Families, scrape, value
 from tests.notifications.receiver import Receiver

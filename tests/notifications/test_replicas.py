@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from service.appkeys import NOTIFICATIONS, STORE
+from service.notifications.dispatcher import NOTIFICATIONS
+from service.storelink import STORE
 from tests.notifications.receiver import Receiver
 from tests.store import pg
 from tests.store.helpers import ticket

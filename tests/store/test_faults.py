@@ -15,10 +15,11 @@ import pytest
 from aiohttp import ClientResponse
 
 from service import storelink
-from service.appkeys import AUDIT, STORE
+from service.audit.log import AUDIT
 from service.store import open_store
 from service.store.base import StoreUnavailable
 from service.store.postgres import PostgresStore
+from service.storelink import STORE
 from tests.auth import bearer, login
 from tests.problems import assert_problem
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from service.appkeys import AUDIT
+from service.audit.log import AUDIT
 from service.store import open_store
 from service.store.base import StoreOutcomeUnknown
 from service.store.postgres import PostgresStore

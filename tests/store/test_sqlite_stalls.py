@@ -13,8 +13,9 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from service.appkeys import CONFIG, STORE
+from service.config import CONFIG
 from service.store.sqlite import SqliteStore
+from service.storelink import STORE
 from tests.auth import PASSWORDS, bearer, login
 from tests.problems import assert_problem
 

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import pytest
 
-from service.appkeys import ENGINE
+from service.authz.engine import ENGINE
 from tests.servers import REPO, free_port, serve, wait_ready
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc")

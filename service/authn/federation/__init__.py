@@ -14,16 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aiohttp import web
+
 from .oidc import OidcSignIn
 from .remote import Fetcher
 from .workload import WorkloadExchange
 
-__all__ = ["Federation"]
+__all__ = ["FEDERATION", "Federation"]
 
 
 @dataclass
 class Federation:
-    """What the app holds (``appkeys.FEDERATION``): one fetcher shared by both halves."""
+    """What the app holds (``FEDERATION``): one fetcher shared by both halves."""
 
     fetcher: Fetcher
     oidc: OidcSignIn
@@ -38,3 +40,7 @@ class Federation:
 
     async def close(self) -> None:
         await self.fetcher.close()
+
+
+#: Identity federation: OIDC sign-in of people, RFC 8693 token exchange of workloads.
+FEDERATION: web.AppKey[Federation] = web.AppKey("federation")
