@@ -34,8 +34,8 @@ from .authz.reload import POLICY_FOLLOWER, CandidateRevision, StoreFollower, fol
 from .authz.revisions import POLICY_KEYS, SignatureError, TrustedKeys
 from .authz.shadow import SHADOW, Shadow
 from .background import background
-from .compose.evaluator import COMPOSE_EVALUATOR, EvaluatorPool
-from .compose.preflight import COMPOSE_RULES, RuleSet
+from .compose.evaluator import COMPOSE_EVALUATOR, COMPOSE_RULES, EvaluatorPool
+from .compose.preflight import RuleSet
 from .config import CONFIG, Config, load_from_process
 from .console.views import setup_console
 from .edge import MAX_HEADER_FIELD_BYTES

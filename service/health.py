@@ -20,7 +20,7 @@ from .authz.decisionlog import DECISION_LOG
 from .authz.engine import ENGINE
 from .authz.reload import POLICY_FOLLOWER
 from .authz.shadow import SHADOW
-from .compose.preflight import COMPOSE_RULES
+from .compose.evaluator import COMPOSE_RULES
 from .config import CONFIG
 from .storelink import STORE
 

@@ -9,8 +9,8 @@ from aiohttp import web
 from ..authz.input import compose_value
 from ..chain import Outcome, Run, Target, protected
 from ..compose import preflight
-from ..compose.evaluator import COMPOSE_EVALUATOR, EvaluationFailed
-from ..compose.preflight import COMPOSE_RULES, ComposeTooLarge, EvaluationBudgetExceeded, check_budget
+from ..compose.evaluator import COMPOSE_EVALUATOR, COMPOSE_RULES, EvaluationFailed
+from ..compose.preflight import ComposeTooLarge, EvaluationBudgetExceeded, check_budget
 from ..config import CONFIG
 from ..errors import ComposeTooLarge as ComposeTooLargeProblem
 from ..errors import EvaluationBudgetExceeded as EvaluationBudgetProblem

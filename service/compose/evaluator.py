@@ -49,6 +49,7 @@ from service.config import Environments
 
 __all__ = [
     "COMPOSE_EVALUATOR",
+    "COMPOSE_RULES",
     "FAILURE_REASONS",
     "POOL_SIZE",
     "EvaluationFailed",
@@ -267,6 +268,10 @@ class EvaluatorPool:
 
 #: The processes that evaluate compose reports (``service.compose.evaluator``).
 COMPOSE_EVALUATOR: web.AppKey[EvaluatorPool] = web.AppKey("compose_evaluator")
+#: The compose preflight rule set (``preflight.RuleSet``). Kept here, with the server's other
+#: compose key, rather than beside its type: ``preflight`` is what ``cpctl compose check``
+#: imports, and it must not load aiohttp.
+COMPOSE_RULES: web.AppKey[RuleSet] = web.AppKey("compose_rules")
 
 
 def _encode(message: Mapping[str, Any]) -> bytes:

@@ -36,8 +36,6 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from service.lru import LRU
 from service.rego import (
     Bundle,
@@ -53,7 +51,6 @@ if TYPE_CHECKING:  # imported when first needed: the CLI's start does not pay fo
 
 __all__ = [
     "CHUNK_SERVICES",
-    "COMPOSE_RULES",
     "EVALUATION_BUDGET_S",
     "MAX_ITEMS",
     "MAX_SERVICES",
@@ -159,10 +156,6 @@ class RuleSet:
         with _CACHE_LOCK:
             _CACHE[key] = ruleset
         return ruleset
-
-
-#: The compose preflight rule set.
-COMPOSE_RULES: web.AppKey[RuleSet] = web.AppKey("compose_rules")
 
 
 _CACHE: dict[tuple[Path, str], RuleSet] = {}
