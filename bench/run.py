@@ -1,6 +1,6 @@
 """``make bench``: run every benchmark and write bench/RESULTS.md.
 
-Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--out FILE]
+Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--kics DIR] [--out FILE]
 
 1. bench/http_bench.py    HTTP load: service vs a bare aiohttp app, SQLite/PostgreSQL, 1/2 workers
 2. bench/ticket_bench.py  ticket create -> approve -> consume, store level and HTTP
@@ -12,6 +12,9 @@ Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--out FILE]
    constant-policy query), cached, compose import over HTTP with 80% repeated / 20% new files,
    and the CLI processes (`cpctl --version`, `cpctl compose check`) against their floor (a
    Python + PyYAML process loading the same file) (its own output, verbatim)
+7. bench/compose_external.py  only with --kics DIR (or $CONTROLPLANE_BENCH_KICS): the compose
+   rules against KICS's docker-compose query fixtures, held out (third-party data the
+   repository does not ship: DIR is a local copy of its assets/queries/dockerCompose)
 
 The harness stops every process a benchmark started, when the run is interrupted too (Ctrl-C,
 SIGTERM, SIGHUP); a run killed outright is cleaned up by the next one (bench/_harness.py).
@@ -23,6 +26,7 @@ Benchmarks are never tests: nothing here fails on a slow number. A benchmark tha
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -44,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short smoke run (about 2 minutes)")
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--kics", default=os.environ.get("CONTROLPLANE_BENCH_KICS") or None,
+                        metavar="DIR", help="KICS docker-compose query fixtures: also run "
+                        "bench/compose_external.py (default: $CONTROLPLANE_BENCH_KICS)")
     parser.add_argument("--out", default=str(BENCH / "RESULTS.md"))
     args = parser.parse_args(argv)
     common = [*(["--quick"] if args.quick else []),
@@ -78,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         "## Compose preflight (`bench/compose_bench.py`)", "", "```",
         (compose.stdout + compose.stderr).strip()[-4000:], "```", ""]))
     print(compose_md, flush=True)
+    external_md = ""
+    if args.kics:
+        external = h.run_reaped([sys.executable, str(BENCH / "compose_external.py"),
+                                 "--fixtures", args.kics, "--markdown"], timeout=600, cwd=h.REPO)
+        external_md = (external.stdout if external.returncode == 0 else "\n".join([
+            "## Compose rules against KICS fixtures (`bench/compose_external.py`)", "", "```",
+            (external.stdout + external.stderr).strip()[-4000:], "```", ""]))
+        print(external_md, flush=True)
 
     m = http_doc["machine"]
     invocation = "make bench" + (f" ARGS={shlex.quote(' '.join(argv or []))}" if argv else "")
@@ -107,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     kept = _hand_written(out.read_text() if out.exists() else "")
     out.write_text("\n".join(header) + "\n" + http_md + "\n" + ticket_md + "\n"
                    + audit_md + "\n" + decision_md + "\n" + shadow_md + "\n"
-                   + compose_md + kept)
+                   + compose_md + (("\n" + external_md) if external_md else "") + kept)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
