@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,15 @@ async def step_up(client: TestClient, token: str, subject: str) -> str:
                                  headers=bearer(token))
     assert response.status == 201, await response.text()
     return str((await response.json())["access_token"])
+
+
+def bound_policies(tmp_path: Path, bindings: dict[str, list[str]]) -> str:
+    """A copy of the shipped policies with ``bindings`` (subject -> roles) added or replaced in
+    its policy data (roles live there, never in tokens): the directory for ``policies.dir``."""
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    path = policies / "data" / "bindings.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["bindings"].update({subject: {"roles": roles} for subject, roles in bindings.items()})
+    path.write_text(yaml.safe_dump(doc))
+    return str(policies)

@@ -20,7 +20,7 @@ from service.authz.engine import ENGINE
 from service.config import CONFIG
 from service.store.base import ThrottleRule
 from service.storelink import STORE
-from tests.auth import bearer, login, step_up
+from tests.auth import bearer, bound_policies, login, step_up
 from tests.problems import assert_problem
 from tests.tickets import RESOURCE, approved_ticket, audit_entries, installer_body, ticket_headers
 
@@ -375,13 +375,7 @@ async def test_audit_records_are_for_admins_only(client):
 
 
 async def test_admin_reads_the_audit_log(make_client, tmp_path):
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies)
-    bindings = policies / "data" / "bindings.yaml"
-    doc = yaml.safe_load(bindings.read_text())
-    doc["bindings"]["carol"] = {"roles": ["admin"]}
-    bindings.write_text(yaml.safe_dump(doc))
-    client = await make_client({"policies": {"dir": str(policies)}})
+    client = await make_client({"policies": {"dir": bound_policies(tmp_path, {"carol": ["admin"]})}})
     carol = await login(client, "carol")
     assert (await client.get("/api/v1/databases", headers=bearer(carol))).status == 200
     response = await client.get("/api/v1/audit/records?limit=5", headers=bearer(carol))

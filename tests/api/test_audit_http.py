@@ -7,19 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from service.audit.checkpoint import from_doc, signature_ok
 from service.audit.keys import AuditKeys
 from service.audit.log import AUDIT
 from service.config import CONFIG
-from tests.auth import bearer, login
+from tests.auth import bearer, bound_policies, login
 from tests.problems import assert_problem
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -27,13 +25,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 
 def admin_policies(tmp_path: Path) -> str:
     """The shipped policies with carol (a viewer) made an admin: only admins read audit."""
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies)
-    bindings = policies / "data" / "bindings.yaml"
-    doc = yaml.safe_load(bindings.read_text())
-    doc["bindings"]["carol"] = {"roles": ["admin"]}
-    bindings.write_text(yaml.safe_dump(doc))
-    return str(policies)
+    return bound_policies(tmp_path, {"carol": ["admin"]})
 
 
 def sql(db: Path, statement: str) -> None:

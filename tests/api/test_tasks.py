@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
 
 import pytest
@@ -16,7 +15,7 @@ from service.app import create_app
 from service.authn.assertions import make_assertion
 from service.storelink import STORE
 from service.streams import STREAMS
-from tests.auth import AUDIENCE, KEYS, bearer, login
+from tests.auth import AUDIENCE, KEYS, bearer, bound_policies, login
 from tests.conftest import REPO
 from tests.problems import assert_problem
 from tests.servers import EdgeTestServer
@@ -66,14 +65,8 @@ def _second_executor(tmp_path) -> dict:
     bot = next(i for i in identities["identities"] if i["subject_id"] == "ci-bot")
     identities["identities"].append({**bot, "subject_id": "ci-bot-2"})
     (tmp_path / "identities.yaml").write_text(yaml.safe_dump(identities))
-    policies = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", policies)
-    bindings = policies / "data" / "bindings.yaml"
-    doc = yaml.safe_load(bindings.read_text())
-    doc["bindings"]["ci-bot-2"] = {"roles": ["ci"]}
-    bindings.write_text(yaml.safe_dump(doc))
     return {"authn": {"identities": str(tmp_path / "identities.yaml")},
-            "policies": {"dir": str(policies)}}
+            "policies": {"dir": bound_policies(tmp_path, {"ci-bot-2": ["ci"]})}}
 
 
 async def test_the_first_report_claims_the_task_for_its_executor(make_client, tmp_path):
