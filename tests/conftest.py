@@ -28,7 +28,10 @@ override or ``CONTROLPLANE_AUTHN__IDENTITIES``) gets that file as it is.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+import io
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ from service.authz import engine as policy_engine
 from service.authz import regotest
 from service.authz.source import Snapshot
 from service.config import Config, load
+from service.logs import JSONFormatter
 from service.repeats import REPEATS
 from tests import contract_hooks
 from tests.auth import PASSWORDS
@@ -131,6 +135,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = getattr(item, "originalname", item.name)
         if module in E2E_TESTS or f"{module}::{name}" in E2E_TESTS:
             item.add_marker(pytest.mark.e2e)
+
+
+@contextmanager
+def json_log_lines(level: int = logging.DEBUG) -> Iterator[io.StringIO]:
+    """Every log record of the service at ``level`` and above, as the JSON lines it would write."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JSONFormatter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    previous = root.level
+    root.setLevel(level)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(previous)
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from service.app import DEV_IDENTITIES
 from service.logs import JSONFormatter, configure, correlation_id_var, mask
+from tests.conftest import json_log_lines
 
 SECRET = "hunter2-Secret-Value"
 
@@ -45,18 +46,8 @@ def test_formatter_writes_one_json_object_with_the_correlation_id():
 @pytest.fixture
 def json_log():
     """Capture every log record of the service as the JSON lines it would write."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JSONFormatter())
-    root = logging.getLogger()
-    root.addHandler(handler)
-    previous = root.level
-    root.setLevel(logging.DEBUG)
-    try:
+    with json_log_lines() as stream:
         yield stream
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(previous)
 
 
 async def test_failed_logins_and_bad_tokens_leave_no_secret_in_logs(client, json_log):

@@ -4,7 +4,6 @@ and the lines of one request sharing its correlation id."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import shutil
@@ -18,9 +17,9 @@ from service.approvals.expiry import expire_once
 from service.audit.log import AUDIT
 from service.authz.engine import ENGINE
 from service.config import CONFIG
-from service.logs import JSONFormatter
 from service.storelink import STORE
 from tests.auth import bearer, login, step_up
+from tests.conftest import json_log_lines
 from tests.servers import REPO
 from tests.tickets import RESOURCE, approved_ticket, installer_body, ticket_headers
 
@@ -142,14 +141,7 @@ async def test_a_connected_store_is_logged(make_client, caplog):
 
 
 async def test_event_lines_are_json_with_the_requests_correlation_id(client):
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JSONFormatter())
-    root = logging.getLogger()
-    root.addHandler(handler)
-    previous = root.level
-    root.setLevel(logging.INFO)
-    try:
+    with json_log_lines(logging.INFO) as stream:
         alice = await step_up(client, await login(client, "alice"), "alice")
         response = await client.post("/api/v1/approvals", json={
             "subject_id": "alice", "env": "prod", "action": "installer.run.execute",
@@ -159,9 +151,6 @@ async def test_event_lines_are_json_with_the_requests_correlation_id(client):
             if '"logger": "controlplane.access"' in stream.getvalue().split("cid-events-1")[-1]:
                 break
             await asyncio.sleep(0.01)
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(previous)
     docs = [json.loads(line) for line in stream.getvalue().splitlines()]
     mine = [d for d in docs if d.get("correlation_id") == "cid-events-1"]
     kinds = {d["logger"]: d.get("event") for d in mine}

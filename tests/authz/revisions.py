@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -75,3 +76,19 @@ async def publish(store: Store, bundle: Bundle, key: Ed25519PrivateKey = KEY) ->
     await store.activate_policy_revision(revision, kind="activate", by="alice", at=time.time(),
                                          sign=lambda a: ACTIVATOR.sign(a, "ticket-1"))
     return revision
+
+
+def fleet_keys(tmp_path: Path) -> tuple[Path, Path]:
+    """A signer and an activation key made with ``cpctl policy keygen`` in ``tmp_path/keys``, and
+    a configuration file trusting the one and activating with the other (for ``cpctl serve``)."""
+    from service.cli import revisions  # the CLI's keygen, as an operator runs it
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("signer", "activation"):
+        assert revisions.run(["keygen", str(keys / f"{name}.pem")]) == 0
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"policies": {"store": {
+        "trusted_keys": [str(keys / "signer.pub.pem")],
+        "activation_key": str(keys / "activation.pem")}}}))
+    return keys, config

@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from service.approvals.binding import new_nonce
 from service.authz.revisions import Bundle
-from service.cli import revisions
 from service.cli.client import Client, CredentialStore, token_entry
 from service.cli.main import build_parser
 from service.cli.options import option_values
 from tests.auth import PASSWORDS, otp
+from tests.authz.revisions import fleet_keys
 from tests.cpctl import PROCESS_TIMEOUT_S
 from tests.servers import REPO, serve
 
@@ -71,14 +70,7 @@ def _approved_run(reviewer: Client, action: str, cwd: Path, env: dict[str, str],
 
 @pytest.fixture
 def fleet(tmp_path: Path):
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    for name in ("signer", "activation"):
-        assert revisions.run(["keygen", str(keys / f"{name}.pem")]) == 0
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"policies": {"store": {
-        "trusted_keys": [str(keys / "signer.pub.pem")],
-        "activation_key": str(keys / "activation.pem")}}}))
+    keys, config = fleet_keys(tmp_path)
     with serve(tmp_path / "state", env={"CONTROLPLANE_CONFIG": str(config)}) as (base, proc):
         yield base, proc, keys
 

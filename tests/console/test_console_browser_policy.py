@@ -15,13 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from service.authn import totp
 from service.authz.revisions import Bundle
-from service.cli import revisions
 from service.cli.client import Client, CredentialStore, token_entry
 from tests.auth import PASSWORDS, TOTP_SECRETS
+from tests.authz.revisions import fleet_keys
 from tests.console.test_console_browser import (  # noqa: F401  (fixtures)
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -43,14 +41,7 @@ async def test_a_reviewer_reads_the_policy_diff_in_the_browser_and_approves(
         tmp_path: Path, browser_required: None, artifacts: Path) -> None:  # noqa: F811
     from playwright.async_api import async_playwright, expect
 
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    for name in ("signer", "activation"):
-        assert revisions.run(["keygen", str(keys / f"{name}.pem")]) == 0
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"policies": {"store": {
-        "trusted_keys": [str(keys / "signer.pub.pem")],
-        "activation_key": str(keys / "activation.pem")}}}))
+    keys, config = fleet_keys(tmp_path)
     work = tmp_path / "work"
     shutil.copytree(REPO / "policies", work / "policies")
     with (work / "policies" / "authz.rego").open("a") as f:
