@@ -15,27 +15,37 @@ from service.chain import Run, Write
 SERVICE = Path(__file__).resolve().parent.parent / "service"
 
 
+def _modules() -> dict[str, Path]:
+    """Every module of the service package: dotted name -> file."""
+    found = {}
+    for path in SERVICE.rglob("*.py"):
+        parts = path.relative_to(SERVICE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _source(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` in module ``name`` (file ``path``) imports from, with a
+    relative import resolved against its package."""
+    if not node.level:
+        return node.module or ""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _module_graph() -> dict[str, set[str]]:
     """Module -> the service modules it imports, at import time or for type checking only
     (``if TYPE_CHECKING:``): a type-only cycle is a cycle of the design all the same, one
     refactoring away from a real one. Imports inside functions do not count (they run after
     every module is loaded, so they cannot make an import cycle)."""
-    modules = {}
-    for path in SERVICE.rglob("*.py"):
-        parts = path.relative_to(SERVICE.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        modules[name] = path
+    modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in _module_level(tree.body):
             if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
+                target = _source(name, path, node)
                 # ``from . import sibling`` imports the sibling module; the package itself
                 # only when a name is not a module (a parent is loaded before its child anyway).
                 submodules = [f"{target}.{alias.name}" for alias in node.names]
@@ -154,28 +164,14 @@ def test_every_e2e_entry_names_an_existing_test() -> None:
 ADAPTERS = ("service.api", "service.console", "service.cli")
 
 
-def _modules() -> dict[str, Path]:
-    found = {}
-    for path in SERVICE.rglob("*.py"):
-        parts = path.relative_to(SERVICE.parent).with_suffix("").parts
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return found
-
-
 def _imports(name: str, path: Path) -> list[tuple[ast.stmt, str, list[str]]]:
     """Every import statement of a module, wherever it is (module level, inside functions,
     under ``TYPE_CHECKING``): ``(node, module imported from, names)``; for ``import a.b`` the
     module is ``a.b`` and the names are empty."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found: list[tuple[ast.stmt, str, list[str]]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
-            found.append((node, source, [alias.name for alias in node.names]))
+            found.append((node, _source(name, path, node), [alias.name for alias in node.names]))
         elif isinstance(node, ast.Import):
             found.extend((node, alias.name, []) for alias in node.names)
     return found
