@@ -484,7 +484,7 @@ def baseline(workers: int, tmp: Path) -> Iterator[Server]:
 
 #: The reference peer of the authorized read (a measuring stick, never imported).
 PEER_READ = Path(os.environ.get("CONTROLPLANE_BENCH_PEER",
-                                str(REPO.parent.parent / "shared" / "reference" / "peer_read.py")))
+                                str(REPO.parent / "shared" / "reference" / "peer_read.py")))
 
 
 @contextlib.contextmanager

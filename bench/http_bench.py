@@ -382,7 +382,7 @@ class Bench:
     def _reference_chain(self) -> None:
         """The reference's production run without HTTP (``../shared/reference/pg_chain.py``,
         one server-side function call per run), measured right after the service's chain."""
-        script = h.REPO.parent.parent / "shared" / "reference" / "pg_chain.py"
+        script = h.REPO.parent / "shared" / "reference" / "pg_chain.py"
         if not script.exists():
             script = Path("/work/shared/reference/pg_chain.py")
         if not script.exists():
