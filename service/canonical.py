@@ -24,7 +24,7 @@ from typing import Any
 
 import rfc8785
 
-__all__ = ["dumps"]
+__all__ = ["dumps", "is_canonical"]
 
 _MAX_INT = 2**53 - 1
 _HIGH = re.compile("[\ud800-\U0010ffff]")
@@ -41,7 +41,20 @@ def dumps(value: Any) -> bytes:
     return rfc8785.dumps(value)
 
 
+def is_canonical(value: Any, text: str) -> bool:
+    """Whether ``text``, the standard library's compact key-sorted encoding of ``value`` (as
+    ``store.sql.dump_json`` writes it), is already ``value``'s RFC 8785 form: then its UTF-8
+    bytes are what ``dumps`` would return, and hashing them needs no second encoding."""
+    return _plain(value) and _HIGH.search(text) is None
+
+
 def _float_fits(number: float) -> bool:
+    # Fixed notation on both sides, with the same shortest round-trip digits: repr() writes
+    # 1e-4 <= |x| < 1e16 positionally, ECMAScript 1e-7 <= |x| < 1e21; an integral float is
+    # "1.0" in Python and "1" in JCS. Arithmetic, so a timestamp costs no rfc8785 call; what
+    # falls outside (1e+21, 5e-324: the two may still agree) asks rfc8785.
+    if 1e-4 <= abs(number) < 1e16 and not number.is_integer():
+        return True
     try:
         return rfc8785.dumps(number) == repr(number).encode()
     except rfc8785.CanonicalizationError:  # NaN, infinities: refused by the fallback

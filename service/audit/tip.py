@@ -114,7 +114,7 @@ class Tip:
             if rest[0].hash != low[1]:
                 self.spoil(low[0], "record_changed")
             rest = rest[1:]
-        _, broken = verify(rest, start=low)
+        _, broken = verify(rest, start=low, stored_text=True)
         if broken is not None:
             self.spoil(broken.seq, broken.reason)
         end = (rest[-1].seq, rest[-1].hash) if rest else low

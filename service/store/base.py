@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
 from ..approvals.states import TicketState
@@ -72,8 +72,12 @@ __all__ = [
 Json: TypeAlias = Any
 """A JSON value as produced by ``json.loads`` (dict, list, str, int, float, bool, None)."""
 
-Seal: TypeAlias = Callable[[int, str, dict[str, Any]], str]
-"""``seal(seq, prev_hash, entry) -> hash``: the audit module hashes, the store keeps the chain."""
+class Seal(Protocol):
+    """``seal(seq, prev_hash, entry, text) -> hash``: the audit module hashes, the store keeps
+    the chain. ``text`` is the entry as the store writes it (``sql.dump_json``), or None."""
+
+    def __call__(self, seq: int, prev_hash: str, entry: dict[str, Any],
+                 text: str | None = None) -> str: ...
 
 
 
@@ -272,6 +276,9 @@ class AuditRecord:
     prev_hash: str
     hash: str
     entry: dict[str, Any]
+    #: The entry as stored (``sql.dump_json``), where the store has it: ``Seal`` hashes it
+    #: without encoding the entry again. Not part of the record's identity.
+    text: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

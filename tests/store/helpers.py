@@ -80,7 +80,8 @@ async def approved_ticket(store: Store, id: str = "t-1", **changes: Any) -> Tick
     return await store.add_review(id, review(), "approved", T0 + 900, T0 + 10)
 
 
-def seal(seq: int, prev_hash: str, entry: dict[str, Any]) -> str:
-    """A stand-in for the audit module's hashing: binds seq, previous hash and entry."""
+def seal(seq: int, prev_hash: str, entry: dict[str, Any], text: str | None = None) -> str:
+    """A stand-in for the audit module's hashing: binds seq, previous hash and entry (the
+    stored text is the store's offer to save an encoding: not needed here)."""
     body = json.dumps([seq, prev_hash, entry], sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()

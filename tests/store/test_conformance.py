@@ -579,9 +579,10 @@ async def test_audit_chain_links(store: Store) -> None:
     assert await store.audit_head() == (0, AUDIT_GENESIS_HASH)
     calls: list[tuple[int, str]] = []
 
-    def recording_seal(seq: int, prev: str, entry: dict[str, object]) -> str:
+    def recording_seal(seq: int, prev: str, entry: dict[str, object],
+                       text: str | None = None) -> str:
         calls.append((seq, prev))
-        return seal(seq, prev, entry)
+        return seal(seq, prev, entry, text)
 
     entries = [{"n": i, "who": "alice", "ratio": 0.1 + 0.2, "text": "ü"} for i in range(3)]
     recs = [await store.append_audit(e, recording_seal) for e in entries]
@@ -613,7 +614,7 @@ async def test_audit_append_many_continues_one_chain(store: Store) -> None:
 
 
 async def test_audit_append_many_seal_failure_appends_nothing(store: Store) -> None:
-    def broken(seq: int, prev: str, entry: dict[str, object]) -> str:
+    def broken(seq: int, prev: str, entry: dict[str, object], text: str | None = None) -> str:
         raise RuntimeError("hsm down")
 
     with pytest.raises(RuntimeError):
@@ -625,7 +626,7 @@ async def test_audit_append_many_seal_failure_appends_nothing(store: Store) -> N
 async def test_audit_seal_failure_appends_nothing(store: Store) -> None:
     first = await store.append_audit({"n": 1}, seal)
 
-    def broken(seq: int, prev: str, entry: dict[str, object]) -> str:
+    def broken(seq: int, prev: str, entry: dict[str, object], text: str | None = None) -> str:
         raise RuntimeError("hsm down")
 
     with pytest.raises(RuntimeError):
@@ -687,7 +688,7 @@ async def test_sealing_staged_before_a_time_takes_only_older_rows(store: Store) 
 
 
 async def test_a_seal_failure_seals_nothing_and_leaves_the_rows_staged(store: Store) -> None:
-    def broken(seq: int, prev: str, entry: dict[str, object]) -> str:
+    def broken(seq: int, prev: str, entry: dict[str, object], text: str | None = None) -> str:
         raise RuntimeError("hsm down")
 
     staged = await store.stage_audit({"n": 1}, T0)

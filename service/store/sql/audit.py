@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ... import canonical
 from ..base import AuditCheckpoint, AuditRecord, ChainGuard, Seal, StoreError
 from .core import MAX_LIST_LIMIT, Query, Row, Unit, dump_json
 
@@ -97,7 +98,7 @@ class AuditSql(Unit):
                 raise StoreError("audit head row missing")
             await _vouch(q, (int(head["seq"]), str(head["hash"])), guard)
             return await _link(q, int(head["seq"]), str(head["hash"]),
-                               [dump_json(e) for e in entries], seal)
+                               [(dump_json(e), e) for e in entries], seal)
 
     async def stage_audit(self, entry: dict[str, Any], at: float) -> int:
         async with self._unit(write=True) as q:
@@ -143,7 +144,7 @@ class AuditSql(Unit):
             await _vouch(q, (last, prev_hash), guard)  # under the head's lock
             # In staging order (RETURNING gives no order); the chain's order is the seal order.
             taken = sorted((int(r["id"]), str(r["entry"])) for r in rows)
-            records = await _link(q, last, prev_hash, [text for _, text in taken], seal)
+            records = await _link(q, last, prev_hash, [(text, None) for _, text in taken], seal)
         return [(staged_id, record) for (staged_id, _), record in zip(taken, records, strict=True)]
 
     async def audit_staged(self, staged_before: float) -> tuple[int, float | None]:
@@ -205,21 +206,33 @@ class AuditSql(Unit):
         return None if row is None else _checkpoint(row)
 
 
-def _chain(last: int, prev_hash: str, texts: Sequence[str], seal: Seal) -> list[AuditRecord]:
-    """The records of ``texts`` (entries as stored) sealed after record ``last``."""
+#: An entry as stored (``dump_json``'s text) and, when the caller has it, the value it encodes.
+Stored = tuple[str, "dict[str, Any] | None"]
+
+
+def _chain(last: int, prev_hash: str, stored: Sequence[Stored], seal: Seal) -> list[AuditRecord]:
+    """The records of ``stored`` entries sealed after record ``last``.
+
+    Sealed as they will be read back, so verification recomputes from identical data: the
+    text's own value (read back from it unless the caller has it: ``dump_json`` of a value
+    whose text is its canonical form reads back equal to it, which ``seal`` checks before it
+    hashes the text as it is)."""
     records: list[AuditRecord] = []
-    for seq, text in enumerate(texts, start=last + 1):
-        # Seal what will be read back, so verification recomputes from identical data.
-        stored: dict[str, Any] = json.loads(text)
-        digest = seal(seq, prev_hash, stored)
-        records.append(AuditRecord(seq=seq, prev_hash=prev_hash, hash=digest, entry=stored))
+    for seq, (text, value) in enumerate(stored, start=last + 1):
+        # A value whose text is not its canonical form (a float JCS writes otherwise, a
+        # tuple) may not read back equal to it: then what reads back is sealed.
+        entry: dict[str, Any] = (value if value is not None and canonical.is_canonical(value, text)
+                                 else json.loads(text))
+        digest = seal(seq, prev_hash, entry, text)
+        records.append(AuditRecord(seq=seq, prev_hash=prev_hash, hash=digest, entry=entry,
+                                   text=text))
         prev_hash = digest
     return records
 
 
-def _columns(records: Sequence[AuditRecord], texts: Sequence[str]) -> list[list[Any]]:
+def _columns(records: Sequence[AuditRecord]) -> list[list[Any]]:
     return [[r.seq for r in records], [r.prev_hash for r in records],
-            [r.hash for r in records], list(texts)]
+            [r.hash for r in records], [r.text for r in records]]
 
 
 async def _vouch(q: Query, head: tuple[int, str], guard: ChainGuard | None) -> None:
@@ -247,10 +260,9 @@ async def _swap(
     last, prev_hash = int(rows[0]["seq"]), str(rows[0]["hash"])
     # Read without the lock: the swap below moves the head only if it is still this one.
     await _vouch(q, (last, prev_hash), guard)
-    texts = [text for _, text in taken]
-    records = _chain(last, prev_hash, texts, seal)
+    records = _chain(last, prev_hash, [(text, None) for _, text in taken], seal)
     row = await q.one(_SWAP, records[-1].seq, records[-1].hash, last, prev_hash,
-                      [staged_id for staged_id, _ in taken], *_columns(records, texts))
+                      [staged_id for staged_id, _ in taken], *_columns(records))
     if row is None or not row["moved"]:
         return None
     if int(row["taken"]) != len(taken):  # cannot happen: whoever took them moved the head
@@ -259,16 +271,16 @@ async def _swap(
 
 
 async def _link(
-    q: Query, last: int, prev_hash: str, texts: Sequence[str], seal: Seal
+    q: Query, last: int, prev_hash: str, stored: Sequence[Stored], seal: Seal
 ) -> list[AuditRecord]:
-    """Chain ``texts`` (entries as stored) after record ``last`` with hash ``prev_hash``: seal
-    each, insert them, move the head. The caller holds the head's lock."""
-    records = _chain(last, prev_hash, texts, seal)
+    """Chain ``stored`` entries after record ``last`` with hash ``prev_hash``: seal each,
+    insert them, move the head. The caller holds the head's lock."""
+    records = _chain(last, prev_hash, stored, seal)
     end, prev_hash = records[-1].seq, records[-1].hash
     if q.dialect.writes_in_cte:
-        await q.exec(_INSERT_ALL_AND_HEAD, *_columns(records, texts), end, prev_hash)
+        await q.exec(_INSERT_ALL_AND_HEAD, *_columns(records), end, prev_hash)
         return records
-    rows = [(r.seq, r.prev_hash, r.hash, text) for r, text in zip(records, texts, strict=True)]
+    rows = [(r.seq, r.prev_hash, r.hash, r.text) for r in records]
     if len(rows) == 1:
         await q.exec(_INSERT, *rows[0])
     else:
@@ -278,8 +290,9 @@ async def _link(
 
 
 def _record(row: Row) -> AuditRecord:
+    text = str(row["entry"])
     return AuditRecord(seq=int(row["seq"]), prev_hash=str(row["prev_hash"]), hash=str(row["hash"]),
-                       entry=json.loads(row["entry"]))
+                       entry=json.loads(text), text=text)
 
 
 def _checkpoint(row: Row) -> AuditCheckpoint:
