@@ -301,5 +301,12 @@ def configure(level: str = "INFO", mask_fields: Iterable[str] = ()) -> None:
     handler.setFormatter(JSONFormatter(mask_fields))
     handler._controlplane = True  # type: ignore[attr-defined]
     root.addHandler(handler)
+    # The formatter writes none of the record's caller, thread or process attributes: skip
+    # finding them for every record (the logging HOWTO's "Optimization"; findCaller walks the
+    # stack, ~15% of an access line).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root.setLevel(level)
     install_scrubbing()

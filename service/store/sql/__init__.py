@@ -143,8 +143,11 @@ class SqlStore(_Operations):
                 finally:
                     q.close()
 
+    def _unit(self, *, write: bool, single: bool = False) -> AbstractAsyncContextManager[Query]:
+        return self._generic_unit(write=write, single=single)
+
     @asynccontextmanager
-    async def _unit(self, *, write: bool, single: bool = False) -> AsyncIterator[Query]:
+    async def _generic_unit(self, *, write: bool, single: bool = False) -> AsyncIterator[Query]:
         if self.on_transaction is not None:
             self.on_transaction(write)
         # The call's deadline (``_transaction``) and the time it took both count against the
