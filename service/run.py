@@ -51,6 +51,14 @@ class Target:
         """``sha256:`` of the RFC 8785 canonical JSON of the resource (computed once)."""
         return resource_hash(self.resource)
 
+    @classmethod
+    def collection(cls, name: str, env: str) -> Target:
+        """The target of a listing: the resource ``{"collection": name}``, whose hash is the
+        same for every request (computed once per name, not per request)."""
+        target = cls(resource={"collection": name}, env=env)
+        target.__dict__["hash"] = _collection_hash(name)  # where cached_property keeps it
+        return target
+
     def policy_resource(self, action: actions.Action) -> dict[str, Any]:
         """The ``resource`` member of the policy input (its kind is the action's, from the
         catalogue): ``value`` is the resource as sent (the value ``hash`` covers), already
@@ -62,6 +70,11 @@ class Target:
         if self.attributes:
             doc["attributes"] = self.attributes
         return doc
+
+
+@functools.lru_cache(maxsize=64)
+def _collection_hash(name: str) -> str:
+    return resource_hash({"collection": name})
 
 
 @dataclass

@@ -117,8 +117,7 @@ async def _list_target(request: web.Request, body: Any) -> Target:
     env = query_str(request, "env", pattern=r"[a-z][a-z0-9-]{0,31}")
     # Without an env filter the list spans every environment, so it is authorized as the
     # strictest one (a production environment).
-    return Target(resource={"collection": "approvals"},
-                  env=env or request.app[CONFIG].environments.strictest())
+    return Target.collection("approvals", env or request.app[CONFIG].environments.strictest())
 
 
 @routes.get("/api/v1/approvals")

@@ -16,7 +16,7 @@ routes = web.RouteTableDef()
 
 
 async def _target(request: web.Request, body: Any) -> Target:
-    return Target(resource={"collection": "audit"}, env=request.app[CONFIG].environments.strictest())
+    return Target.collection("audit", request.app[CONFIG].environments.strictest())
 
 
 @routes.get("/api/v1/audit/records")

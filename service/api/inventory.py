@@ -25,8 +25,7 @@ _ENV = r"[a-z][a-z0-9-]{0,31}"
 def _target(collection: str) -> Any:
     async def target(request: web.Request, body: Any) -> Target:
         env = query_str(request, "env", pattern=_ENV)
-        return Target(resource={"collection": collection},
-                      env=env or request.app[CONFIG].environments.strictest())
+        return Target.collection(collection, env or request.app[CONFIG].environments.strictest())
 
     return target
 

@@ -160,7 +160,7 @@ async def publish_revision(run: Write) -> Outcome:
 
 
 async def _list_target(request: web.Request, body: Any) -> Target:
-    return Target(resource={"collection": "policy_revisions"}, env=_fleet_env(request))
+    return Target.collection("policy_revisions", _fleet_env(request))
 
 
 @routes.get("/api/v1/policy/revisions")

@@ -42,8 +42,7 @@ async def _target(request: web.Request, body: Any) -> Target:
 
 
 async def _list_target(request: web.Request, body: Any) -> Target:
-    return Target(resource={"collection": "tasks"},
-                  env=request.app[CONFIG].environments.strictest())
+    return Target.collection("tasks", request.app[CONFIG].environments.strictest())
 
 
 @routes.get("/api/v1/tasks")

@@ -137,15 +137,19 @@ class AuditLog:
         the record (with every other one waiting) and mirrored it. Returns the sealed record,
         or None when another worker's sweep sealed it first; raises what sealing raised."""
         future = self._unsealed.get(staged)
+        shared = future is not None  # somebody waits for it already (a resolver's retry)
         if future is None:
             future = asyncio.get_running_loop().create_future()
             self._unsealed[staged] = future
         if self._sealer is None or self._sealer.done():
             self._sealer = asyncio.create_task(self._seal(), context=detached())
-        return await self._batched(future, "audit sealing")
+        return await self._batched(future, "audit sealing", shared=shared)
 
-    async def _batched(self, future: asyncio.Future[_T], what: str) -> _T:
-        # shield: a caller that goes away must not cancel the commit others are waiting for.
+    async def _batched(self, future: asyncio.Future[_T], what: str, *,
+                       shared: bool = False) -> _T:
+        # A caller that goes away cancels what it awaits: its own future, never the commit (a
+        # task of its own) others are waiting for, which then skips it; a future another
+        # caller also awaits is shielded.
         # Bounded by the store's deadline (or what is left of the request's): a stalled batch
         # (or one queued behind it) answers StoreUnavailable instead of hanging the caller.
         timeout_s = getattr(self.store, "timeout_s", None)
@@ -153,7 +157,7 @@ class AuditLog:
             with charged():
                 async with asyncio.timeout_at(
                         None if timeout_s is None else call_deadline(timeout_s)):
-                    return await asyncio.shield(future)
+                    return await (asyncio.shield(future) if shared else future)
         except TimeoutError:
             future.add_done_callback(_retrieved)  # its outcome is no longer awaited
             raise StoreUnavailable(f"{what}: deadline exceeded") from None

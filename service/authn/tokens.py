@@ -277,7 +277,9 @@ class AccessTokens:
         self.ttl_s = ttl_s
         self.clock_skew_s = clock_skew_s
         self.cache_size = cache_size
-        self._cache: OrderedDict[bytes, Mapping[str, Any]] = OrderedDict()
+        # Verified claims, with the window in which ``check_time`` passes for them (what it
+        # checks besides ``now`` never changes), so that a hit costs two comparisons.
+        self._cache: OrderedDict[bytes, tuple[Mapping[str, Any], float, float]] = OrderedDict()
 
     def issue(
         self,
@@ -324,15 +326,20 @@ class AccessTokens:
         cache_key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
         cached = self._cache.get(cache_key)
         if cached is not None:
-            try:
-                self._check_time(cached, now)
-            except Exception:
-                self._cache.pop(cache_key, None)
-                raise
+            claims, valid_from, valid_until = cached
+            if not valid_from <= now < valid_until:
+                try:
+                    self._check_time(claims, now)
+                except Exception:
+                    self._cache.pop(cache_key, None)
+                    raise
             self._cache.move_to_end(cache_key)
-            return cached
-        claims = MappingProxyType(self._verify(token, now))
-        self._cache[cache_key] = claims
+            return claims
+        claims = MappingProxyType(self._verify(token, now))  # its times checked at ``now``
+        skew = self.clock_skew_s
+        self._cache[cache_key] = (
+            claims, max(claims.get("nbf", -math.inf), claims.get("iat", -math.inf)) - skew,
+            claims["exp"] + skew)
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return claims

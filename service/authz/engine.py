@@ -67,6 +67,9 @@ __all__ = [
 
 decision_log = logging.getLogger("controlplane.decisions")
 log = logging.getLogger(__name__)
+#: The cache key of a revision whose input references are unknown: the whole stripped input
+#: (an encoder built once: ``json.dumps`` with arguments builds one per call).
+_WHOLE_KEY = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 _D = TypeVar("_D")
 
@@ -356,7 +359,7 @@ class PolicyEngine:
             # not JSON: no key; regopy will refuse it below, and errors are never cached
             with contextlib.suppress(TypeError, ValueError):
                 key = (
-                    json.dumps(stripped, sort_keys=True, separators=(",", ":"))
+                    _WHOLE_KEY(stripped)
                     if current.key_paths is None
                     else inputrefs.cache_key(current.key_paths, stripped)
                 )

@@ -404,7 +404,11 @@ def cache_key(paths: Sequence[Path], doc: Mapping[str, Any]) -> str:
                 stop = [depth, _json_type(node)]
                 break
         parts.append({"at": stop} if stop is not None else {"v": node})
-    return json.dumps(parts, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return _KEY_ENCODER(parts)
+
+
+#: ``json.dumps`` with arguments builds an encoder per call; the key is made per decision.
+_KEY_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
 
 
 def _json_type(value: Any) -> str:
