@@ -40,12 +40,8 @@ from .config import CONFIG, Config, load_from_process
 from .console.views import setup_console
 from .edge import MAX_HEADER_FIELD_BYTES
 from .health import setup_health
-from .middleware.authn import setup_authn
-from .middleware.correlation import setup_correlation
-from .middleware.deadline import setup_deadline
-from .middleware.headers import setup_headers
-from .middleware.metrics import METRICS, setup_metrics
-from .middleware.problems import setup_problems
+from .middleware.layers import setup_layers
+from .middleware.metrics import METRICS
 from .notifications.dispatcher import NOTIFICATIONS, Dispatcher, dispatching
 from .notifications.reviewers import reviewers_of
 from .policytools import change
@@ -88,18 +84,14 @@ def create_app(config: Config, *, shared_metrics: bool = False) -> web.Applicati
     app[STARTED_AT] = time.time()
     logs.install_scrubbing()  # aiohttp's own log records carry request data
 
-    # Middleware order, outermost first. correlation first: everything inside logs with the id
-    # and every response echoes it; deadline next: every store call of the request comes out
-    # of its one store deadline. metrics and headers sit outside problems, so they see the
-    # final status of error responses (500s included) and decorate them too. problems is the
-    # only catch-all. authn is innermost: it only attaches who is calling, and a store error
-    # it meets is rendered by problems.
-    setup_correlation(app)
-    setup_deadline(app)
-    setup_metrics(app, multiprocess=shared_metrics)
-    setup_headers(app)
-    setup_problems(app)
-    setup_authn(app)
+    # The request layers, outermost first, as one middleware (middleware/layers.py).
+    # correlation first: everything inside logs with the id and every response echoes it;
+    # deadline next: every store call of the request comes out of its one store deadline.
+    # metrics and headers sit outside problems, so they see the final status of error
+    # responses (500s included) and decorate them too. problems is the only catch-all. authn
+    # is innermost: it only attaches who is calling, and a store error it meets is rendered by
+    # problems.
+    setup_layers(app, multiprocess=shared_metrics)
     setup_streams(app, server.streams)
 
     # Components, opened in this order on start-up and closed in reverse on shutdown. Each

@@ -92,21 +92,27 @@ def setup_authn(app: web.Application) -> None:
     @web.middleware
     async def authn_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         """Verify the request's credential, if any, and attach who is calling."""
-        request[PRINCIPAL] = ANONYMOUS
-        try:
-            await _identify(request)
-        except StoreUnavailable as exc:
-            # Revocation cannot be checked: never answer as bad credentials (a 401 would make
-            # clients drop a valid token). A public route (health, status, login) serves the
-            # caller anonymously and says why; any other route is refused now, as an outage
-            # (503 store_unavailable, Retry-After).
-            # Every request of an outage fails this way: one line per interval, counted.
-            log_repeated(log, logging.ERROR, ("store.unavailable", "session_check", str(exc)),
-                         "session check failed: %s", exc,
-                         fields={"event": "store.unavailable", "during": "session_check"})
-            if not getattr(request.match_info.handler, "public", False):
-                raise to_problem(exc) from None
-            request[AUTHN_ERROR] = "store_unavailable"
+        await identify(request)
         return await handler(request)
 
     app.middlewares.append(authn_middleware)
+
+
+async def identify(request: web.Request) -> None:
+    """Attach who is calling (``PRINCIPAL``, ``ANONYMOUS`` without a credential); raises the
+    503 problem when the credential cannot be checked on a route that is not public."""
+    request[PRINCIPAL] = ANONYMOUS
+    try:
+        await _identify(request)
+    except StoreUnavailable as exc:
+        # Revocation cannot be checked: never answer as bad credentials (a 401 would make
+        # clients drop a valid token). A public route (health, status, login) serves the
+        # caller anonymously and says why; any other route is refused now, as an outage
+        # (503 store_unavailable, Retry-After).
+        # Every request of an outage fails this way: one line per interval, counted.
+        log_repeated(log, logging.ERROR, ("store.unavailable", "session_check", str(exc)),
+                     "session check failed: %s", exc,
+                     fields={"event": "store.unavailable", "during": "session_check"})
+        if not getattr(request.match_info.handler, "public", False):
+            raise to_problem(exc) from None
+        request[AUTHN_ERROR] = "store_unavailable"

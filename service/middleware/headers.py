@@ -26,20 +26,21 @@ async def _server_header(request: web.Request, response: web.StreamResponse) -> 
     response.headers["Server"] = SERVER
 
 
+def install_server_header(app: web.Application) -> None:
+    """``Server: controlplane`` on every response the app prepares (its own errors included)."""
+    app.on_response_prepare.append(_server_header)
+
+
 def setup_headers(app: web.Application) -> None:
     """Install the headers middleware (outside ``problems``, so problem responses get them too)."""
-    app.on_response_prepare.append(_server_header)
+    install_server_header(app)
 
     @web.middleware
     async def headers_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         """Add security headers; API responses are never cached (they may carry tokens)."""
         response = await handler(request)
-        if response.prepared:  # streamed responses set their headers before preparing
-            return response
-        for name, value in _ALWAYS.items():
-            response.headers.setdefault(name, value)
-        if request.path.startswith("/api/"):
-            response.headers["Cache-Control"] = "no-store"
+        if not response.prepared:  # streamed responses set their headers before preparing
+            apply_security_headers(request, response)
         return response
 
     app.middlewares.append(headers_middleware)
@@ -52,8 +53,12 @@ def edge_headers() -> dict[str, str]:
 
 
 def apply_security_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """The same headers, for handlers that prepare a streamed response themselves (SSE)."""
+    """The security headers on a response not prepared yet (the middleware's, and what handlers
+    that prepare a streamed response themselves call: SSE); API responses are never cached
+    (they may carry tokens)."""
+    headers = response.headers
     for name, value in _ALWAYS.items():
-        response.headers.setdefault(name, value)
+        if name not in headers:
+            headers[name] = value
     if request.path.startswith("/api/"):
-        response.headers["Cache-Control"] = "no-store"
+        headers["Cache-Control"] = "no-store"

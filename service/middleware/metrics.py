@@ -603,30 +603,13 @@ def _route_label(request: web.Request) -> str:
     return resource.canonical
 
 
-def setup_metrics(app: web.Application, *, multiprocess: bool = False) -> None:
-    """Install the metrics middleware (outside ``problems``, so it counts final statuses)."""
+def install_metrics(app: web.Application, *, multiprocess: bool = False) -> Metrics:
+    """METRICS and STORE_GAUGES, and the tally's flushing while the app runs (every
+    ``FLUSH_INTERVAL_S``, and once at its end); the requests are counted by ``observe_request``
+    (``setup_metrics``'s middleware, or the request layers: ``middleware.layers``)."""
     metrics = Metrics.create(multiprocess=multiprocess)
     app[METRICS] = metrics
     app[STORE_GAUGES] = StoreGauges()
-
-    @web.middleware
-    async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Count the request and observe its latency under its route template."""
-        started = time.perf_counter()
-        tally.in_flight += 1
-        status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        finally:
-            tally.in_flight -= 1
-            route = _route_label(request)
-            tally.count(metrics.requests, (request.method, route, str(status)))
-            tally.observe(metrics.latency, (request.method, route), time.perf_counter() - started)
 
     async def flushing(app: web.Application) -> AsyncIterator[None]:
         """Write the tally every ``FLUSH_INTERVAL_S`` while the app runs, and once at its end."""
@@ -648,6 +631,39 @@ def setup_metrics(app: web.Application, *, multiprocess: bool = False) -> None:
                 await task
             metrics.flush()
 
-    tally = metrics.tally
-    app.middlewares.append(metrics_middleware)
     app.cleanup_ctx.append(flushing)
+    return metrics
+
+
+def observe_request(metrics: Metrics, request: web.Request, status: int, started: float) -> None:
+    """Count a finished request and its latency (since ``started``, ``time.perf_counter``) under
+    its route template; the caller counted it in flight (``tally.in_flight``) and out again."""
+    route = _route_label(request)
+    tally = metrics.tally
+    tally.count(metrics.requests, (request.method, route, str(status)))
+    tally.observe(metrics.latency, (request.method, route), time.perf_counter() - started)
+
+
+def setup_metrics(app: web.Application, *, multiprocess: bool = False) -> None:
+    """Install the metrics middleware (outside ``problems``, so it counts final statuses)."""
+    metrics = install_metrics(app, multiprocess=multiprocess)
+    tally = metrics.tally
+
+    @web.middleware
+    async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Count the request and observe its latency under its route template."""
+        started = time.perf_counter()
+        tally.in_flight += 1
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            tally.in_flight -= 1
+            observe_request(metrics, request, status, started)
+
+    app.middlewares.append(metrics_middleware)
