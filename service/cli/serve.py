@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import gc
 import logging
 import multiprocessing
 import os
@@ -187,6 +188,12 @@ async def _serve(config: config_mod.Config, sock: socket.socket, *, worker: int 
     try:
         site = web.SockSite(runner, sock)
         await site.start()
+        # Everything alive now (the app, its components, the policy bundle, the modules) lives
+        # as long as the process: out of the collector's way, so that its periodic passes over
+        # the old generations do not walk it again and again (gc.freeze; measured on the
+        # authorized read: ~5% of its CPU).
+        gc.collect()
+        gc.freeze()
         if worker is None:
             _log_serving(config, sock)
         else:  # the supervisor said "serving" once, when it bound the socket
