@@ -18,7 +18,9 @@ request; ``EdgeRequestHandler`` logs its line through ``log_refused``.
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from time import time as wall_time
+from typing import Any, cast
 
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_request import BaseRequest, Request
@@ -26,6 +28,7 @@ from aiohttp.web_response import StreamResponse
 
 from .appkeys import CORRELATION_ID
 from .authn.principal import PRINCIPAL
+from .logs import JSONFormatter, direct_handler
 from .middleware.correlation import HEADER as CORRELATION_HEADER
 
 __all__ = ["ACCESS_LOGGER", "AccessLogger", "access_fields"]
@@ -72,6 +75,14 @@ class AccessLogger(AbstractAccessLogger):
             fields = access_fields(request, response, time)
         except Exception:  # an access line must never break a response
             self.logger.exception("could not build the access line")
+            return
+        handler = direct_handler(self.logger, logging.INFO)
+        if handler is not None:  # the line as the record would give it, without the record
+            formatter = cast(JSONFormatter, handler.formatter)
+            handler.queue(formatter.line(
+                wall_time(), "INFO", self.logger.name,
+                f"{fields['method']} {fields['route'] or '-'} {fields['status']}",
+                fields["correlation_id"], fields))
             return
         self.logger.info(
             "%s %s %d", fields["method"], fields["route"] or "-", fields["status"],

@@ -138,3 +138,45 @@ def test_cpctl_serve_writes_one_json_access_line_with_the_clients_id(tmp_path: P
     # aiohttp's own CLF text line is gone.
     assert not [d for d in docs if '" 401 ' in d["msg"]]
 
+
+
+def test_the_direct_access_line_is_the_line_its_record_would_give():
+    """With the process's own handler alone on the way, the access logger formats and queues
+    its line itself (no LogRecord): the same JSON as the record's, masking and scrubbing
+    included; anything else on the way (a capture, a filter) gets the record."""
+    import io
+
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from service.accesslog import AccessLogger
+    from service.appkeys import CORRELATION_ID
+    from service.logs import BatchedStreamHandler, direct_handler
+
+    logger = logging.getLogger("tests.accesslog.direct")
+    logger.propagate, logger.level = False, logging.INFO
+    stream = io.StringIO()
+    handler = BatchedStreamHandler(stream)
+    handler.setFormatter(JSONFormatter(mask_fields=["route"]))
+    logger.addHandler(handler)
+    request = make_mocked_request("GET", "/api/v1/databases?token=abc")
+    request[CORRELATION_ID] = "cid-1 Bearer eyJhbGciOi.xyz"  # scrubbed either way
+    response = web.Response(status=200, text="{}")
+    try:
+        assert direct_handler(logger, logging.INFO) is handler
+        AccessLogger(logger, "").log(request, response, 0.0125)
+        direct = json.loads(stream.getvalue())
+        stream.seek(0), stream.truncate()
+        logger.addFilter(lambda record: True)  # now the record path
+        assert direct_handler(logger, logging.INFO) is None
+        AccessLogger(logger, "").log(request, response, 0.0125)
+        via_record = json.loads(stream.getvalue())
+    finally:
+        logger.removeHandler(handler)
+        logger.filters.clear()
+    assert abs(time.time() - time.mktime(time.strptime(direct["ts"][:19], "%Y-%m-%dT%H:%M:%S"))
+               + time.timezone) < 5
+    del direct["ts"], via_record["ts"]
+    assert direct == via_record
+    assert direct["route"] == "***" and "eyJ" not in direct["correlation_id"]
+    assert direct["msg"].startswith("GET ") and direct["status"] == 200
