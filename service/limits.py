@@ -121,10 +121,13 @@ def _escape(token: object) -> str:
     return str(token).replace("~", "~0").replace("/", "~1")
 
 
-def check_json(value: Any, pointer: str = "", *, depth: int = 1) -> None:
+def check_json(value: Any, pointer: str = "", *, depth: int = 1, strings: bool = True) -> None:
     """Refuse ``value`` (at ``pointer``, nested at ``depth``) unless every part of it is within
     the bounds above: depth, strings and keys, numbers. Size is the caller's, on the text it
     makes (``check_size``). Types JSON does not have are left to the serialiser that meets them.
+    ``strings=False``: strings and keys are left to the caller, who checks the JSON text it
+    makes (``store.sql.dump_json``: no escaped U+0000, a UTF-8 form) and, only when that text
+    has one, walks again with them to say where.
     """
     # (value, depth, parent entry, key): the pointer is only built for the one that is refused.
     stack: list[tuple[Any, int, Any, object]] = [(value, depth, None, None)]
@@ -141,7 +144,7 @@ def check_json(value: Any, pointer: str = "", *, depth: int = 1) -> None:
         v, d = entry[0], entry[1]
         t = type(v)
         if t is str:
-            if not is_valid_string(v):
+            if strings and not is_valid_string(v):
                 raise InvalidString("a string contains U+0000 or an unpaired surrogate", where(entry))
         elif t is int:
             if not -MAX_JSON_INTEGER <= v <= MAX_JSON_INTEGER:
@@ -155,13 +158,15 @@ def check_json(value: Any, pointer: str = "", *, depth: int = 1) -> None:
                               where(entry))
             if t is dict:
                 for k, x in v.items():
-                    if type(k) is str and not is_valid_string(k):
+                    if strings and type(k) is str and not is_valid_string(k):
                         raise InvalidString("an object key contains U+0000 or an unpaired "
                                             "surrogate", where(entry))
-                    stack.append((x, d + 1, entry, k))
+                    if strings or type(x) is not str:
+                        stack.append((x, d + 1, entry, k))
             else:
                 for i, x in enumerate(v):
-                    stack.append((x, d + 1, entry, i))
+                    if strings or type(x) is not str:
+                        stack.append((x, d + 1, entry, i))
         elif isinstance(v, _OutOfRange):
             raise InvalidNumber("an integer is outside +-(2**53 - 1) (I-JSON)", where(entry))
 

@@ -334,3 +334,39 @@ async def test_the_store_itself_refuses_what_it_cannot_keep(pg_client):
             await tx.ensure_task("pg-nul", "alice", 1.0)
             await tx.append_event("pg-nul", "progress", "alice", {"m": "a\0b"}, 1.0)
     assert await store.get_task("pg-nul") is None
+
+
+_ANY_TEXT = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF,
+                                           blacklist_categories=()), max_size=6)
+_ANY_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), _ANY_TEXT, st.integers(min_value=-(2**64), max_value=2**64),
+              st.floats(allow_nan=True, allow_infinity=True)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(_ANY_TEXT, inner, max_size=4)), max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_ANY_JSON)
+def test_the_store_serialiser_checks_strings_on_its_text_as_the_walk_does(value):
+    """dump_json leaves strings to the text it made (an escaped U+0000, no UTF-8 form) and walks
+    them only then: it refuses exactly what the whole walk refuses and writes the same text
+    otherwise (a value with one fault: the same refusal; with several, either one's)."""
+    from service import limits
+    from service.store.sql.core import dump_json
+
+    def walked(v):
+        limits.check_json(v)
+        text = json.dumps(v, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        limits.check_size(len(text.encode("utf-8")))
+        return text
+
+    def outcome(fn, v):
+        try:
+            return fn(v)
+        except limits.JSONValueRefused as exc:
+            return type(exc)
+
+    mine, theirs = outcome(dump_json, value), outcome(walked, value)
+    assert mine == theirs or (isinstance(mine, type) and isinstance(theirs, type))
+    for v in ({"k\0": 1}, ["a\\u0000"], {"x": ["\ud800"]}, nested(MAX_JSON_DEPTH + 1)):
+        assert outcome(dump_json, v) == outcome(walked, v)

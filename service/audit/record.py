@@ -8,7 +8,6 @@ record breaks every link after it; ``verify`` finds the first broken one.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -24,22 +23,30 @@ __all__ = ["Break", "seal", "verify"]
 def seal(seq: int, prev_hash: str, entry: dict[str, Any], text: str | None = None) -> str:
     """The hash of record ``seq`` holding ``entry`` after ``prev_hash`` (the store's ``Seal``).
 
-    ``text``: the entry as stored, ``store.sql.dump_json(entry)`` (the caller's word: the text
-    is trusted to encode ``entry``; ``verify`` passes it only when asked). Where it is the entry's
-    canonical form (``canonical.is_canonical``: every record the service writes, bar exotic
-    floats and code points), the canonical document is that text with the two other members
-    around it (the keys sort as entry, prev_hash, seq), so the entry is not encoded again:
-    the same bytes, hence the same hash, at a fraction of the cost (the appending worker seals
-    each record once, and every other worker verifies it once).
+    ``text``: the entry's RFC 8785 form, where the caller has it: the store's text of the
+    entry (``store.sql.dump_json``) when ``canonical.is_canonical`` says it is that form (every
+    record the service writes, bar exotic floats and code points). The canonical document is
+    then that text with the two other members around it (the keys sort as entry, prev_hash,
+    seq), so the entry is not encoded again: the same bytes, hence the same hash, at a fraction
+    of the cost (the appending worker seals each record once, and every other worker verifies
+    it once).
     """
-    if (text is not None and type(seq) is int and -_MAX_SEQ <= seq <= _MAX_SEQ
-            and canonical.is_canonical(entry, text)):
-        prev = json.dumps(prev_hash, ensure_ascii=False)
-        if canonical.is_canonical(prev_hash, prev):
+    if text is not None and type(seq) is int and -_MAX_SEQ <= seq <= _MAX_SEQ:
+        prev = _json_string(prev_hash)
+        if prev is not None:
             doc = f'{{"entry":{text},"prev_hash":{prev},"seq":{seq}}}'
             return "sha256:" + hashlib.sha256(doc.encode("utf-8")).hexdigest()
     full: dict[str, Any] = {"seq": seq, "prev_hash": prev_hash, "entry": entry}
     return "sha256:" + hashlib.sha256(canonical.dumps(full)).hexdigest()
+
+
+def _json_string(value: Any) -> str | None:
+    """``value``'s canonical JSON text when it is a string of printable ASCII (a hash: no escape
+    to write), else None."""
+    if type(value) is str and value.isascii() and value.isprintable() and '"' not in value \
+            and "\\" not in value:
+        return f'"{value}"'
+    return None
 
 
 #: JCS writes integers up to 2**53 - 1 as such (``canonical``).
@@ -56,10 +63,30 @@ def _scrub(value: Any) -> Any:
     if isinstance(value, dict):
         # Never stored, whatever a caller passes: audit is read by many, and a token, password,
         # OTP or nonce in it would be a credential leak.
-        return {k: _scrub(v) for k, v in value.items() if not is_secret_field(k)}
+        out = {}
+        for k, v in value.items():
+            secret = _SECRET.get(k)
+            if secret is None:
+                secret = _secret(k)
+            if not secret:
+                kind = type(v)  # the common leaves, without a call each
+                leaf = kind is str or kind is int or v is None or kind is bool or kind is float
+                out[k] = v if leaf else _scrub(v)
+        return out
     if isinstance(value, list):
         return [_scrub(v) for v in value]
     return value
+
+
+# Whether a key is secret, by key: a dict lookup per key of a record (the keys repeat).
+_SECRET: dict[Any, bool] = {}
+
+
+def _secret(key: Any) -> bool:
+    if len(_SECRET) >= 4096:  # a caller's own keys can only churn it
+        _SECRET.clear()
+    secret = _SECRET[key] = is_secret_field(key)
+    return secret
 
 
 @dataclass(frozen=True)
@@ -102,6 +129,8 @@ def verify(
         if record.prev_hash != prev:
             return checked, Break(record.seq, "prev_hash_mismatch")
         text = record.text if stored_text else None
+        if text is not None and not canonical.is_canonical(record.entry, text):
+            text = None
         if seal(record.seq, record.prev_hash, record.entry, text) != record.hash:
             return checked, Break(record.seq, "hash_mismatch")
         checked += 1

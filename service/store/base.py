@@ -74,7 +74,8 @@ Json: TypeAlias = Any
 
 class Seal(Protocol):
     """``seal(seq, prev_hash, entry, text) -> hash``: the audit module hashes, the store keeps
-    the chain. ``text`` is the entry as the store writes it (``sql.dump_json``), or None."""
+    the chain. ``text``: the entry as the store writes it (``sql.dump_json``) where that is its
+    canonical form (``canonical.is_canonical``), else None."""
 
     def __call__(self, seq: int, prev_hash: str, entry: dict[str, Any],
                  text: str | None = None) -> str: ...

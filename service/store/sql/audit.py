@@ -221,9 +221,12 @@ def _chain(last: int, prev_hash: str, stored: Sequence[Stored], seal: Seal) -> l
     for seq, (text, value) in enumerate(stored, start=last + 1):
         # A value whose text is not its canonical form (a float JCS writes otherwise, a
         # tuple) may not read back equal to it: then what reads back is sealed.
-        entry: dict[str, Any] = (value if value is not None and canonical.is_canonical(value, text)
-                                 else json.loads(text))
-        digest = seal(seq, prev_hash, entry, text)
+        if value is not None and canonical.is_canonical(value, text):
+            entry, digest = value, seal(seq, prev_hash, value, text)
+        else:
+            entry = json.loads(text)
+            digest = seal(seq, prev_hash, entry,
+                          text if canonical.is_canonical(entry, text) else None)
         records.append(AuditRecord(seq=seq, prev_hash=prev_hash, hash=digest, entry=entry,
                                    text=text))
         prev_hash = digest

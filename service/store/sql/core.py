@@ -52,10 +52,23 @@ def dump_json(value: Any) -> str:
     deeper ones would not read back (the decoder recurses), U+0000 has no place in a PostgreSQL
     ``jsonb``, an unpaired surrogate none in SQLite's UTF-8 text.
     """
-    limits.check_json(value)
-    text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    limits.check_size(len(text.encode("utf-8")))
+    limits.check_json(value, strings=False)
+    text = _ENCODE(value)
+    # The strings, on the text: an escaped U+0000 or no UTF-8 form (an unpaired surrogate)
+    # sends the value through the whole walk, which says which string (a "\\u0000" written
+    # by a string's own backslash passes it).
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        size = -1
+    if size < 0 or "\\u0000" in text:
+        limits.check_json(value)
+        size = len(text.encode("utf-8"))
+    limits.check_size(size)
     return text
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
 
 
 def opt_float(value: Any) -> float | None:
