@@ -131,7 +131,7 @@ class _Revision:
     projection: Projection
     snapshot: Snapshot
     loaded_at: float
-    cache: OrderedDict[str, Decision] = field(default_factory=OrderedDict)
+    cache: OrderedDict[str | tuple[Any, ...], Decision] = field(default_factory=OrderedDict)
     cache_lock: threading.Lock = field(default_factory=threading.Lock)
     explain_bundle: rego.Bundle | None = None
     #: The input paths this revision may read (``inputrefs``); None: it may read all of it.
@@ -354,7 +354,7 @@ class PolicyEngine:
             # The catalogue is code-owned: an action it does not know is never allowed.
             return deny("unknown_action", current.id, decision_id), None
         stripped = strip(input_doc)
-        key: str | None = None
+        key: str | tuple[Any, ...] | None = None
         if self.cache_size:
             # not JSON: no key; regopy will refuse it below, and errors are never cached
             with contextlib.suppress(TypeError, ValueError):

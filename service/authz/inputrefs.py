@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -386,28 +387,50 @@ def key_paths(paths: Sequence[Path]) -> tuple[Path, ...]:
     return tuple(sorted(p for p in keyed if not any(p[: len(q)] == q for q in keyed if q != p)))
 
 
-def cache_key(paths: Sequence[Path], doc: Mapping[str, Any]) -> str:
+def cache_key(paths: Sequence[Path], doc: Mapping[str, Any]) -> tuple[Any, ...]:
     """The input ``doc`` (stripped: what the policy is given before projection) projected onto
-    ``paths`` (from ``key_paths``), as canonical JSON; ``TypeError``/``ValueError`` if a value
-    there is not JSON."""
+    ``paths`` (from ``key_paths``): per path, its value tagged with its JSON type (a scalar as
+    itself, an object or array as its canonical JSON text), or where and why the path stops;
+    ``TypeError``/``ValueError`` if a value there is not JSON.
+
+    A tuple, not one JSON text of it all: most keyed values are strings, and a tuple of them
+    costs no encoding. The tags keep apart what Python's equality would merge and JSON keeps
+    apart (``true`` and ``1``, ``1`` and ``1.0``, ``0.0`` and ``-0.0``)."""
     parts: list[Any] = []
     for path in paths:
         node: Any = doc
-        stop: list[Any] | None = None
+        stop: tuple[Any, ...] | None = None
         for depth, name in enumerate(path):
-            if isinstance(node, Mapping):
+            if type(node) is dict or isinstance(node, Mapping):
                 node = node.get(name, _MISSING)
                 if node is _MISSING:
-                    stop = [depth, "absent"]
+                    stop = ("at", depth, "absent")
                     break
             else:
-                stop = [depth, _json_type(node)]
+                stop = ("at", depth, _json_type(node))
                 break
-        parts.append({"at": stop} if stop is not None else {"v": node})
-    return _KEY_ENCODER(parts)
+        parts.append(stop if stop is not None else _keyed(node))
+    return tuple(parts)
 
 
-#: ``json.dumps`` with arguments builds an encoder per call; the key is made per decision.
+def _keyed(value: Any) -> tuple[str, Any]:
+    kind = type(value)
+    if kind is str:
+        return ("s", value)
+    if kind is bool:
+        return ("b", value)
+    if kind is int:
+        return ("i", value)
+    if value is None:
+        return ("n", None)
+    if kind is float:
+        if not math.isfinite(value):
+            raise ValueError("not a JSON number")
+        return ("f", repr(value))
+    return ("j", _KEY_ENCODER(value))
+
+
+#: ``json.dumps`` with arguments builds an encoder per call; keys are made per decision.
 _KEY_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
 
 

@@ -364,3 +364,23 @@ def test_same_key_same_decision_tricky_policies(tmp_path, name):
         assert current.key_paths is None
     else:
         assert current.key_paths is not None and shared >= 5
+
+
+def test_cache_keys_keep_apart_what_json_keeps_apart():
+    """The key is a tuple of tagged values: Python's equality merges true and 1, 1 and 1.0,
+    0.0 and -0.0; JSON, hence the policy, does not, and neither may the key."""
+    from service.authz.inputrefs import cache_key
+
+    paths = (("resource", "value", "n"),)
+
+    def key(n):
+        return cache_key(paths, {"resource": {"value": {"n": n}}})
+
+    distinct = [True, 1, 1.0, 0.0, -0.0, "1", None, [1], {"a": 1}, [True]]
+    keys = [key(n) for n in distinct]
+    assert len(set(keys)) == len(distinct)
+    assert key({"b": 1, "a": [2, 3]}) == key({"a": [2, 3], "b": 1})  # objects by content
+    assert key("x") != cache_key(paths, {"resource": {"value": {}}})  # absent is its own key
+    for bad in (float("nan"), float("inf"), object()):
+        with pytest.raises((TypeError, ValueError)):  # not JSON: no key, no cached decision
+            key(bad)
