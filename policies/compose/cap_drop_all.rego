@@ -12,7 +12,7 @@ meta := {
 	"remediation": "Add cap_drop: [ALL] and list the few capabilities the service needs under cap_add.",
 }
 
-_findings_1 := [{"service": name, "path": ["cap_drop"], "message": "cap_drop does not include ALL"} |
+_findings_1 := [[name, ["cap_drop"], "cap_drop does not include ALL"] |
 	some name
 	svc := input.fields.services[name]
 	not "ALL" in lib.caps(svc, "cap_drop")

@@ -20,7 +20,7 @@ told := {
 	false: {"text": " (not in the dangerous set)", "severity": "info"},
 }
 
-_findings_1 := [{"service": name, "path": ["cap_add", i], "message": concat("", ["cap_add: ", cap, told[bad].text]), "severity": told[bad].severity} |
+_findings_1 := [[name, ["cap_add", i], concat("", ["cap_add: ", cap, told[bad].text]), told[bad].severity] |
 	some name
 	svc := input.fields.services[name]
 	raw_all := object.get(svc, "cap_add", [])

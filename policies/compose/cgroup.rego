@@ -16,13 +16,13 @@ host_cgroup(svc) if lower(object.get(svc, "cgroup", "")) == "host"
 
 custom_parent(svc) if object.get(svc, "cgroup_parent", "") != ""
 
-_findings_1 := [{"service": name, "path": ["cgroup"], "message": "cgroup: host"} |
+_findings_1 := [[name, ["cgroup"], "cgroup: host"] |
 	some name
 	svc := input.fields.services[name]
 	host_cgroup(svc)
 ]
 
-_findings_2 := [{"service": name, "path": ["cgroup_parent"], "message": concat("", ["cgroup_parent: ", svc.cgroup_parent]), "severity": "warn"} |
+_findings_2 := [[name, ["cgroup_parent"], concat("", ["cgroup_parent: ", svc.cgroup_parent]), "warn"] |
 	some name
 	svc := input.fields.services[name]
 	custom_parent(svc)

@@ -25,7 +25,7 @@ critical(source) if {
 	regex.match(critical_regex, source)
 }
 
-_findings_1 := [{"service": name, "path": ["devices", i], "message": concat("", ["device ", d.source, " mapped to ", d.target]), "severity": severity} |
+_findings_1 := [[name, ["devices", i], concat("", ["device ", d.source, " mapped to ", d.target]), severity] |
 	some name
 	svc := input.fields.services[name]
 	d_all := object.get(svc, "devices", [])

@@ -14,7 +14,7 @@ meta := {
 
 host_userns(svc) if lower(object.get(svc, "userns_mode", "")) == "host"
 
-_findings_1 := [{"service": name, "path": ["userns_mode"], "message": "userns_mode: host"} |
+_findings_1 := [[name, ["userns_mode"], "userns_mode: host"] |
 	some name
 	svc := input.fields.services[name]
 	host_userns(svc)

@@ -64,7 +64,7 @@ reason_or_none(image) := reason if {
 	reason := problem(image)
 } else := ""
 
-_findings_1 := [{"service": s[0], "path": ["image"], "message": concat(" ", ["image", s[1], s[2]]), "severity": unpinned_severity} |
+_findings_1 := [[s[0], ["image"], concat(" ", ["image", s[1], s[2]]), unpinned_severity] |
 	some s in _pinnable
 	s[2] != ""
 ]
@@ -72,7 +72,7 @@ _findings_1 := [{"service": s[0], "path": ["image"], "message": concat(" ", ["im
 # A tag without a digest in production: warn (--strict fails). 119 of the corpus's 176
 # image-pinning findings in prod were a version tag without a digest: digest pinning is a
 # deploy pipeline's practice (a bot bumps it) more than a hand-written file's.
-_findings_2 := [{"service": s[0], "path": ["image"], "message": concat("", ["image ", s[1], " is not pinned by digest (in ", input.env, " a tag can be moved to another image)"]), "severity": "warn"} |
+_findings_2 := [[s[0], ["image"], concat("", ["image ", s[1], " is not pinned by digest (in ", input.env, " a tag can be moved to another image)"]), "warn"] |
 	lib.is_prod
 	some s in _pinnable
 	s[2] == ""

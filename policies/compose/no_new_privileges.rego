@@ -61,14 +61,14 @@ _switches := [[name, i, raw, state] |
 	state := switch[v]
 ]
 
-_findings_1 := [{"service": s[0], "path": ["security_opt", s[1]], "message": concat("", ["security_opt ", s[2], " lets processes gain privileges"]), "severity": "fail"} |
+_findings_1 := [[s[0], ["security_opt", s[1]], concat("", ["security_opt ", s[2], " lets processes gain privileges"]), "fail"] |
 	some s in _switches
 	s[3] == "off"
 ]
 
 _switched := [s[0] | some s in _switches]
 
-_findings_2 := [{"service": name, "path": ["security_opt"], "message": "no-new-privileges is not set to true", "severity": missing_severity} |
+_findings_2 := [[name, ["security_opt"], "no-new-privileges is not set to true", missing_severity] |
 	some name
 	input.fields.services[name]
 	not name in _switched

@@ -32,7 +32,7 @@ first_host_port(published) := n if {
 	is_number(published)
 }
 
-_findings_1 := [{"service": name, "path": ["ports", i, "published"], "message": concat("", ["host port ", format_int(n, 10), " < 1024 published (container port ", format_int(p.target, 10), ")"])} |
+_findings_1 := [[name, ["ports", i, "published"], concat("", ["host port ", format_int(n, 10), " < 1024 published (container port ", format_int(p.target, 10), ")"])] |
 	some name
 	svc := input.fields.services[name]
 	ports := object.get(svc, "ports", [])

@@ -26,13 +26,13 @@ unbounded_policy(svc) if {
 	object.get(policy, "max_attempts", 0) == 0
 }
 
-_findings_1 := [{"service": name, "path": ["restart"], "message": "restart: on-failure without a maximum retry count"} |
+_findings_1 := [[name, ["restart"], "restart: on-failure without a maximum retry count"] |
 	some name
 	svc := input.fields.services[name]
 	unbounded_restart(svc)
 ]
 
-_findings_2 := [{"service": name, "path": ["deploy", "restart_policy"], "message": "deploy.restart_policy on-failure without max_attempts"} |
+_findings_2 := [[name, ["deploy", "restart_policy"], "deploy.restart_policy on-failure without max_attempts"] |
 	some name
 	svc := input.fields.services[name]
 	unbounded_policy(svc)

@@ -19,7 +19,7 @@ _not_applicable_1 := [name |
 	object.get(svc, "restart", "") != "always"
 ]
 
-_findings_1 := [{"service": name, "path": ["restart"], "message": "restart: always with no memory or CPU limit"} |
+_findings_1 := [[name, ["restart"], "restart: always with no memory or CPU limit"] |
 	some name
 	svc := input.fields.services[name]
 	svc.restart == "always"

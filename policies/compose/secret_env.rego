@@ -226,7 +226,7 @@ dotenv_told := {
 	"unchecked": " value too long to inspect with a credential marker committed in .env",
 }
 
-_findings_1 := [{"service": name, "path": ["environment", key], "message": concat("", ["environment ", key, told[k].text]), "severity": told[k].severity} |
+_findings_1 := [[name, ["environment", key], concat("", ["environment ", key, told[k].text]), told[k].severity] |
 	some name
 	svc := input.fields.services[name]
 	value_all := object.get(svc, "environment", {})
@@ -253,7 +253,7 @@ dotenv_variable(key, value) := key if {
 	is_string(value)
 }
 
-_findings_2 := [{"service": f[0], "pointer": concat("/", ["", ".env", lib.esc(f[2])]), "message": concat("", ["environment ", f[1], ":", dotenv_told[k], " (", f[2], ")"]), "severity": severity} |
+_findings_2 := [[f[0], concat("/", ["", ".env", lib.esc(f[2])]), concat("", ["environment ", f[1], ":", dotenv_told[k], " (", f[2], ")"]), severity] |
 	some f in _from_dotenv
 	k := kind(named_secret(f[1]), dotenv[f[2]])
 	severity := dotenv_severity(k)

@@ -22,7 +22,7 @@ disabling := {["seccomp", "unconfined"], ["apparmor", "unconfined"], ["label", "
 
 # no-new-privileges (false or missing) is the no-new-privileges rule's.
 
-_findings_1 := [{"service": name, "path": ["security_opt", i], "message": concat("", ["security_opt ", raw, " disables confinement"])} |
+_findings_1 := [[name, ["security_opt", i], concat("", ["security_opt ", raw, " disables confinement"])] |
 	some name
 	svc := input.fields.services[name]
 	raw_all := object.get(svc, "security_opt", [])

@@ -109,7 +109,7 @@ mounted_read_only(v) := true if {
 	v.read_only == true
 } else := false
 
-_findings_1 := [{"service": name, "path": ["volumes", i, "source"], "message": concat("", [kind, " ", v.source, " mounted at ", v.target, note(kind, svc, ro)]), "severity": grade(kind, svc, ro)} |
+_findings_1 := [[name, ["volumes", i, "source"], concat("", [kind, " ", v.source, " mounted at ", v.target, note(kind, svc, ro)]), grade(kind, svc, ro)] |
 	some name
 	svc := input.fields.services[name]
 	vols := object.get(svc, "volumes", [])
@@ -121,7 +121,7 @@ _findings_1 := [{"service": name, "path": ["volumes", i, "source"], "message": c
 ]
 
 # A named volume whose driver binds a host path (driver_opts: {type: none, o: bind, device: /etc}).
-_findings_2 := [{"service": name, "pointer": lib.top_ptr("volumes", src, ["driver_opts", "device"]), "message": concat("", ["volume ", src, " binds ", kind, " ", device, ", mounted at ", v.target, note(kind, svc, ro)]), "severity": grade(kind, svc, ro)} |
+_findings_2 := [[name, lib.top_ptr("volumes", src, ["driver_opts", "device"]), concat("", ["volume ", src, " binds ", kind, " ", device, ", mounted at ", v.target, note(kind, svc, ro)]), grade(kind, svc, ro)] |
 	some name
 	svc := input.fields.services[name]
 	some v in object.get(svc, "volumes", [])
