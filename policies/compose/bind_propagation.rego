@@ -20,16 +20,15 @@ propagation(v) := lower(object.get(object.get(v, "bind", {}), "propagation", "")
 _findings_1 := [[name, ["volumes", i, "bind", "propagation"], concat("", ["bind mount ", object.get(v, "source", "?"), " at ", v.target, " has ", mode, " propagation"]), propagation_severity[mode]] |
 	some name
 	svc := input.fields.services[name]
-	vols := object.get(svc, "volumes", [])
 	some i
-	v := vols[i]
+	v := svc.volumes[i]
 	v.type == "bind"
 	mode := propagation(v)
 	propagation_severity[mode]
 ]
 
 has_bind(svc) if {
-	some v in object.get(svc, "volumes", [])
+	some v in svc.volumes
 	v.type == "bind"
 }
 

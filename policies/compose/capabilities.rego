@@ -23,7 +23,7 @@ told := {
 _findings_1 := [[name, ["cap_add", i], concat("", ["cap_add: ", cap, told[bad].text]), told[bad].severity] |
 	some name
 	svc := input.fields.services[name]
-	raw_all := object.get(svc, "cap_add", [])
+	raw_all := svc.cap_add
 	some i
 	raw := raw_all[i]
 	cap := trim_prefix(upper(raw), "CAP_")

@@ -12,9 +12,9 @@ meta := {
 	"remediation": "Remove cgroup: host and cgroup_parent; set limits with deploy.resources instead.",
 }
 
-host_cgroup(svc) if lower(object.get(svc, "cgroup", "")) == "host"
+host_cgroup(svc) if lower(svc.cgroup) == "host"
 
-custom_parent(svc) if object.get(svc, "cgroup_parent", "") != ""
+custom_parent(svc) if svc.cgroup_parent != ""
 
 _findings_1 := [[name, ["cgroup"], "cgroup: host"] |
 	some name

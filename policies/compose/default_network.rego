@@ -28,7 +28,7 @@ _findings_1 := [[name, ["networks"], "no networks: attached to the project's def
 _not_applicable_1 := [name |
 	some name
 	svc := input.fields.services[name]
-	object.get(svc, "network_mode", "") != ""
+	svc.network_mode != ""
 ]
 
 findings := _findings_1

@@ -28,7 +28,7 @@ critical(source) if {
 _findings_1 := [[name, ["devices", i], concat("", ["device ", d.source, " mapped to ", d.target]), severity] |
 	some name
 	svc := input.fields.services[name]
-	d_all := object.get(svc, "devices", [])
+	d_all := svc.devices
 	some i
 	d := d_all[i]
 	severity := device_severity(d.source)

@@ -15,7 +15,7 @@ meta := {
 _findings_1 := [[name, ["ipc"], "ipc: host"] |
 	some name
 	svc := input.fields.services[name]
-	lower(object.get(svc, "ipc", "")) == "host"
+	lower(svc.ipc) == "host"
 ]
 
 findings := _findings_1

@@ -15,7 +15,7 @@ meta := {
 _findings_1 := [[name, ["network_mode"], "network_mode: host"] |
 	some name
 	svc := input.fields.services[name]
-	lower(object.get(svc, "network_mode", "")) == "host"
+	lower(svc.network_mode) == "host"
 ]
 
 findings := _findings_1

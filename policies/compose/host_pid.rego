@@ -15,7 +15,7 @@ meta := {
 _findings_1 := [[name, ["pid"], "pid: host"] |
 	some name
 	svc := input.fields.services[name]
-	lower(object.get(svc, "pid", "")) == "host"
+	lower(svc.pid) == "host"
 ]
 
 findings := _findings_1

@@ -59,7 +59,7 @@ unpinned_severity := "fail" if {
 service_status(svc, image) := "local" if {
 	image == ""
 } else := "local" if {
-	object.get(svc, "build", null) != null
+	svc.build != null
 } else := "local" if {
 	object.get(object.get(input, "built_images", {}), image, false) == true
 } else := image_status(image)

@@ -54,9 +54,8 @@ disabled(svc) if {
 _switches := [[name, i, raw, state] |
 	some name
 	svc := input.fields.services[name]
-	opts := object.get(svc, "security_opt", [])
 	some i
-	raw := opts[i]
+	raw := svc.security_opt[i]
 	v := nnp(raw)
 	state := switch[v]
 ]

@@ -15,7 +15,7 @@ meta := {
 _findings_1 := [[name, ["read_only"], "read_only is not true"] |
 	some name
 	svc := input.fields.services[name]
-	object.get(svc, "read_only", false) != true
+	not svc.read_only == true
 ]
 
 findings := _findings_1

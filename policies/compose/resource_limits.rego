@@ -15,13 +15,13 @@ meta := {
 _findings_1 := [[name, ["deploy", "resources", "limits", "memory"], "no memory limit"] |
 	some name
 	svc := input.fields.services[name]
-	not lib.limits(svc).memory
+	not svc.deploy.resources.limits.memory
 ]
 
 _findings_2 := [[name, ["deploy", "resources", "limits", "cpus"], "no CPU limit"] |
 	some name
 	svc := input.fields.services[name]
-	not lib.limits(svc).cpus
+	not svc.deploy.resources.limits.cpus
 ]
 
 findings := array.concat(_findings_1, _findings_2)

@@ -16,7 +16,7 @@ meta := {
 _not_applicable_1 := [name |
 	some name
 	svc := input.fields.services[name]
-	object.get(svc, "restart", "") != "always"
+	not svc.restart == "always"
 ]
 
 _findings_1 := [[name, ["restart"], "restart: always with no memory or CPU limit"] |

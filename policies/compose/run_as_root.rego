@@ -17,7 +17,7 @@ root_users := {"root", "0"}
 _findings_1 := [[name, ["user"], concat("", ["user: ", svc.user, " runs as root"])] |
 	some name
 	svc := input.fields.services[name]
-	split(object.get(svc, "user", ""), ":")[0] in root_users
+	split(svc.user, ":")[0] in root_users
 ]
 
 # Without user: the image decides, and most images run as root.

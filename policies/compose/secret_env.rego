@@ -253,9 +253,8 @@ dotenv_told := {
 _findings_1 := [[name, ["environment", key], concat("", ["environment ", key, told[k].text]), told[k].severity] |
 	some name
 	svc := input.fields.services[name]
-	value_all := object.get(svc, "environment", {})
 	some key
-	value := value_all[key]
+	value := svc.environment[key]
 	is_string(value)
 	k := kind(named_secret(key), literal(value))
 ]
@@ -267,9 +266,8 @@ _from_dotenv := found if {
 	found := [[name, key, variable] |
 		some name
 		svc := input.fields.services[name]
-		value_all := object.get(svc, "environment", {})
 		some key
-		value := value_all[key]
+		value := svc.environment[key]
 		variable := dotenv_variable(key, value)
 		is_string(object.get(dotenv, variable, null))
 	]

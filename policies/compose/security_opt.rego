@@ -25,7 +25,7 @@ disabling := {["seccomp", "unconfined"], ["apparmor", "unconfined"], ["label", "
 _findings_1 := [[name, ["security_opt", i], concat("", ["security_opt ", raw, " disables confinement"])] |
 	some name
 	svc := input.fields.services[name]
-	raw_all := object.get(svc, "security_opt", [])
+	raw_all := svc.security_opt
 	some i
 	raw := raw_all[i]
 	option(raw) in disabling

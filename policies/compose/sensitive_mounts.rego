@@ -110,11 +110,10 @@ note(kind, svc, read_only) := graded[mount_class(kind, svc, read_only)].note
 _findings_1 := [[name, ["volumes", i, "source"], concat("", [kind, " ", v.source, " mounted at ", v.target, g.note]), g.severity] |
 	some name
 	svc := input.fields.services[name]
-	vols := object.get(svc, "volumes", [])
 	some i
-	v := vols[i]
+	v := svc.volumes[i]
 	v.type == "bind"
-	kind := sensitive(object.get(v, "source", ""))
+	kind := sensitive(v.source)
 	g := graded[mount_class(kind, svc, object.get(v, "read_only", false) == true)]
 ]
 
@@ -122,10 +121,10 @@ _findings_1 := [[name, ["volumes", i, "source"], concat("", [kind, " ", v.source
 _findings_2 := [[name, lib.top_ptr("volumes", src, ["driver_opts", "device"]), concat("", ["volume ", src, " binds ", kind, " ", device, ", mounted at ", v.target, g.note]), g.severity] |
 	some name
 	svc := input.fields.services[name]
-	some v in object.get(svc, "volumes", [])
+	some v in svc.volumes
 	v.type == "volume"
-	src := object.get(v, "source", "")
-	device := object.get(object.get(object.get(lib.top("volumes"), src, {}), "driver_opts", {}), "device", "")
+	src := v.source
+	device := input.fields.volumes[src].driver_opts.device
 	device != ""
 	kind := sensitive(device)
 	g := graded[mount_class(kind, svc, object.get(v, "read_only", false) == true)]
