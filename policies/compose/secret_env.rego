@@ -118,8 +118,8 @@ secret_name(key) if {
 	# it, at most threefold: these three patterns are literals, which do not recurse per byte)
 	upper_key := upper(key)
 	regex.match(secret_name_hint, upper_key)
+	not regex.match(reference_regex, upper_key) # the shorter pattern first: *_FILE ends here
 	regex.match(secret_name_regex, upper_key)
-	not regex.match(reference_regex, upper_key)
 }
 
 # One cheap pattern first: each check's literal contains one of its alternatives, and most
