@@ -69,7 +69,7 @@ _switched := [s[0] | some s in _switches]
 
 _findings_2 := [[name, ["security_opt"], "no-new-privileges is not set to true", missing_severity] |
 	some name
-	input.fields.services[name]
+	_ := input.fields.services[name] # (bound, not tested: a test of the value costs ~35 us a service)
 	not name in _switched
 ]
 
