@@ -30,28 +30,31 @@ may_not_be_waived(w) if {
 	w.rule in never_waived_in_prod
 }
 
-_findings_1 := [[w.service, _ptr(i), concat("", ["waiver of ", w.rule, " has no reason"])] |
+# Objects, not compact findings (policies/compose/README.md): this rule's findings decide which
+# waivers lift nothing, and in a compact finding regopy would drop one whose message failed
+# instead of failing the rule.
+_findings_1 := [{"service": w.service, "pointer": _ptr(i), "message": concat("", ["waiver of ", w.rule, " has no reason"])} |
 	some i
 	w := _waivers[i]
 	_ := input.fields.services[w.service]
 	no_reason(w)
 ]
 
-_findings_2 := [[w.service, _ptr(i), concat("", ["waiver of ", w.rule, " expired on ", w.expires])] |
+_findings_2 := [{"service": w.service, "pointer": _ptr(i), "message": concat("", ["waiver of ", w.rule, " expired on ", w.expires])} |
 	some i
 	w := _waivers[i]
 	_ := input.fields.services[w.service]
 	_states[format_int(i, 10)] == "expired"
 ]
 
-_findings_3 := [[w.service, _ptr(i), concat("", ["waiver of ", w.rule, ": expires is not an RFC 3339 date or date-time: ", w.expires])] |
+_findings_3 := [{"service": w.service, "pointer": _ptr(i), "message": concat("", ["waiver of ", w.rule, ": expires is not an RFC 3339 date or date-time: ", w.expires])} |
 	some i
 	w := _waivers[i]
 	_ := input.fields.services[w.service]
 	_states[format_int(i, 10)] == "invalid"
 ]
 
-_findings_4 := [[w.service, _ptr(i), concat("", [w.rule, " may not be waived in ", input.env])] |
+_findings_4 := [{"service": w.service, "pointer": _ptr(i), "message": concat("", [w.rule, " may not be waived in ", input.env])} |
 	some i
 	w := _waivers[i]
 	_ := input.fields.services[w.service]

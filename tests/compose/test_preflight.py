@@ -133,6 +133,15 @@ def test_compact_findings_are_the_objects_they_stand_for(tmp_path: Path) -> None
                                                                   "compact": "fail"}
 
 
+def test_a_finding_whose_message_fails_does_not_pass(check: Check) -> None:
+    """regopy drops a compact finding whose message failed (README, "Compact findings"): a rule
+    whose message takes a field the schema allows as an integer keeps an object, so the
+    failure still reaches the report (cgroup_parent: "string" or "integer")."""
+    report = check({"a": {"image": "a:1", "cgroup_parent": 5}})
+    assert cell(report, "a", "cgroup")["result"] != "pass"
+    assert report["passed"] is False
+
+
 def test_strict_turns_warnings_into_failure(check: Check) -> None:
     relaxed = check({"a": WARN_ONLY})
     strict = check({"a": WARN_ONLY}, strict=True)
