@@ -23,6 +23,7 @@ _findings_1 := [[name, ["volumes", i, "bind", "propagation"], concat("", ["bind 
 	some i
 	v := svc.volumes[i]
 	v.type == "bind"
+	_ := v.bind.propagation # set at all (cheap; without it propagation(v) is "", no mode)
 	mode := propagation(v)
 	propagation_severity[mode]
 ]

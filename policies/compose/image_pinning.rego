@@ -61,7 +61,7 @@ service_status(svc, image) := "local" if {
 } else := "local" if {
 	svc.build != null
 } else := "local" if {
-	object.get(object.get(input, "built_images", {}), image, false) == true
+	input.built_images[image] == true
 } else := image_status(image)
 
 local(svc) if service_status(svc, object.get(svc, "image", "")) == "local"
