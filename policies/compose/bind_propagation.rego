@@ -17,19 +17,19 @@ propagation_severity := {"shared": "fail", "rshared": "fail", "slave": "warn", "
 # The propagation mode of a bind mount (lower-case), "" when not set.
 propagation(v) := lower(object.get(object.get(v, "bind", {}), "propagation", ""))
 
-_findings_1 := [{"service": name, "path": ["volumes", i, "bind", "propagation"], "message": concat("", ["bind mount ", object.get(v, "source", "?"), " at ", v.target, " has ", mode, " propagation"]), "severity": propagation_severity[mode]} |
+_findings_1 := [[name, ["volumes", i, "bind", "propagation"], concat("", ["bind mount ", object.get(v, "source", "?"), " at ", v.target, " has ", mode, " propagation"]), propagation_severity[mode]] |
 	some name
 	svc := input.fields.services[name]
-	vols := object.get(svc, "volumes", [])
 	some i
-	v := vols[i]
+	v := svc.volumes[i]
 	v.type == "bind"
+	_ := v.bind.propagation # set at all (cheap; without it propagation(v) is "", no mode)
 	mode := propagation(v)
 	propagation_severity[mode]
 ]
 
 has_bind(svc) if {
-	some v in object.get(svc, "volumes", [])
+	some v in svc.volumes
 	v.type == "bind"
 }
 

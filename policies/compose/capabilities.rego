@@ -20,10 +20,10 @@ told := {
 	false: {"text": " (not in the dangerous set)", "severity": "info"},
 }
 
-_findings_1 := [{"service": name, "path": ["cap_add", i], "message": concat("", ["cap_add: ", cap, told[bad].text]), "severity": told[bad].severity} |
+_findings_1 := [[name, ["cap_add", i], concat("", ["cap_add: ", cap, told[bad].text]), told[bad].severity] |
 	some name
 	svc := input.fields.services[name]
-	raw_all := object.get(svc, "cap_add", [])
+	raw_all := svc.cap_add
 	some i
 	raw := raw_all[i]
 	cap := trim_prefix(upper(raw), "CAP_")

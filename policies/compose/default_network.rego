@@ -18,7 +18,7 @@ default_only(svc) if {
 	object.get(svc, "network_mode", "") == ""
 }
 
-_findings_1 := [{"service": name, "path": ["networks"], "message": "no networks: attached to the project's default network only"} |
+_findings_1 := [[name, ["networks"], "no networks: attached to the project's default network only"] |
 	some name
 	svc := input.fields.services[name]
 	default_only(svc)
@@ -28,7 +28,7 @@ _findings_1 := [{"service": name, "path": ["networks"], "message": "no networks:
 _not_applicable_1 := [name |
 	some name
 	svc := input.fields.services[name]
-	object.get(svc, "network_mode", "") != ""
+	svc.network_mode != ""
 ]
 
 findings := _findings_1

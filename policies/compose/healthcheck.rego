@@ -16,13 +16,13 @@ disabled(check) if check.disable == true
 
 disabled(check) if check.test[0] == "NONE"
 
-_findings_1 := [{"service": name, "path": ["healthcheck"], "message": "no healthcheck defined (the image's HEALTHCHECK, if any, is not visible here)"} |
+_findings_1 := [[name, ["healthcheck"], "no healthcheck defined (the image's HEALTHCHECK, if any, is not visible here)"] |
 	some name
 	svc := input.fields.services[name]
 	not svc.healthcheck
 ]
 
-_findings_2 := [{"service": name, "path": ["healthcheck"], "message": "healthcheck is disabled"} |
+_findings_2 := [[name, ["healthcheck"], "healthcheck is disabled"] |
 	some name
 	svc := input.fields.services[name]
 	disabled(svc.healthcheck)

@@ -12,10 +12,10 @@ meta := {
 	"remediation": "Remove ipc: host; use ipc: shareable / service:<name> between the containers that need it.",
 }
 
-_findings_1 := [{"service": name, "path": ["ipc"], "message": "ipc: host"} |
+_findings_1 := [[name, ["ipc"], "ipc: host"] |
 	some name
 	svc := input.fields.services[name]
-	lower(object.get(svc, "ipc", "")) == "host"
+	lower(svc.ipc) == "host"
 ]
 
 findings := _findings_1

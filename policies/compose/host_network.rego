@@ -12,10 +12,10 @@ meta := {
 	"remediation": "Remove network_mode: host; use a user-defined network and publish only the ports needed.",
 }
 
-_findings_1 := [{"service": name, "path": ["network_mode"], "message": "network_mode: host"} |
+_findings_1 := [[name, ["network_mode"], "network_mode: host"] |
 	some name
 	svc := input.fields.services[name]
-	lower(object.get(svc, "network_mode", "")) == "host"
+	lower(svc.network_mode) == "host"
 ]
 
 findings := _findings_1

@@ -12,10 +12,10 @@ meta := {
 	"remediation": "Remove pid: host; use a sidecar sharing pid: service:<name> if process visibility is needed.",
 }
 
-_findings_1 := [{"service": name, "path": ["pid"], "message": "pid: host"} |
+_findings_1 := [[name, ["pid"], "pid: host"] |
 	some name
 	svc := input.fields.services[name]
-	lower(object.get(svc, "pid", "")) == "host"
+	lower(svc.pid) == "host"
 ]
 
 findings := _findings_1

@@ -12,9 +12,9 @@ meta := {
 	"remediation": "Remove userns_mode: host; if a workload truly needs host uids, run it on a dedicated host with an exception on record.",
 }
 
-host_userns(svc) if lower(object.get(svc, "userns_mode", "")) == "host"
+host_userns(svc) if lower(svc.userns_mode) == "host"
 
-_findings_1 := [{"service": name, "path": ["userns_mode"], "message": "userns_mode: host"} |
+_findings_1 := [[name, ["userns_mode"], "userns_mode: host"] |
 	some name
 	svc := input.fields.services[name]
 	host_userns(svc)

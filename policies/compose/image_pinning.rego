@@ -24,12 +24,27 @@ tag(image) := t if {
 	t := parts[count(parts) - 1]
 }
 
-problem(image) := "has no tag (implies :latest)" if {
-	not has_digest(image)
-	not tag(image)
+# What an image needs: "digest" (pinned: nothing), a problem (no tag, or :latest), or "tag" (a
+# version tag without a digest: only production asks for more). The tag is worked out once.
+image_status(image) := "digest" if {
+	has_digest(image)
+} else := tag_status(tag_or_null(image))
+
+tag_or_null(image) := t if {
+	t := tag(image)
+} else := null
+
+tag_status(t) := "has no tag (implies :latest)" if {
+	t == null
 } else := "uses the mutable :latest tag" if {
-	not has_digest(image)
-	tag(image) == "latest"
+	t == "latest"
+} else := "tag"
+
+problems := {"has no tag (implies :latest)", "uses the mutable :latest tag"}
+
+problem(image) := status if {
+	status := image_status(image)
+	status in problems
 }
 
 # An untagged or :latest image fails in production and warns elsewhere.
@@ -37,46 +52,44 @@ unpinned_severity := "fail" if {
 	lib.is_prod
 } else := "warn"
 
-# Nothing to pin: the service is built locally (build:, its image: is only the tag of the
-# build's output), or it runs an image another service of the file builds (input.built_images,
-# the images of every service with build:, given by the preflight across evaluation chunks).
-local(svc) if object.get(svc, "image", "") == ""
+# Nothing to pin ("local"): the service is built locally (build:, its image: is only the tag of
+# the build's output), or it runs an image another service of the file builds
+# (input.built_images, the images of every service with build:, given by the preflight across
+# evaluation chunks). Else what its image needs (image_status).
+service_status(svc, image) := "local" if {
+	image == ""
+} else := "local" if {
+	svc.build != null
+} else := "local" if {
+	input.built_images[image] == true
+} else := image_status(image)
 
-local(svc) if object.get(svc, "build", null) != null
+local(svc) if service_status(svc, object.get(svc, "image", "")) == "local"
 
-local(svc) if object.get(object.get(input, "built_images", {}), svc.image, false) == true
-
-_not_applicable_1 := [name |
+# [name, image, service_status] of every service, worked out once for the three lists below.
+_status := [[name, image, service_status(svc, image)] |
 	some name
 	svc := input.fields.services[name]
-	local(svc)
+	image := object.get(svc, "image", "")
 ]
 
-# [name, image, problem or ""] of every service with an image to pin, worked out once.
-_pinnable := [[name, svc.image, reason] |
-	some name
-	svc := input.fields.services[name]
-	not local(svc)
-	reason := reason_or_none(svc.image)
+_not_applicable_1 := [s[0] |
+	some s in _status
+	s[2] == "local"
 ]
 
-reason_or_none(image) := reason if {
-	reason := problem(image)
-} else := ""
-
-_findings_1 := [{"service": s[0], "path": ["image"], "message": concat(" ", ["image", s[1], s[2]]), "severity": unpinned_severity} |
-	some s in _pinnable
-	s[2] != ""
+_findings_1 := [[s[0], ["image"], concat(" ", ["image", s[1], s[2]]), unpinned_severity] |
+	some s in _status
+	s[2] in problems
 ]
 
 # A tag without a digest in production: warn (--strict fails). 119 of the corpus's 176
 # image-pinning findings in prod were a version tag without a digest: digest pinning is a
 # deploy pipeline's practice (a bot bumps it) more than a hand-written file's.
-_findings_2 := [{"service": s[0], "path": ["image"], "message": concat("", ["image ", s[1], " is not pinned by digest (in ", input.env, " a tag can be moved to another image)"]), "severity": "warn"} |
+_findings_2 := [[s[0], ["image"], concat("", ["image ", s[1], " is not pinned by digest (in ", input.env, " a tag can be moved to another image)"]), "warn"] |
 	lib.is_prod
-	some s in _pinnable
-	s[2] == ""
-	not has_digest(s[1])
+	some s in _status
+	s[2] == "tag"
 ]
 
 findings := array.concat(_findings_1, _findings_2)

@@ -33,7 +33,10 @@ caps(svc, key) := {c |
 	c := trim_prefix(upper(raw), "CAP_")
 }
 
-limits(svc) := object.get(object.get(object.get(svc, "deploy", {}), "resources", {}), "limits", {})
+# (A path of references costs a fifth of nested object.get calls in regopy: ~1.6 against ~7 us.)
+limits(svc) := l if {
+	l := svc.deploy.resources.limits
+} else := {}
 
 # The longest string (in characters) any rule gives to a regex builtin (regex.match, ...; no
 # rule uses glob). regopy 1.5's regular expressions recurse once per byte that a repetition

@@ -18,7 +18,7 @@ problem(limits) := "no pids limit" if {
 	limits.pids <= 0
 }
 
-_findings_1 := [{"service": name, "path": ["deploy", "resources", "limits", "pids"], "message": message} |
+_findings_1 := [[name, ["deploy", "resources", "limits", "pids"], message] |
 	some name
 	svc := input.fields.services[name]
 	message := problem(lib.limits(svc))

@@ -12,7 +12,7 @@ meta := {
 	"remediation": "Remove privileged: true; add only the capabilities (cap_add) or devices the workload needs.",
 }
 
-_findings_1 := [{"service": name, "path": ["privileged"], "message": "privileged: true"} |
+_findings_1 := [[name, ["privileged"], "privileged: true"] |
 	some name
 	svc := input.fields.services[name]
 	svc.privileged == true

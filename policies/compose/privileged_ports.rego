@@ -32,13 +32,12 @@ first_host_port(published) := n if {
 	is_number(published)
 }
 
-_findings_1 := [{"service": name, "path": ["ports", i, "published"], "message": concat("", ["host port ", format_int(n, 10), " < 1024 published (container port ", format_int(p.target, 10), ")"])} |
+_findings_1 := [[name, ["ports", i, "published"], concat("", ["host port ", format_int(n, 10), " < 1024 published (container port ", format_int(p.target, 10), ")"])] |
 	some name
 	svc := input.fields.services[name]
-	ports := object.get(svc, "ports", [])
 	some i
-	p := ports[i]
-	n := first_host_port(object.get(p, "published", ""))
+	p := svc.ports[i]
+	n := first_host_port(p.published)
 	n < 1024
 	n > 0
 	not n in expected_low_ports

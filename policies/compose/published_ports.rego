@@ -27,12 +27,11 @@ target_text(p) := concat("-", [format_int(p.target, 10), format_int(p.target_end
 	p.target_end
 } else := format_int(p.target, 10)
 
-_findings_1 := [{"service": name, "path": ["ports", i], "message": concat("", ["port ", target_text(p), "/", object.get(p, "protocol", "tcp"), " published on all interfaces as ", published]), "severity": port_severity} |
+_findings_1 := [[name, ["ports", i], concat("", ["port ", target_text(p), "/", object.get(p, "protocol", "tcp"), " published on all interfaces as ", published]), port_severity] |
 	some name
 	svc := input.fields.services[name]
-	p_all := object.get(svc, "ports", [])
 	some i
-	p := p_all[i]
+	p := svc.ports[i]
 	object.get(p, "host_ip", "") in all_interfaces
 	published := object.get(p, "published", "an ephemeral port")
 ]

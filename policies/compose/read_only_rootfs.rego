@@ -12,10 +12,10 @@ meta := {
 	"remediation": "Set read_only: true and mount tmpfs (tmpfs: [/tmp]) or volumes for the paths the service writes.",
 }
 
-_findings_1 := [{"service": name, "path": ["read_only"], "message": "read_only is not true"} |
+_findings_1 := [[name, ["read_only"], "read_only is not true"] |
 	some name
 	svc := input.fields.services[name]
-	object.get(svc, "read_only", false) != true
+	not svc.read_only == true
 ]
 
 findings := _findings_1

@@ -12,16 +12,16 @@ meta := {
 	"remediation": "Set deploy.resources.limits.memory and deploy.resources.limits.cpus (warn without them; --strict fails); mem_limit and cpus are accepted and folded into deploy.resources.",
 }
 
-_findings_1 := [{"service": name, "path": ["deploy", "resources", "limits", "memory"], "message": "no memory limit"} |
+_findings_1 := [[name, ["deploy", "resources", "limits", "memory"], "no memory limit"] |
 	some name
 	svc := input.fields.services[name]
-	not lib.limits(svc).memory
+	not svc.deploy.resources.limits.memory
 ]
 
-_findings_2 := [{"service": name, "path": ["deploy", "resources", "limits", "cpus"], "message": "no CPU limit"} |
+_findings_2 := [[name, ["deploy", "resources", "limits", "cpus"], "no CPU limit"] |
 	some name
 	svc := input.fields.services[name]
-	not lib.limits(svc).cpus
+	not svc.deploy.resources.limits.cpus
 ]
 
 findings := array.concat(_findings_1, _findings_2)

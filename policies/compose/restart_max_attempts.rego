@@ -12,27 +12,25 @@ meta := {
 	"remediation": "Give the count: restart: on-failure:5, or deploy.restart_policy.max_attempts.",
 }
 
-restart_policy(svc) := object.get(object.get(svc, "deploy", {}), "restart_policy", {})
+uses_on_failure(svc) if startswith(svc.restart, "on-failure")
 
-uses_on_failure(svc) if startswith(object.get(svc, "restart", ""), "on-failure")
+uses_on_failure(svc) if svc.deploy.restart_policy.condition == "on-failure"
 
-uses_on_failure(svc) if object.get(restart_policy(svc), "condition", "") == "on-failure"
-
-unbounded_restart(svc) if object.get(svc, "restart", "") == "on-failure"
+unbounded_restart(svc) if svc.restart == "on-failure"
 
 unbounded_policy(svc) if {
-	policy := restart_policy(svc)
-	object.get(policy, "condition", "") == "on-failure"
+	policy := svc.deploy.restart_policy
+	policy.condition == "on-failure"
 	object.get(policy, "max_attempts", 0) == 0
 }
 
-_findings_1 := [{"service": name, "path": ["restart"], "message": "restart: on-failure without a maximum retry count"} |
+_findings_1 := [[name, ["restart"], "restart: on-failure without a maximum retry count"] |
 	some name
 	svc := input.fields.services[name]
 	unbounded_restart(svc)
 ]
 
-_findings_2 := [{"service": name, "path": ["deploy", "restart_policy"], "message": "deploy.restart_policy on-failure without max_attempts"} |
+_findings_2 := [[name, ["deploy", "restart_policy"], "deploy.restart_policy on-failure without max_attempts"] |
 	some name
 	svc := input.fields.services[name]
 	unbounded_policy(svc)

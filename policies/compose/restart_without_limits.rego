@@ -16,10 +16,10 @@ meta := {
 _not_applicable_1 := [name |
 	some name
 	svc := input.fields.services[name]
-	object.get(svc, "restart", "") != "always"
+	not svc.restart == "always"
 ]
 
-_findings_1 := [{"service": name, "path": ["restart"], "message": "restart: always with no memory or CPU limit"} |
+_findings_1 := [[name, ["restart"], "restart: always with no memory or CPU limit"] |
 	some name
 	svc := input.fields.services[name]
 	svc.restart == "always"

@@ -14,14 +14,14 @@ meta := {
 
 root_users := {"root", "0"}
 
-_findings_1 := [{"service": name, "path": ["user"], "message": concat("", ["user: ", svc.user, " runs as root"])} |
+_findings_1 := [[name, ["user"], concat("", ["user: ", svc.user, " runs as root"])] |
 	some name
 	svc := input.fields.services[name]
-	split(object.get(svc, "user", ""), ":")[0] in root_users
+	split(svc.user, ":")[0] in root_users
 ]
 
 # Without user: the image decides, and most images run as root.
-_findings_2 := [{"service": name, "path": ["user"], "message": "no user set: the image default applies (often root)", "severity": "warn"} |
+_findings_2 := [[name, ["user"], "no user set: the image default applies (often root)", "warn"] |
 	some name
 	svc := input.fields.services[name]
 	object.get(svc, "user", "") == ""

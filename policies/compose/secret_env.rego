@@ -68,41 +68,65 @@ placeholder_prefixes := [
 # worth keeping out of the file too (offline cracking): reported at info.
 hash_regex := `^(\$2[abxy]?\$[0-9]{2}\$[./A-Za-z0-9]{53}|\$argon2(id|i|d)\$.+|\$[156]\$(rounds=[0-9]+\$)?[./A-Za-z0-9]{1,16}\$[./A-Za-z0-9]{22,}|\$pbkdf2(-sha[0-9]+)?\$.+|\{S?SHA[0-9]*\}.+)$`
 
-# The value as compared: outer quotes (left by the list syntax, KEY="0") removed, lower-case.
-plain(value) := lower(lib.trim_safe(lib.trim_space_safe(value), `"'`))
+# The value without surrounding space and outer quotes (left by the list syntax, KEY="0"); as
+# written when it has a backslash (lib.trim_safe: in one test, as the trimmed part has none).
+unquoted(value) := trim(trim_space(value), `"'`) if {
+	not contains(value, lib.backslash)
+} else := value
 
-not_secret(value) if plain(value) in harmless_values
+# The value as compared: unquoted, lower-case.
+plain(value) := lower(unquoted(value))
+
+# plain(value) is computed once for both tests (each costs a few builtin calls in regopy).
+not_secret(value) if harmless_or_placeholder(plain(value))
+
+harmless_or_placeholder(plain_value) if plain_value in harmless_values
 
 # (A value over lib.max_match is no placeholder: it is not given to the regex.)
-not_secret(value) if {
-	plain_value := plain(value)
+harmless_or_placeholder(plain_value) if {
 	strings.any_prefix_match(plain_value, placeholder_prefixes)
 	lib.matchable(plain_value)
 	regex.match(placeholder_regex, plain_value)
 }
 
 password_hash(value) if {
-	stripped := lib.trim_safe(lib.trim_space_safe(value), `"'`)
+	hash_mark(value) # cheap, and false for nearly every value: no trimming for those
+	stripped := unquoted(value)
 	strings.any_prefix_match(stripped, ["$", "{"]) # every format above starts with "$", LDAP's with "{"
 	lib.matchable(stripped) # over lib.max_match: no hash (and no regex)
 	regex.match(hash_regex, stripped)
 }
+
+# A value that can be a password hash holds a "$" or a "{" (every format starts with one).
+hash_mark(value) if contains(value, "$")
+
+hash_mark(value) if contains(value, "{")
 
 # One alternation per list: a regex.match per variable instead of one per pattern.
 secret_name_regex := concat("|", secret_name_patterns)
 
 reference_regex := concat("|", reference_suffixes)
 
+# A literal that every secret name pattern contains: most names contain none, and this short
+# pattern costs a third of secret_name_regex (regex.match compiles its pattern on every call,
+# in time growing with its length). A pattern added to secret_name_patterns must contain one
+# (secret_env_test.rego checks).
+secret_name_hint := `PASS|SECRET|TOKEN|KEY|CREDENTIAL|PWD|DSN|CONNECTION`
+
 secret_name(key) if {
 	# bounded: only named_secret calls this, for a name within lib.max_match (upper may lengthen
-	# it, at most threefold: these two patterns are literals, which do not recurse per byte)
+	# it, at most threefold: these three patterns are literals, which do not recurse per byte)
 	upper_key := upper(key)
+	regex.match(secret_name_hint, upper_key)
+	not regex.match(reference_regex, upper_key) # the shorter pattern first: *_FILE ends here
 	regex.match(secret_name_regex, upper_key)
-	not regex.match(reference_regex, upper_key)
 }
 
-# One cheap pattern of the checks' literals first: most values contain none of them.
-secret_value_hint := `AKIA|-----BEGIN |gh[pousr]_|github_pat_|glpat-|xox[abposr]-|sk_live_|sk-|AIza|eyJ|://`
+# One cheap pattern first: each check's literal contains one of its alternatives, and most
+# values contain none (literals only, no classes: a class costs as much to compile as several
+# literals). A check added to secret_value_checks must have a literal it matches
+# (secret_env_test.rego checks).
+secret_value_hint := `AKIA|-----BEGIN |gh|github_pat_|glpat-|xox|sk|AIza|eyJ|://`
 
 # Only a value within lib.max_match meets the patterns (it bounds matches_a_check's too); a
 # longer one gets too_long_to_check.
@@ -226,26 +250,28 @@ dotenv_told := {
 	"unchecked": " value too long to inspect with a credential marker committed in .env",
 }
 
-_findings_1 := [{"service": name, "path": ["environment", key], "message": concat("", ["environment ", key, told[k].text]), "severity": told[k].severity} |
+_findings_1 := [[name, ["environment", key], concat("", ["environment ", key, told[k].text]), told[k].severity] |
 	some name
 	svc := input.fields.services[name]
-	value_all := object.get(svc, "environment", {})
 	some key
-	value := value_all[key]
+	value := svc.environment[key]
 	is_string(value)
 	k := kind(named_secret(key), literal(value))
 ]
 
 # Values that come from the .env: a whole-value reference, or a bare name (environment: [NAME]).
-_from_dotenv := [[name, key, variable] |
-	some name
-	svc := input.fields.services[name]
-	value_all := object.get(svc, "environment", {})
-	some key
-	value := value_all[key]
-	variable := dotenv_variable(key, value)
-	is_string(object.get(dotenv, variable, null))
-]
+# (Nothing to look up without a .env: the server's case, and the CLI's without one.)
+_from_dotenv := found if {
+	count(dotenv) > 0
+	found := [[name, key, variable] |
+		some name
+		svc := input.fields.services[name]
+		some key
+		value := svc.environment[key]
+		variable := dotenv_variable(key, value)
+		is_string(object.get(dotenv, variable, null))
+	]
+} else := []
 
 dotenv_variable(key, value) := key if {
 	value == null
@@ -253,7 +279,7 @@ dotenv_variable(key, value) := key if {
 	is_string(value)
 }
 
-_findings_2 := [{"service": f[0], "pointer": concat("/", ["", ".env", lib.esc(f[2])]), "message": concat("", ["environment ", f[1], ":", dotenv_told[k], " (", f[2], ")"]), "severity": severity} |
+_findings_2 := [[f[0], concat("/", ["", ".env", lib.esc(f[2])]), concat("", ["environment ", f[1], ":", dotenv_told[k], " (", f[2], ")"]), severity] |
 	some f in _from_dotenv
 	k := kind(named_secret(f[1]), dotenv[f[2]])
 	severity := dotenv_severity(k)

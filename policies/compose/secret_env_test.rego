@@ -60,3 +60,23 @@ test_referenced_variable if {
 	rule.dotenv_variable("API_TOKEN", null) == "API_TOKEN"
 	rule.dotenv_variable("X", "${Y}") == "Y"
 }
+
+# The prefilters: a name or value that one of the full patterns matches contains a literal of
+# the cheap hint (else the hint would hide it).
+test_every_secret_name_pattern_has_a_hint_literal if {
+	every pattern in rule.secret_name_patterns {
+		regex.match(rule.secret_name_hint, pattern)
+	}
+}
+
+test_every_value_check_literal_has_a_hint_literal if {
+	every check in rule.secret_value_checks {
+		regex.match(rule.secret_value_hint, check[0])
+	}
+}
+
+test_hash_mark if {
+	rule.hash_mark("$2a$14$x")
+	rule.hash_mark(" {SSHA}x")
+	not rule.hash_mark("hunter2")
+}

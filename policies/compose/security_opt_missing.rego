@@ -14,7 +14,7 @@ meta := {
 
 absent(svc) if count(object.get(svc, "security_opt", [])) == 0
 
-_findings_1 := [{"service": name, "path": ["security_opt"], "message": "security_opt is absent: only the runtime's defaults apply"} |
+_findings_1 := [[name, ["security_opt"], "security_opt is absent: only the runtime's defaults apply"] |
 	some name
 	svc := input.fields.services[name]
 	absent(svc)

@@ -33,6 +33,7 @@ socket_names := {"docker.sock", "containerd.sock", "podman.sock", "crio.sock", "
 home_dir(path) if path == "~"
 
 home_dir(path) if {
+	startswith(path, "/home/") # cheap, and false for most paths (the rest implies it)
 	parts := split(trim_suffix(path, "/"), "/")
 	count(parts) == 3
 	parts[0] == ""
@@ -42,6 +43,7 @@ home_dir(path) if {
 credential_dir(path) if startswith(path, "~/.")
 
 credential_dir(path) if {
+	startswith(path, "/home/") # cheap, and false for most paths (the rest implies it)
 	parts := split(path, "/")
 	count(parts) > 3
 	parts[0] == ""
@@ -50,6 +52,7 @@ credential_dir(path) if {
 }
 
 sensitive(path) := "container runtime socket" if {
+	endswith(path, ".sock") # every socket name does: cheap, no split for other paths
 	parts := split(path, "/")
 	parts[count(parts) - 1] in socket_names
 } else := "sensitive host path" if {
@@ -63,14 +66,13 @@ sensitive(path) := "container runtime socket" if {
 	in_sensitive_tree(path)
 }
 
-# One match for all the trees (a tree itself or anything below it) instead of one test per tree.
-# The tree names hold no regular-expression metacharacters.
-sensitive_tree_regex := concat("", ["^(", concat("|", sensitive_trees), ")(/|$)"])
+# A tree itself or anything below it: one prefix test for all the trees (no regex: regex.match
+# compiles its pattern on every call, ~4x the cost of these two tests; and any length is fine).
+sensitive_tree_prefixes := [concat("", [tree, "/"]) | some tree in sensitive_trees]
 
-# A path over lib.max_match is not given to the regex: the same test as prefixes.
-in_sensitive_tree(path) := regex.match(sensitive_tree_regex, path) if {
-	lib.matchable(path)
-} else := strings.any_prefix_match(path, [concat("", [tree, "/"]) | some tree in sensitive_trees])
+in_sensitive_tree(path) if path in sensitive_trees
+
+in_sensitive_tree(path) if strings.any_prefix_match(path, sensitive_tree_prefixes)
 
 # Socket proxies (tecnativa/docker-socket-proxy, linuxserver/socket-proxy, wollomatic/socket-proxy)
 # are the remediation: with the socket read-only they are the least bad way to give an API.
@@ -81,56 +83,51 @@ socket_proxy(svc) if {
 	regex.match(`(^|/)[a-z0-9._-]*(socket-proxy|dockerproxy)(:|@|$)`, image)
 }
 
-# The severity of one mount: read-only lowers it, except for a runtime socket (its API is not
-# read-only), which is lowered only for a read-only socket proxy.
-grade(kind, svc, read_only) := "warn" if {
+# How one mount is graded, worked out once for its severity and its note: read-only lowers the
+# severity, except for a runtime socket (its API is not read-only), which is lowered only for a
+# read-only socket proxy.
+mount_class(kind, svc, read_only) := "read-write" if {
+	not read_only
+} else := "socket proxy" if {
 	kind == "container runtime socket"
-	read_only
 	socket_proxy(svc)
-} else := "fail" if {
+} else := "socket" if {
 	kind == "container runtime socket"
-} else := "warn" if {
-	read_only
-} else := "fail"
+} else := "read-only"
 
-# What the message adds about a read-only mount.
-note(kind, svc, read_only) := " (read-only, socket proxy: keep its API allow-list narrow)" if {
-	kind == "container runtime socket"
-	read_only
-	socket_proxy(svc)
-} else := " (read-only does not restrict the API)" if {
-	kind == "container runtime socket"
-	read_only
-} else := " (read-only)" if {
-	read_only
-} else := ""
+# Each class's severity, and what the message adds about the mount.
+graded := {
+	"read-write": {"severity": "fail", "note": ""},
+	"socket proxy": {"severity": "warn", "note": " (read-only, socket proxy: keep its API allow-list narrow)"},
+	"socket": {"severity": "fail", "note": " (read-only does not restrict the API)"},
+	"read-only": {"severity": "warn", "note": " (read-only)"},
+}
 
-mounted_read_only(v) := true if {
-	v.read_only == true
-} else := false
+grade(kind, svc, read_only) := graded[mount_class(kind, svc, read_only)].severity
 
-_findings_1 := [{"service": name, "path": ["volumes", i, "source"], "message": concat("", [kind, " ", v.source, " mounted at ", v.target, note(kind, svc, ro)]), "severity": grade(kind, svc, ro)} |
+note(kind, svc, read_only) := graded[mount_class(kind, svc, read_only)].note
+
+_findings_1 := [[name, ["volumes", i, "source"], concat("", [kind, " ", v.source, " mounted at ", v.target, g.note]), g.severity] |
 	some name
 	svc := input.fields.services[name]
-	vols := object.get(svc, "volumes", [])
 	some i
-	v := vols[i]
+	v := svc.volumes[i]
 	v.type == "bind"
-	kind := sensitive(object.get(v, "source", ""))
-	ro := mounted_read_only(v)
+	kind := sensitive(v.source)
+	g := graded[mount_class(kind, svc, object.get(v, "read_only", false) == true)]
 ]
 
 # A named volume whose driver binds a host path (driver_opts: {type: none, o: bind, device: /etc}).
-_findings_2 := [{"service": name, "pointer": lib.top_ptr("volumes", src, ["driver_opts", "device"]), "message": concat("", ["volume ", src, " binds ", kind, " ", device, ", mounted at ", v.target, note(kind, svc, ro)]), "severity": grade(kind, svc, ro)} |
+_findings_2 := [[name, lib.top_ptr("volumes", src, ["driver_opts", "device"]), concat("", ["volume ", src, " binds ", kind, " ", device, ", mounted at ", v.target, g.note]), g.severity] |
 	some name
 	svc := input.fields.services[name]
-	some v in object.get(svc, "volumes", [])
+	some v in svc.volumes
 	v.type == "volume"
-	src := object.get(v, "source", "")
-	device := object.get(object.get(object.get(lib.top("volumes"), src, {}), "driver_opts", {}), "device", "")
+	src := v.source
+	device := input.fields.volumes[src].driver_opts.device
 	device != ""
 	kind := sensitive(device)
-	ro := mounted_read_only(v)
+	g := graded[mount_class(kind, svc, object.get(v, "read_only", false) == true)]
 ]
 
 findings := array.concat(_findings_1, _findings_2)

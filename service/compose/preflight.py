@@ -7,8 +7,10 @@ Rules are Rego modules in ``policies/compose/``, one per file, each in its own p
 ``controlplane.compose.rules.<file stem>`` defining ``meta`` (id, title, severity, rationale,
 remediation), a set ``findings`` of ``{service, message, path | pointer[, severity]}`` (``path``:
 the keys and indexes below the service; the preflight makes it a JSON pointer, which costs
-nothing here and ~0.1 ms a finding in regopy) and optionally a set ``not_applicable`` of
-service names. Modules in other packages (``lib.rego``) are helpers.
+nothing here and ~0.1 ms a finding in regopy), or the same compact,
+``[service, path | pointer, message(, severity)]`` (what the shipped rules emit: ~40% of an
+object's cost in regopy; ``_expanded`` makes it the object), and optionally a set
+``not_applicable`` of service names. Modules in other packages (``lib.rego``) are helpers.
 
 All rules are compiled into one bundle with generated entrypoints: one per group of
 ``GROUP_RULES`` rules (``controlplane/compose/groups/g<j>``) and one per rule
@@ -318,17 +320,21 @@ def _rule_from_meta(bundle: Bundle | None, package: str) -> Rule:
 # still be refused. Constants, not configuration: the bound must hold at any setting.
 #
 # Where an uncached report's CPU goes (bench/compose_bench.py --rules, the bench's 10-service
-# file: ~20-35 ms depending on the host's phase): converting the input and calling the engine
-# at all ~1.5-3 ms (the constant-policy floor, mostly _push's one ctypes call per input node;
-# done once per chunk, then ~0.17 ms a query against the input already set, one per group of
-# rules); every rule then costs ~30-50 us
-# per evaluated expression per service, so even a one-line rule adds ~0.3-0.5 ms for 10
-# services, and rules with per-entry string work add more (secret-env ~2.4 ms: regex.match
-# compiles its pattern on every call; sensitive-mounts, image-pinning, no-new-privileges,
-# privileged-ports ~1.2-1.5 ms each); building the output costs too (a finding object ~19 us,
-# the same data as an array ~5 us); the Python around the query (cells, sorting, pointers)
-# ~2 ms. A JSON pointer built in Rego cost ~0.1 ms a finding: rules give a ``path`` and
-# ``_path_pointer`` builds it here. A cached report costs ~0.07-0.13 ms (the cache key's hash).
+# file, CPU minimum on a quiet 2-core box, 2026-11: ~13.6 ms, ~20 ms before the changes named
+# here): converting the input and calling the engine at all ~1.1 ms (the constant-policy floor,
+# mostly _push's one ctypes call per input node, each distinct string encoded once; done once
+# per chunk, then ~0.1 ms a query against the input already set, one per group of rules); the
+# rules ~9.3 ms over that floor, ~0.05-0.1 ms for a one-comparison rule, more with per-entry
+# string work (secret-env ~2.4 ms, ~100 us a variable: regex.match compiles its pattern on
+# every call, so cheap literal tests decide first; sensitive-mounts ~1 ms); the Python around
+# the query (cells, sorting, pointers, expanding compact findings) ~0.5-1 ms. What made the
+# rules cheaper (policies/compose/README.md, engine notes): a reference (``svc.restart``)
+# instead of ``object.get`` wherever the default does not decide (~2.5 ms), binding a service
+# instead of testing it (``_ := input.fields.services[name]``, ~0.3 ms a rule), compact
+# findings (a finding object ~17 us, the same data as an array ~8 us; ``_expanded``), prefilters
+# before costly patterns. A JSON pointer built in Rego cost ~0.1 ms a finding: rules give a
+# ``path`` and ``_path_pointer`` builds it here. A cached report costs ~0.07-0.13 ms (the cache
+# key's hash).
 
 #: Most services one document may have (a real project has a few dozen).
 MAX_SERVICES = 1000
@@ -795,7 +801,7 @@ def _chunk_outputs(rules: RuleSet, input_doc: dict[str, Any]) -> dict[str, Any]:
             retry.extend(group)  # an error, or a rule's undefined value, made the group's
             continue
         for package, (found, not_applicable) in zip(group, value, strict=True):
-            outputs[package] = {"findings": found, "not_applicable": not_applicable}
+            outputs[package] = {"findings": _expanded(found), "not_applicable": not_applicable}
     if retry:
         try:
             alone = rules.bundle.query_each(
@@ -805,8 +811,31 @@ def _chunk_outputs(rules: RuleSet, input_doc: dict[str, Any]) -> dict[str, Any]:
         for package, value in zip(retry, alone, strict=True):
             if isinstance(value, RegoEvalError):
                 value = f"evaluation error: {value}"
+            elif isinstance(value, dict) and "findings" in value:
+                value = {**value, "findings": _expanded(value["findings"])}
             outputs[package] = value if value is not Undefined else "rule output is undefined"
     return {package: value for package, value in outputs.items() if package in live}
+
+
+def _expanded(found: Any) -> Any:
+    """A rule's findings with each compact one, ``[service, path | pointer, message]`` or
+    ``[service, path | pointer, message, severity]`` (a ``path`` is an array, a ``pointer`` a
+    string), as the object it stands for; objects, and anything malformed (for
+    ``_read_output`` to refuse), as they are. The shipped rules emit compact findings: regopy
+    builds an array of four for ~40% of an object's cost."""
+    if not isinstance(found, list):
+        return found
+    return [_finding_object(item) if type(item) is list else item for item in found]
+
+
+def _finding_object(item: list[Any]) -> Any:
+    if len(item) not in (3, 4):
+        return item
+    place = "pointer" if isinstance(item[1], str) else "path"
+    finding = {"service": item[0], place: item[1], "message": item[2]}
+    if len(item) == 4:
+        finding["severity"] = item[3]
+    return finding
 
 
 def _read_output(

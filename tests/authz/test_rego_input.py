@@ -170,6 +170,23 @@ def test_quotes_inside_strings_reach_the_policy_unchanged():
     assert echo({"s": "alice"}) == {"s": "alice"}
 
 
+def test_repeated_strings_reach_the_policy_as_the_first():
+    # The converter encodes each distinct string of a document once: a repeat, as a key or a
+    # value, in any position, is the same string to the policy (and "" too, the falsy one).
+    doc = {"x": "x", "": ["", "x", {"x": ""}], "k": {"x": ["x", "", "k"]}, "y": ["k", "k"]}
+    assert echo(doc) == doc
+    counts = rego.compile_bundle(
+        [rego.Module("c.rego", "package c\nimport rego.v1\nn := [count(s) | some s in input.s]\n"
+                                "k := [count(key) | input.o[key]]\n")],
+        {},
+        ["c/n", "c/k"],
+    )
+    quoted = ['"admin"', "a", '"admin"', "a", '"admin"']
+    doc2 = {"s": quoted, "o": dict.fromkeys(quoted, '"admin"')}
+    n, k = counts.query_each(["c/n", "c/k"], doc2)
+    assert (n, sorted(k)) == ([7, 1, 7, 1, 7], [1, 7])
+
+
 INJECTABLE = (
     "package controlplane.authz\nimport rego.v1\n"
     'decision := {"decision": "deny", "reasons": [sprintf("owner:%s", [input.resource.owner])],'

@@ -86,6 +86,62 @@ def test_a_finding_path_is_the_pointer_below_its_service(tmp_path: Path) -> None
     assert "path" not in finding
 
 
+# The same four findings as objects and compact: path or pointer, meta's severity or their own.
+SHAPES = """package controlplane.compose.rules.{package}
+
+import rego.v1
+
+meta := {{"id": "{id}", "title": "t", "severity": "warn", "rationale": "r", "remediation": "m"}}
+
+findings := [f |
+	some name
+	input.fields.services[name]
+	some f in [
+		{findings}
+	]
+]
+"""
+OBJECTS = """{"service": name, "path": ["image"], "message": "a path"},
+		{"service": name, "path": ["ports", 0], "message": "a path, own severity", "severity": "fail"},
+		{"service": name, "pointer": "/volumes/da~1ta", "message": "a pointer"},
+		{"service": name, "pointer": "/volumes/da~1ta", "message": "a pointer, own severity",
+		"severity": "info"},"""
+COMPACT = """[name, ["image"], "a path"],
+		[name, ["ports", 0], "a path, own severity", "fail"],
+		[name, "/volumes/da~1ta", "a pointer"],
+		[name, "/volumes/da~1ta", "a pointer, own severity", "info"],"""
+
+
+def test_compact_findings_are_the_objects_they_stand_for(tmp_path: Path) -> None:
+    """The shipped rules emit ``[service, path | pointer, message(, severity)]``; a rule that
+    emits objects gets the very same findings (README, "Compact findings")."""
+    for package, findings in (("objects", OBJECTS), ("compact", COMPACT)):
+        (tmp_path / f"{package}.rego").write_text(SHAPES.format(
+            package=package, id=package, findings=findings))
+    rules = RuleSet.load(tmp_path)
+    report = evaluate({"services": {"w/e": {"image": "a"}}}, rules=rules, cache=False)
+    by_rule: dict[str, list[tuple[str, str, str]]] = {"objects": [], "compact": []}
+    for finding in report["findings"]:
+        by_rule[finding["rule"]].append(
+            (finding["pointer"], finding["message"], finding["severity"]))
+    assert sorted(by_rule["compact"]) == sorted(by_rule["objects"]) == sorted([
+        ("/services/w~1e/image", "a path", "warn"),
+        ("/services/w~1e/ports/0", "a path, own severity", "fail"),
+        ("/volumes/da~1ta", "a pointer", "warn"),
+        ("/volumes/da~1ta", "a pointer, own severity", "info")])
+    assert {c["rule"]: c["result"] for c in report["matrix"]} == {"objects": "fail",
+                                                                  "compact": "fail"}
+
+
+def test_a_finding_whose_message_fails_does_not_pass(check: Check) -> None:
+    """regopy drops a compact finding whose message failed (README, "Compact findings"): a rule
+    whose message takes a field the schema allows as an integer keeps an object, so the
+    failure still reaches the report (cgroup_parent: "string" or "integer")."""
+    report = check({"a": {"image": "a:1", "cgroup_parent": 5}})
+    assert cell(report, "a", "cgroup")["result"] != "pass"
+    assert report["passed"] is False
+
+
 def test_strict_turns_warnings_into_failure(check: Check) -> None:
     relaxed = check({"a": WARN_ONLY})
     strict = check({"a": WARN_ONLY}, strict=True)
@@ -148,6 +204,30 @@ findings := [{"service": name, "message": "x", "path": ["ports", true]} |
 ]
 """
 
+# A compact finding of another length, or whose place is neither a path nor a pointer.
+SHORT_COMPACT = """package controlplane.compose.rules.short_compact
+
+import rego.v1
+
+meta := {"id": "short-compact", "title": "t", "severity": "warn", "rationale": "r", "remediation": "m"}
+
+findings := [[name, ["image"]] |
+	some name
+	input.fields.services[name]
+]
+"""
+BAD_PLACE = """package controlplane.compose.rules.bad_place
+
+import rego.v1
+
+meta := {"id": "bad-place", "title": "t", "severity": "warn", "rationale": "r", "remediation": "m"}
+
+findings := [[name, 5, "x"] |
+	some name
+	input.fields.services[name]
+]
+"""
+
 
 @pytest.mark.parametrize(("files", "rule_id", "when"), [
     pytest.param({"broken.rego": BROKEN_SYNTAX}, "broken", "load", id="compile-error"),
@@ -155,6 +235,9 @@ findings := [{"service": name, "message": "x", "path": ["ports", true]} |
     pytest.param({"bad_meta.rego": BAD_META}, "bad-meta", "load", id="bad-meta"),
     pytest.param({"malformed.rego": MALFORMED}, "malformed", "eval", id="malformed-output"),
     pytest.param({"bad_path.rego": BAD_PATH}, "bad-path", "eval", id="malformed-path"),
+    pytest.param({"short_compact.rego": SHORT_COMPACT}, "short-compact", "eval",
+                 id="malformed-compact"),
+    pytest.param({"bad_place.rego": BAD_PLACE}, "bad-place", "eval", id="malformed-compact-place"),
     pytest.param({"misnamed.rego": BROKEN_SYNTAX.replace("broken", "other")}, "misnamed", "load",
                  id="package-not-file-name"),
 ])
