@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -19,7 +19,17 @@ def correlation_id_for(value: str | None) -> str:
     """The caller's id when well-formed (<= 128 chars of ``[A-Za-z0-9._:-]``), else a new UUID4."""
     if value is not None and _VALID.fullmatch(value):
         return value
-    return str(uuid.uuid4())
+    return new_uuid4()
+
+
+def new_uuid4() -> str:
+    """``str(uuid.uuid4())``, formatted without the ``UUID`` object (a third of its cost; one
+    per request that brings no id): 122 random bits, the version and variant bits set."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def setup_correlation(app: web.Application) -> None:

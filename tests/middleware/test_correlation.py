@@ -63,3 +63,17 @@ async def test_missing_id_is_generated(bare):
 
 def test_generated_ids_are_unique():
     assert correlation_id_for(None) != correlation_id_for(None)
+
+
+def test_a_new_correlation_id_is_a_random_uuid4():
+    import uuid
+
+    from service.middleware.correlation import new_uuid4
+
+    seen = set()
+    for _ in range(2000):
+        text = new_uuid4()
+        parsed = uuid.UUID(text)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
+        seen.add(text)
+    assert len(seen) == 2000
