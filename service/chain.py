@@ -89,7 +89,8 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
                     ticket=redemption.ticket if redemption else None)
         if action.mutating or redemption is not None:                               # 4 Execute
             # Single use holds even when a policy asks a ticket for a read: it runs here too.
-            async with store.run_transaction(redemption.ticket if redemption else None) as tx:
+            async with (store.run_transaction(redemption.ticket, redemption.task)
+                        if redemption is not None else store.run_transaction(None)) as tx:
                 if redemption is not None:
                     await redeem.consume(tx, redemption, now, cid)
                     rec.consumed()

@@ -195,6 +195,9 @@ class ServerConfig:
     max_header_fields: int
     max_header_bytes: int
     streams: StreamsConfig
+    #: The workers' event loop: ``auto`` (uvloop when it is installed, else asyncio's own),
+    #: ``uvloop`` (it must be installed) or ``asyncio``.
+    event_loop: str = "auto"
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "host": "127.0.0.1",
@@ -206,6 +209,7 @@ class ServerConfig:
         "max_header_fields": 100,
         "max_header_bytes": 256 * 1024,
         "streams": StreamsConfig.DEFAULTS,
+        "event_loop": "auto",
     }
 
     @classmethod
@@ -220,6 +224,7 @@ class ServerConfig:
             max_header_fields=int(raw["max_header_fields"]),
             max_header_bytes=int(raw["max_header_bytes"]),
             streams=StreamsConfig.from_raw(raw["streams"]),
+            event_loop=str(raw["event_loop"]),
         )
 
 

@@ -29,7 +29,7 @@ from ..errors import (
     TicketBindingMismatch,
 )
 from ..run import Target
-from ..store.base import Store, TicketRecord, Tx
+from ..store.base import Store, TaskRead, TicketRecord, Tx
 from .binding import HASH_PATTERN, Binding, hash_nonce, mismatched
 
 __all__ = [
@@ -71,6 +71,9 @@ class Redemption:
 
     ticket: TicketRecord
     binding: Binding
+    #: The task named by the run's target id, as the ticket's read found it (for the run's
+    #: transaction: ``Store.run_transaction``), or None when the target names none.
+    task: TaskRead | None = None
 
 
 async def check(
@@ -122,7 +125,13 @@ async def check(
         resource_hash=target.hash,
         command_hash=offered_command,
     )
-    ticket = await store.get_ticket(ticket_id)
+    # The run's target may be a task it writes (an installer run's): read with the ticket, in
+    # the same statement, so the run's transaction need not read it again.
+    task = None
+    if target.id is None:
+        ticket = await store.get_ticket(ticket_id)
+    else:
+        ticket, task = await store.get_ticket_and_task(ticket_id, target.id)
     fields = mismatched(ticket, bound) if ticket is not None else ("nonce_hash",)
     if "nonce_hash" in fields:
         # An unknown id and a wrong nonce look the same: ticket ids are not an oracle.
@@ -138,7 +147,7 @@ async def check(
                        state=ticket.state)
     if ticket.expires_at is not None and ticket.expires_at <= now:
         raise Conflict("the ticket's approval has expired", code="ticket_expired", state="approved")
-    return Redemption(ticket, bound)
+    return Redemption(ticket, bound, task)
 
 
 async def consume(tx: Tx, redemption: Redemption, now: float, correlation_id: str) -> TicketRecord:

@@ -61,6 +61,7 @@ __all__ = [
     "StoreOutcomeUnknown",
     "StoreUnavailable",
     "TaskOps",
+    "TaskRead",
     "TaskRecord",
     "ThrottleRule",
     "ThrottleVerdict",
@@ -259,6 +260,14 @@ class TaskRecord:
     last_seq: int
     #: The executor whose first report moved the task to running; only it reports afterwards.
     claimed_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRead:
+    """Task ``id`` as one read found it: ``task`` is None when there was no such task then."""
+
+    id: str
+    task: TaskRecord | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,6 +526,12 @@ class TicketOps(Protocol):
 
     async def create_ticket(self, rec: TicketRecord) -> None: ...
     async def get_ticket(self, id: str) -> TicketRecord | None: ...
+    async def get_ticket_and_task(self, id: str, task_id: str
+                                  ) -> tuple[TicketRecord | None, TaskRead | None]:
+        """``get_ticket`` and, in the same statement (one snapshot), task ``task_id``: a chain
+        run's pre-read, for a run whose target may be a task (``Store.run_transaction``). The
+        task read is None when there is no such ticket."""
+        ...
     async def list_tickets(
         self,
         state: str | None = None,
@@ -722,7 +737,10 @@ class Store(SessionOps, TicketOps, TaskOps, FederationOps, AuditOps, OutboxOps, 
     async def close(self) -> None: ...
     async def describe(self) -> dict[str, Any]: ...
     def transaction(self) -> AbstractAsyncContextManager[Tx]: ...
-    def run_transaction(self, ticket: TicketRecord | None) -> AbstractAsyncContextManager[Tx]:
+    def run_transaction(self, ticket: TicketRecord | None, task: TaskRead | None = None
+                        ) -> AbstractAsyncContextManager[Tx]:
         """``transaction()`` for a chain run that redeems ``ticket`` (already read and checked),
-        or none: the same guarantees; a backend may send the run's writes together."""
+        or none: the same guarantees; a backend may send the run's writes together. ``task``:
+        a task as the ticket's pre-read found it (``get_ticket_and_task``), which a backend may
+        take instead of reading it again (every write on it re-checks it)."""
         ...

@@ -9,7 +9,9 @@ COMMIT, one round trip where a transaction of statements takes seven.
 
 What each held write returns is known before the call: the consumed ticket is the ticket the
 chain pre-read and checked (``approvals.redeem.check``) with the consumption applied, the task
-is read once (one statement without a transaction) and the step event's seq follows from it.
+is the one that pre-read found in the same statement (``get_ticket_and_task``; read once, one
+statement without a transaction, when the run's task is another) and the step event's seq
+follows from it.
 The call re-checks all of it under the rows' locks: a ticket that no longer matches refuses
 the run exactly as the conditional UPDATE does (``CPT01`` -> the same ``Conflict``), and an
 event seq a concurrent append took first fails the run (``CPS01``); nothing is written then.
@@ -37,6 +39,7 @@ from .base import (
     Json,
     StoreError,
     StoreOutcomeUnknown,
+    TaskRead,
     TaskRecord,
     TicketRecord,
 )
@@ -74,13 +77,15 @@ REFUSALS = frozenset({TICKET_REFUSED, SEQ_TAKEN})
 class RunTx(SqlTx):
     """``base.Tx`` of one chain run that redeems ``ticket``: its writes go in one call."""
 
-    __slots__ = ("_consume", "_event", "_outbox", "_sent", "_stack", "_store", "_task",
+    __slots__ = ("_consume", "_event", "_outbox", "_read", "_sent", "_stack", "_store", "_task",
                  "_task_seq", "_ticket")
 
-    def __init__(self, store: PostgresCalls, ticket: TicketRecord) -> None:
+    def __init__(self, store: PostgresCalls, ticket: TicketRecord,
+                 task: TaskRead | None = None) -> None:
         super().__init__(None)  # type: ignore[arg-type]  # set by _open, if ever
         self._store = store
         self._ticket = ticket
+        self._read = task  # the task as the ticket's pre-read found it
         self._stack: AsyncExitStack | None = None
         self._sent = False
         self._consume: dict[str, Any] | None = None
@@ -108,8 +113,13 @@ class RunTx(SqlTx):
 
     async def ensure_task(self, id: str, created_by: str, at: float) -> TaskRecord:
         if self._held() and self._consume is not None and self._task is None:
-            async with self._store._unit(write=False, single=True) as q:
-                task = await get_task(q, id)
+            if self._read is not None and self._read.id == id:
+                # As the pre-read found it: the call re-checks it under the task's row lock
+                # (the seq it predicts), as it would a task read here.
+                task = self._read.task
+            else:
+                async with self._store._unit(write=False, single=True) as q:
+                    task = await get_task(q, id)
             self._task = (id, created_by, at)
             self._task_seq = 0 if task is None else task.last_seq
             if task is not None:
@@ -245,8 +255,9 @@ class _Opened:
 
 
 @asynccontextmanager
-async def run_transaction(store: PostgresCalls, ticket: TicketRecord) -> AsyncIterator[RunTx]:
-    tx = RunTx(store, ticket)
+async def run_transaction(store: PostgresCalls, ticket: TicketRecord,
+                          task: TaskRead | None = None) -> AsyncIterator[RunTx]:
+    tx = RunTx(store, ticket, task)
     try:
         yield tx
     except BaseException as exc:

@@ -25,7 +25,14 @@ import asyncpg
 from ..deadline import call_deadline, charged
 from ..limits import JSONValueRefused
 from . import pgrun
-from .base import StoreError, StoreOutcomeUnknown, StoreUnavailable, TicketRecord, Tx
+from .base import (
+    StoreError,
+    StoreOutcomeUnknown,
+    StoreUnavailable,
+    TaskRead,
+    TicketRecord,
+    Tx,
+)
 from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
 
 __all__ = ["Listener", "PostgresStore"]
@@ -355,12 +362,14 @@ class PostgresStore(SqlStore):
             await self._release(conn, deadline, healthy)
             self._count(trips + held.trips)
 
-    def run_transaction(self, ticket: TicketRecord | None) -> AbstractAsyncContextManager[Tx]:
+    def run_transaction(self, ticket: TicketRecord | None, task: TaskRead | None = None
+                        ) -> AbstractAsyncContextManager[Tx]:
         """The transaction of a chain run; one that redeems ``ticket`` sends its writes in one
-        call of ``cp_chain_run`` (``pgrun``)."""
+        call of ``cp_chain_run`` (``pgrun``), taking ``task`` (the ticket's pre-read found it)
+        instead of reading it again."""
         if ticket is None:
             return self.transaction()
-        return pgrun.run_transaction(self, ticket)
+        return pgrun.run_transaction(self, ticket, task)
 
     async def _call_run(self, sql: str, args: Sequence[Any], ticket_id: str,
                         correlation_id: str) -> tuple[Any, str | None]:

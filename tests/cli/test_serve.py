@@ -64,3 +64,23 @@ def test_bad_config_exits_2_with_a_message(tmp_path, capsys):
     path.write_text("server:\n  port: nope\n")
     assert main(["serve", "--config", str(path)]) == 2
     assert "/server/port" in capsys.readouterr().err
+
+
+def test_the_event_loop_is_uvloop_when_installed_unless_refused(monkeypatch):
+    import asyncio
+    import sys
+
+    import pytest
+    import uvloop
+
+    from service.cli.serve import StartupError, event_loop_factory
+
+    assert event_loop_factory("auto") is uvloop.new_event_loop
+    assert event_loop_factory("uvloop") is uvloop.new_event_loop
+    assert event_loop_factory("asyncio") is None
+    with asyncio.Runner(loop_factory=event_loop_factory("auto")) as runner:
+        assert isinstance(runner.get_loop(), uvloop.Loop)
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # not installed: import fails
+    assert event_loop_factory("auto") is None
+    with pytest.raises(StartupError, match="uvloop is not installed"):
+        event_loop_factory("uvloop")

@@ -274,6 +274,20 @@ async def test_ticket_roundtrip(store: Store, resource: object, command_hash: st
     assert await store.get_ticket("nope") is None
 
 
+async def test_a_ticket_read_with_a_task_is_both_as_read_alone(store: Store) -> None:
+    """``get_ticket_and_task`` (a chain run's pre-read): the ticket with its reviews, as
+    ``get_ticket`` gives it, and the task as ``get_task`` does; no task read without a ticket."""
+    rec = await approved_ticket(store)
+    await store.ensure_task("task-1", "alice", T0)
+    await store.append_event("task-1", "step", "alice", {}, T0, result={"ok": True})
+    got, task = await store.get_ticket_and_task("t-1", "task-1")
+    assert got == rec and len(got.reviews) == 1
+    assert task is not None and task.id == "task-1" and task.task == await store.get_task("task-1")
+    got, task = await store.get_ticket_and_task("t-1", "task-2")
+    assert got == rec and task is not None and task.id == "task-2" and task.task is None
+    assert await store.get_ticket_and_task("nope", "task-1") == (None, None)
+
+
 async def test_ticket_duplicate_and_invalid_create(store: Store) -> None:
     await store.create_ticket(ticket())
     with pytest.raises(Conflict) as exc:

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from ...deadline import charged
-from ..base import StoreUnavailable, TicketRecord, Tx
+from ..base import StoreUnavailable, TaskRead, TicketRecord, Tx
 from .audit import AuditSql
 from .core import (
     Conn,
@@ -175,9 +175,11 @@ class SqlStore(_Operations):
         async with self._unit(write=True) as q:
             yield SqlTx(q)
 
-    def run_transaction(self, ticket: TicketRecord | None) -> AbstractAsyncContextManager[Tx]:
+    def run_transaction(self, ticket: TicketRecord | None, task: TaskRead | None = None
+                        ) -> AbstractAsyncContextManager[Tx]:
         """The transaction of a chain run that redeems ``ticket`` (None: redeems none); a
-        backend may send such a run's writes together (PostgreSQL: ``pgrun``)."""
+        backend may send such a run's writes together (PostgreSQL: ``pgrun``, which also takes
+        ``task``, the pre-read's task, instead of reading it again)."""
         return self.transaction()
 
     async def ping(self) -> None:

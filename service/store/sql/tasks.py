@@ -6,9 +6,10 @@ from __future__ import annotations
 from ..base import TASK_STATES, Conflict, EventRecord, Json, NotFound, StoreError, TaskRecord
 from .core import MAX_LIST_LIMIT, Query, Row, Unit
 
-__all__ = ["TaskSql", "get_task"]
+__all__ = ["TASK_COLUMNS", "TaskSql", "get_task", "task_of"]
 
-_TASK_COLUMNS = (
+#: A task row's columns (a chain run's ticket pre-read reads its task with them too).
+TASK_COLUMNS = (
     "id, state, progress, result, created_by, created_at, updated_at, last_seq, claimed_by"
 )
 _EVENT_COLUMNS = "task_id, seq, kind, at, actor, data"
@@ -35,18 +36,19 @@ _BUMP_AND_APPEND = (
 )
 
 
-def _task(q: Query, row: Row) -> TaskRecord:
-    result = row["result"]
+def task_of(q: Query, row: Row, prefix: str = "") -> TaskRecord:
+    """A task from ``row``'s ``tasks`` columns (named with ``prefix``)."""
+    result = row[prefix + "result"]
     return TaskRecord(
-        id=row["id"],
-        state=row["state"],
-        progress=int(row["progress"]),
+        id=row[prefix + "id"],
+        state=row[prefix + "state"],
+        progress=int(row[prefix + "progress"]),
         result=None if result is None else q.dialect.json_out(result),
-        created_by=row["created_by"],
-        created_at=float(row["created_at"]),
-        updated_at=float(row["updated_at"]),
-        last_seq=int(row["last_seq"]),
-        claimed_by=row["claimed_by"],
+        created_by=row[prefix + "created_by"],
+        created_at=float(row[prefix + "created_at"]),
+        updated_at=float(row[prefix + "updated_at"]),
+        last_seq=int(row[prefix + "last_seq"]),
+        claimed_by=row[prefix + "claimed_by"],
     )
 
 
@@ -63,8 +65,8 @@ def _event(q: Query, row: Row) -> EventRecord:
 
 async def get_task(q: Query, id: str) -> TaskRecord | None:
     """One task by id (None: no such task), through ``q``: a store's or a transaction's."""
-    row = await q.one(f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = ?", id)
-    return None if row is None else _task(q, row)
+    row = await q.one(f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", id)
+    return None if row is None else task_of(q, row)
 
 
 class TaskSql(Unit):
@@ -76,11 +78,11 @@ class TaskSql(Unit):
         async with self._unit(write=True) as q:
             # A new task comes back from the INSERT itself; only an existing one is read.
             row = await q.one(
-                f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES (?, 'pending', 0, NULL, ?, ?, ?, 0, NULL) "
-                f"ON CONFLICT (id) DO NOTHING RETURNING {_TASK_COLUMNS}",
+                f"INSERT INTO tasks ({TASK_COLUMNS}) VALUES (?, 'pending', 0, NULL, ?, ?, ?, 0, NULL) "
+                f"ON CONFLICT (id) DO NOTHING RETURNING {TASK_COLUMNS}",
                 id, created_by, at, at,
             )  # fmt: skip
-            task = _task(q, row) if row is not None else await get_task(q, id)
+            task = task_of(q, row) if row is not None else await get_task(q, id)
         if task is None:  # pragma: no cover - the row was just inserted or already there
             raise StoreError("task vanished")
         return task
@@ -96,11 +98,11 @@ class TaskSql(Unit):
             raise ValueError("limit must be positive")
         async with self._unit(write=False) as q:
             rows = await q.all(
-                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = ? ORDER BY created_at, id "
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE state = ? ORDER BY created_at, id "
                 "LIMIT ?",
                 state, min(limit, MAX_LIST_LIMIT),
             )  # fmt: skip
-            return [_task(q, r) for r in rows]
+            return [task_of(q, r) for r in rows]
 
     async def append_event(
         self,

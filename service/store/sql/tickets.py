@@ -14,9 +14,10 @@ from typing import Any
 from ...approvals.binding import BINDING_FIELDS, Binding, mismatched
 from ...approvals.events import SYSTEM_ACTOR, ticket_event
 from ...approvals.states import TICKET_TRANSITIONS
-from ..base import Conflict, NotFound, ReviewRecord, TicketRecord
+from ..base import Conflict, NotFound, ReviewRecord, TaskRead, TicketRecord
 from .core import MAX_LIST_LIMIT, Query, Row, Unit, opt_float
 from .outbox import insert_event
+from .tasks import TASK_COLUMNS, task_of
 
 __all__ = ["COLUMNS", "TicketSql", "consume_refusal"]
 
@@ -29,14 +30,19 @@ COLUMNS = (
 
 
 # A ticket with its reviews in one statement (one row per review, or one with NULL reviews):
-# ``source`` is the table or a CTE of ticket rows, named t.
+# ``source`` is the table or a CTE of ticket rows, named t; ``extra``: more columns, or nothing.
 _WITH_REVIEWS = (
     "SELECT " + ", ".join(f"t.{c.strip()}" for c in COLUMNS.split(",")) + ", "
     "r.reviewer AS r_reviewer, r.decision AS r_decision, r.group_name AS r_group_name, "
-    "r.reason AS r_reason, r.at AS r_at "
+    "r.reason AS r_reason, r.at AS r_at{extra} "
     "FROM {source} t LEFT JOIN ticket_reviews r ON r.ticket_id = t.id{where} ORDER BY r.pos"
 )
-_GET = _WITH_REVIEWS.format(source="tickets", where=" WHERE t.id = ?")
+_GET = _WITH_REVIEWS.format(extra="", source="tickets", where=" WHERE t.id = ?")
+# The same and, on every row, the task named by the first argument (k_ NULLs: no such task).
+_GET_WITH_TASK = _WITH_REVIEWS.format(
+    extra="".join(f", k.{c.strip()} AS k_{c.strip()}" for c in TASK_COLUMNS.split(",")),
+    source="tickets", where=" LEFT JOIN tasks k ON k.id = ? WHERE t.id = ?",
+)
 
 _CONSUME_SET = (
     "UPDATE tickets SET state = 'consumed', consumed_at = ?, consumed_correlation_id = ? "
@@ -48,7 +54,7 @@ _CONSUME_SET = (
 )
 # PostgreSQL: the consuming UPDATE and the reviews of the ticket it consumed, in one round trip.
 _CONSUME_WITH_REVIEWS = (
-    f"WITH consumed AS ({_CONSUME_SET}) " + _WITH_REVIEWS.format(source="consumed", where="")
+    f"WITH consumed AS ({_CONSUME_SET}) " + _WITH_REVIEWS.format(extra="", source="consumed", where="")
 )
 
 
@@ -180,6 +186,15 @@ class TicketSql(Unit):
         # One statement, so one snapshot without a transaction (the ticket and its reviews agree).
         async with self._unit(write=False, single=True) as q:
             return _joined(q, await q.all(_GET, id))
+
+    async def get_ticket_and_task(self, id: str, task_id: str
+                                  ) -> tuple[TicketRecord | None, TaskRead | None]:
+        async with self._unit(write=False, single=True) as q:
+            rows = await q.all(_GET_WITH_TASK, task_id, id)
+            if not rows:
+                return None, None
+            task = task_of(q, rows[0], "k_") if rows[0]["k_id"] is not None else None
+            return _joined(q, rows), TaskRead(task_id, task)
 
     async def list_tickets(
         self,
