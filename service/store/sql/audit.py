@@ -17,7 +17,7 @@ from typing import Any
 
 from ... import canonical
 from ..base import AuditCheckpoint, AuditRecord, ChainGuard, Seal, StoreError
-from .core import MAX_LIST_LIMIT, Query, Row, Unit, dump_json
+from .core import MAX_LIST_LIMIT, Dialect, Query, Row, Unit, dump_json
 
 __all__ = ["AuditSql"]
 
@@ -37,6 +37,9 @@ _SINCE = ("SELECT seq, prev_hash, hash, entry FROM audit_log WHERE seq >= ? AND 
 _STAGE = "INSERT INTO audit_staged (staged_at, entry) VALUES (?, ?) RETURNING id"
 # Which staged rows a sealing batch takes: ``{ids}`` is a list of placeholders.
 _BY_ID = "id IN ({ids})"
+# The same on PostgreSQL: one array parameter, so that every batch size is one statement (a
+# list of placeholders per size costs asyncpg a prepare per new size and PostgreSQL a plan).
+_BY_ID_ARRAY = "id = ANY(?::bigint[])"
 _STAGED_BEFORE = "id IN (SELECT id FROM audit_staged WHERE staged_at < ? ORDER BY id LIMIT ?)"
 # The head's lock, then the staged rows, in one round trip: the EXISTS on ``head`` makes the
 # DELETE wait for the head's lock before it touches any staged row, so two sealers never hold
@@ -119,15 +122,15 @@ class AuditSql(Unit):
     ) -> list[tuple[int, AuditRecord]]:
         if not ids and staged_before is None:
             return []
-        args: list[Any] = [*ids] if ids else [staged_before, limit]
-        where = _BY_ID.format(ids=", ".join("?" * len(ids))) if ids else _STAGED_BEFORE
         async with self._statements() as single:
-            for _ in range(_SWAP_ATTEMPTS if single is not None else 0):
-                swapped = (await _swap(single, where, args, seal, guard) if single is not None
-                           else None)
-                if swapped is not None:
-                    return swapped
+            if single is not None:
+                where, args = _staged(single.dialect, ids, staged_before, limit)
+                for _ in range(_SWAP_ATTEMPTS):
+                    swapped = await _swap(single, where, args, seal, guard)
+                    if swapped is not None:
+                        return swapped
         async with self._unit(write=True) as q:
+            where, args = _staged(q.dialect, ids, staged_before, limit)
             if q.dialect.writes_in_cte:
                 rows = await q.all(_LOCK_AND_TAKE.format(where=where), *args)
                 if not rows:
@@ -231,6 +234,17 @@ def _chain(last: int, prev_hash: str, stored: Sequence[Stored], seal: Seal) -> l
                                    text=text))
         prev_hash = digest
     return records
+
+
+def _staged(dialect: Dialect, ids: Sequence[int], staged_before: float | None,
+            limit: int) -> tuple[str, list[Any]]:
+    """The condition on ``audit_staged`` of a sealing batch (its ids, else its age), with its
+    arguments."""
+    if not ids:
+        return _STAGED_BEFORE, [staged_before, limit]
+    if dialect.writes_in_cte:  # PostgreSQL: arrays
+        return _BY_ID_ARRAY, [list(ids)]
+    return _BY_ID.format(ids=", ".join("?" * len(ids))), [*ids]
 
 
 def _columns(records: Sequence[AuditRecord]) -> list[list[Any]]:
