@@ -8,8 +8,9 @@ noting its error code); 401s, 403s and step-up challenges come from the chain, a
 (status, health, login) are served to anonymous callers as usual. The console's forms carry
 their CSRF token, which the console checks (``consolesession``).
 
-``request[PRINCIPAL]`` is written here only: once per request by the middleware, and again by
-``step_up_console`` when the request itself steps its console session up.
+``request[PRINCIPAL]`` is written here only: once per request by ``identify`` (a step of the
+request layers, ``middleware.layers``), and again by ``step_up_console`` when the request itself
+steps its console session up.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from .. import clock, consolesession
 from ..appkeys import AUTHN_ERROR
@@ -84,18 +84,6 @@ async def step_up_console(request: web.Request, found: ConsoleSession,
     stepped = ConsoleSession(principal, csrf, True, found.expires_at)
     request[PRINCIPAL], request[CONSOLE_SESSION] = principal, stepped
     return stepped, value
-
-
-def setup_authn(app: web.Application) -> None:
-    """Install the authn middleware (innermost: errors it meets are rendered by ``problems``)."""
-
-    @web.middleware
-    async def authn_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Verify the request's credential, if any, and attach who is calling."""
-        await identify(request)
-        return await handler(request)
-
-    app.middlewares.append(authn_middleware)
 
 
 async def identify(request: web.Request) -> None:

@@ -16,8 +16,8 @@ percent of its CPU). Here each layer is a step of one function, in the order the
   a problem+json answer (redirects pass through);
 - authn (``authn``): who is calling, attached before the handler runs.
 
-``setup_correlation`` and the other per-layer installers remain for applications that want
-one layer alone (the tests of each layer).
+``setup_correlation``, ``setup_deadline``, ``setup_headers`` and ``setup_problems`` install
+one layer alone, for applications (and the tests of each layer) that want only it.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -606,7 +605,7 @@ def _route_label(request: web.Request) -> str:
 def install_metrics(app: web.Application, *, multiprocess: bool = False) -> Metrics:
     """METRICS and STORE_GAUGES, and the tally's flushing while the app runs (every
     ``FLUSH_INTERVAL_S``, and once at its end); the requests are counted by ``observe_request``
-    (``setup_metrics``'s middleware, or the request layers: ``middleware.layers``)."""
+    (the request layers: ``middleware.layers``)."""
     metrics = Metrics.create(multiprocess=multiprocess)
     app[METRICS] = metrics
     app[STORE_GAUGES] = StoreGauges()
@@ -642,28 +641,3 @@ def observe_request(metrics: Metrics, request: web.Request, status: int, started
     tally = metrics.tally
     tally.count(metrics.requests, (request.method, route, str(status)))
     tally.observe(metrics.latency, (request.method, route), time.perf_counter() - started)
-
-
-def setup_metrics(app: web.Application, *, multiprocess: bool = False) -> None:
-    """Install the metrics middleware (outside ``problems``, so it counts final statuses)."""
-    metrics = install_metrics(app, multiprocess=multiprocess)
-    tally = metrics.tally
-
-    @web.middleware
-    async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Count the request and observe its latency under its route template."""
-        started = time.perf_counter()
-        tally.in_flight += 1
-        status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        finally:
-            tally.in_flight -= 1
-            observe_request(metrics, request, status, started)
-
-    app.middlewares.append(metrics_middleware)
