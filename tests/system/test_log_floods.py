@@ -54,21 +54,29 @@ def get(url: str, token: str | None = None) -> int:
 
 
 @contextlib.contextmanager
-def serve_limited(state_dir: Path, nofile: int) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+def serve_limited(state_dir: Path, nofile: int, event_loop: str = "auto",
+                  ) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
     """``cpctl serve`` with its descriptor limit at ``nofile``."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    with serve(state_dir, preexec=limit) as (base, proc):
+    env = {"CONTROLPLANE_SERVER__EVENT_LOOP": event_loop}
+    with serve(state_dir, preexec=limit, env=env) as (base, proc):
         yield base, proc, proc.log_path  # type: ignore[attr-defined]
 
 
-def test_descriptors_exhausted_by_idle_connections_log_a_few_lines_not_thousands(tmp_path):
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_descriptors_exhausted_by_idle_connections_log_a_few_lines_not_thousands(tmp_path,
+                                                                                 event_loop):
     """Descriptor limit 256, 395 idle connections for 10 s: before, ~8,000 ERROR lines with a
     traceback each (4 MB) plus a policy-reload traceback every 2 s; now one line per cause and
-    per interval, with the count, and no traceback for either. The service serves on."""
-    with serve_limited(tmp_path / "state", 256) as (base, proc, log):
+    per interval, with the count, and no traceback for either. The service serves on.
+
+    asyncio's accept loop reports each failed accept (``server.accept_failed``, summarised);
+    uvloop's (libuv) accepts and closes a connection over the limit itself and reports none,
+    so there only the other causes' lines are bounded."""
+    with serve_limited(tmp_path / "state", 256, event_loop) as (base, proc, log):
         start = log.stat().st_size
         idle: list[socket.socket] = []
         try:
@@ -82,13 +90,16 @@ def test_descriptors_exhausted_by_idle_connections_log_a_few_lines_not_thousands
                 sock.close()
         wait_ready(base + "/healthz", timeout=20, proc=proc)  # serving again once they are gone
     print(f"{len(window)} lines, {written} bytes in 10 s")
-    accept = [r for r in window if r.get("event") == "server.accept_failed"]
-    assert accept, [r["msg"] for r in window][:5]
     assert len(window) <= 30 and written <= 20_000, (len(window), written)
-    assert all("exc" not in r for r in accept)
-    assert accept[0]["errno"] == "EMFILE" and accept[0]["count"] == 1
-    # The summaries count what they stand for: many more occurrences than lines.
-    assert sum(r["count"] for r in accept) > len(accept)
+    accept = [r for r in window if r.get("event") == "server.accept_failed"]
+    if event_loop == "asyncio":
+        assert accept, [r["msg"] for r in window][:5]
+        assert all("exc" not in r for r in accept)
+        assert accept[0]["errno"] == "EMFILE" and accept[0]["count"] == 1
+        # The summaries count what they stand for: many more occurrences than lines.
+        assert sum(r["count"] for r in accept) > len(accept)
+    else:
+        assert not accept and all("exc" not in r for r in window), window[:5]
     reload_failures = [r for r in window if r.get("event") == "policy.reload_failed"]
     assert len(reload_failures) <= 3 and all("exc" not in r for r in reload_failures)
 
