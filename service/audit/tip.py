@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from ..store.base import AUDIT_GENESIS_HASH, AuditRecord, ChainGuard, StoreError
+from ..store.base import AUDIT_GENESIS_HASH, AuditRecord, ChainGuard, StaleStart, StoreError
 from .record import verify
 
 __all__ = ["AuditTampered", "Tip"]
@@ -127,6 +127,22 @@ class Tip:
         elif head[0] > start[0]:
             self._vouched[head[0]] = head[1]
 
+    def noted(self, head: Head) -> Head | None:
+        """The newest head verified inside a transaction (``vouch(move=False)``) that is newer
+        than the tip and not newer than ``head``; None without one."""
+        known = self._known
+        if known is None:
+            return None
+        best: Head | None = None
+        for seq, digest in self._vouched.items():
+            if known[0] < seq <= head[0] and (best is None or seq > best[0]):
+                best = (seq, digest)
+        return best
+
+    def forget_noted(self) -> None:
+        """Drop the heads verified inside transactions (one of them did not commit)."""
+        self._vouched.clear()
+
     def advance(self, records: Sequence[AuditRecord]) -> None:
         """Records this worker committed, in chain order: the tip moves along those that link
         onto it or onto a head verified from it (each was chained onto a head vouched for)."""
@@ -154,13 +170,31 @@ class Tip:
 
 
 class _Pending:
-    """``Tip`` as the guard of an append inside a caller's transaction: verifies, never moves."""
+    """``Tip`` as the guard of an append inside a caller's transaction: verifies, never moves.
+
+    It starts from the newest head it already verified inside a transaction (``noted``), not
+    from the tip: a transaction's appends (a group-committed SQLite batch holds many, under the
+    writers' lock) would otherwise each re-read and re-verify every record since the tip, the
+    ones the earlier appends verified included. A noted head whose record is no longer the one
+    verified (its transaction did not commit) is dropped, with every other note, and the store
+    asks again (``StaleStart``): from the tip."""
 
     def __init__(self, tip: Tip) -> None:
         self._tip = tip
 
     def since(self, head: Head) -> Head | None:
-        return self._tip.since(head)
+        start = self._tip.since(head)
+        if start is None:
+            return None
+        noted = self._tip.noted(head)
+        if noted is None:
+            return start
+        return None if noted == head else noted
 
     def vouch(self, start: Head, head: Head, records: Sequence[AuditRecord]) -> None:
+        if start != self._tip.known and (
+                not records or records[0].seq != start[0] or records[0].hash != start[1]):
+            self._tip.forget_noted()
+            raise StaleStart(f"audit head {start[0]} was verified in a transaction that did not "
+                             "commit")
         self._tip.vouch(start, head, records, move=False)

@@ -56,6 +56,7 @@ __all__ = [
     "Seal",
     "SessionOps",
     "SessionRecord",
+    "StaleStart",
     "Store",
     "StoreError",
     "StoreOutcomeUnknown",
@@ -115,6 +116,11 @@ TASK_STATES: tuple[str, ...] = ("pending", "running", "succeeded", "failed")
 
 class StoreError(Exception):
     """Base class of every error the store raises; driver errors never escape unwrapped."""
+
+
+class StaleStart(StoreError):
+    """``ChainGuard.vouch``: the start ``since`` gave no longer holds (a head verified inside a
+    transaction that did not commit); the guard dropped it: ask ``since`` again."""
 
 
 class NotFound(StoreError):

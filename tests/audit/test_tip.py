@@ -212,3 +212,63 @@ async def test_appends_in_a_transaction_that_rolls_back_raise_no_alarm(
         await write(log, 1, "a")
         assert await log.catch_up() == await store.audit_head()
     assert alarms(caplog) == [] and log.tip.ok
+
+
+async def test_a_transactions_appends_verify_only_what_is_new_and_a_stale_note_is_dropped(
+    store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each append in one transaction starts from the head the previous one verified (not from
+    the tip: that would re-read every record since it, for every append); a noted head whose
+    transaction rolled back is dropped and the append verifies from the tip, with no alarm."""
+    from service.store.sql import audit as sql_audit
+
+    log, _ = worker(store, target, tmp_path / "audit.jsonl")
+    other, _ = worker(store, target, tmp_path / "audit.jsonl")
+    await write(log, 1, "a")
+    await write(other, 3, "b")  # records 2..4, which ``log`` has not seen
+    read: list[tuple[int, int]] = []
+    real = sql_audit._vouch
+
+    class Counted:
+        """The guard, noting every start it gives (the store reads from there to the head)."""
+
+        def __init__(self, guard: Any) -> None:
+            self.guard = guard
+
+        def since(self, head: tuple[int, str]) -> tuple[int, str] | None:
+            start = self.guard.since(head)
+            if start is not None:
+                read.append((start[0], head[0]))
+            return start
+
+        def vouch(self, *args: Any) -> None:
+            self.guard.vouch(*args)
+
+    async def counting(q, head, guard):  # noqa: ANN001 (the store's private helper)
+        await real(q, head, None if guard is None else Counted(guard))
+
+    entry = {"action": "approvals.expire", "outcome": "executed"}
+    sql_audit._vouch = counting
+    try:
+        with caplog.at_level(logging.ERROR, logger="controlplane.audit"):
+            async with store.transaction() as tx:
+                records = [await log.append(entry, tx) for _ in range(4)]
+            # The first append verifies 1..4; each later one only the record before it.
+            assert read == [(1, 4), (4, 5), (5, 6), (6, 7)]
+            await log.mirror_many(records)
+            assert log.tip.known == (8, records[-1].hash)
+            # A transaction that rolls back leaves notes of heads that never committed.
+            with pytest.raises(RuntimeError):
+                async with store.transaction() as tx:
+                    await log.append(entry, tx)
+                    await log.append(entry, tx)  # notes head 9, its own uncommitted record
+                    raise RuntimeError("rolled back")
+            await write(other, 2, "b")  # 9 and 10 are now other records
+            read.clear()
+            async with store.transaction() as tx:
+                await log.append(entry, tx)
+            assert read[0] == (9, 10)  # the stale note first, then from the tip
+            assert read[1] == (8, 10)
+    finally:
+        sql_audit._vouch = real
+    assert alarms(caplog) == [] and log.tip.ok

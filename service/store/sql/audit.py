@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ... import canonical
-from ..base import AuditCheckpoint, AuditRecord, ChainGuard, Seal, StoreError
+from ..base import AuditCheckpoint, AuditRecord, ChainGuard, Seal, StaleStart, StoreError
 from .core import MAX_LIST_LIMIT, Dialect, Query, Row, Unit, dump_json
 
 __all__ = ["AuditSql"]
@@ -257,10 +257,13 @@ async def _vouch(q: Query, head: tuple[int, str], guard: ChainGuard | None) -> N
     known head, none when ``head`` is that head. What it raises rolls the caller back."""
     if guard is None:
         return
-    start = guard.since(head)
-    if start is not None:
+    while (start := guard.since(head)) is not None:
         rows = await q.all(_SINCE, min(start[0], head[0]), max(start[0], head[0]))
-        guard.vouch(start, head, [_record(r) for r in rows])
+        try:
+            guard.vouch(start, head, [_record(r) for r in rows])
+            return
+        except StaleStart:
+            continue  # the guard dropped the start it gave: the next one is its tip
 
 
 async def _swap(
