@@ -244,7 +244,7 @@ async def test_a_transactions_appends_verify_only_what_is_new_and_a_stale_note_i
         def vouch(self, *args: Any) -> None:
             self.guard.vouch(*args)
 
-    async def counting(q, head, guard):  # noqa: ANN001 (the store's private helper)
+    async def counting(q, head, guard):
         await real(q, head, None if guard is None else Counted(guard))
 
     entry = {"action": "approvals.expire", "outcome": "executed"}
