@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import clock
-from .redaction import SECRET_WORDS, is_secret_field
+from .redaction import SECRET_BY_NAME, SECRET_WORDS, is_secret_field
 
 __all__ = ["ScrubFilter", "configure", "correlation_id_var", "install_scrubbing", "mask", "scrub"]
 
@@ -135,9 +135,9 @@ def _mask(value: Any, names: set[str]) -> Any:
     if isinstance(value, dict):
         masked: dict[Any, Any] = {}
         for k, v in value.items():
-            secret = _SECRET_KEYS.get(k)
+            secret = SECRET_BY_NAME.get(k)
             if secret is None:
-                secret = _secret_key(k)
+                secret = is_secret_field(k)
             if secret or (names and str(k).lower() in names):
                 masked[k] = MASK
             elif type(v) is str:  # the common leaves, without a call each
@@ -156,17 +156,6 @@ def _mask(value: Any, names: set[str]) -> Any:
     if value is None or isinstance(value, (bool, int, float)):
         return value
     return scrub(str(value))
-
-
-# Whether a field name is secret, by name: a dict lookup per field of a line (the names repeat).
-_SECRET_KEYS: dict[Any, bool] = {}
-
-
-def _secret_key(name: Any) -> bool:
-    if len(_SECRET_KEYS) >= _CLEAN_MAX_ENTRIES:  # a caller's own names can only churn it
-        _SECRET_KEYS.clear()
-    secret = _SECRET_KEYS[name] = is_secret_field(name)
-    return secret
 
 
 def _message(record: logging.LogRecord) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import canonical
-from ..redaction import is_secret_field
+from ..redaction import SECRET_BY_NAME, is_secret_field
 from ..store.base import AUDIT_GENESIS_HASH, AuditRecord
 
 __all__ = ["Break", "seal", "verify"]
@@ -65,9 +65,9 @@ def _scrub(value: Any) -> Any:
         # OTP or nonce in it would be a credential leak.
         out = {}
         for k, v in value.items():
-            secret = _SECRET.get(k)
+            secret = SECRET_BY_NAME.get(k)
             if secret is None:
-                secret = _secret(k)
+                secret = is_secret_field(k)
             if not secret:
                 kind = type(v)  # the common leaves, without a call each
                 leaf = kind is str or kind is int or v is None or kind is bool or kind is float
@@ -76,17 +76,6 @@ def _scrub(value: Any) -> Any:
     if isinstance(value, list):
         return [_scrub(v) for v in value]
     return value
-
-
-# Whether a key is secret, by key: a dict lookup per key of a record (the keys repeat).
-_SECRET: dict[Any, bool] = {}
-
-
-def _secret(key: Any) -> bool:
-    if len(_SECRET) >= 4096:  # a caller's own keys can only churn it
-        _SECRET.clear()
-    secret = _SECRET[key] = is_secret_field(key)
-    return secret
 
 
 @dataclass(frozen=True)

@@ -218,8 +218,9 @@ def _chain(last: int, prev_hash: str, stored: Sequence[Stored], seal: Seal) -> l
 
     Sealed as they will be read back, so verification recomputes from identical data: the
     text's own value (read back from it unless the caller has it: ``dump_json`` of a value
-    whose text is its canonical form reads back equal to it, which ``seal`` checks before it
-    hashes the text as it is)."""
+    whose text is its canonical form reads back equal to it). ``seal`` is given the text only
+    where ``canonical.is_canonical`` says it is the entry's canonical form, and hashes it as it
+    is."""
     records: list[AuditRecord] = []
     for seq, (text, value) in enumerate(stored, start=last + 1):
         # A value whose text is not its canonical form (a float JCS writes otherwise, a
