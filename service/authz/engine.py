@@ -19,7 +19,6 @@ import contextlib
 import contextvars
 import hashlib
 import itertools
-import json
 import logging
 import secrets
 import threading
@@ -67,9 +66,6 @@ __all__ = [
 
 decision_log = logging.getLogger("controlplane.decisions")
 log = logging.getLogger(__name__)
-#: The cache key of a revision whose input references are unknown: the whole stripped input
-#: (an encoder built once: ``json.dumps`` with arguments builds one per call).
-_WHOLE_KEY = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
 
 _D = TypeVar("_D")
 
@@ -359,7 +355,7 @@ class PolicyEngine:
             # not JSON: no key; regopy will refuse it below, and errors are never cached
             with contextlib.suppress(TypeError, ValueError):
                 key = (
-                    _WHOLE_KEY(stripped)
+                    inputrefs.whole_key(stripped)
                     if current.key_paths is None
                     else inputrefs.cache_key(current.key_paths, stripped)
                 )

@@ -44,7 +44,7 @@ from typing import Any
 from service.authz import regolex
 from service.authz.input import PROJECTED_PRINCIPAL_FIELDS
 
-__all__ = ["ENGINE_PATHS", "InputRefs", "Path", "analyse", "cache_key", "key_paths"]
+__all__ = ["ENGINE_PATHS", "InputRefs", "Path", "analyse", "cache_key", "key_paths", "whole_key"]
 
 Path = tuple[str, ...]
 """A path into the input document (``("principal", "kind")``)."""
@@ -411,6 +411,12 @@ def cache_key(paths: Sequence[Path], doc: Mapping[str, Any]) -> tuple[Any, ...]:
                 break
         parts.append(stop if stop is not None else _keyed(node))
     return tuple(parts)
+
+
+def whole_key(doc: Mapping[str, Any]) -> str:
+    """The cache key of a revision whose input paths are unknown (``key_paths`` is None): the
+    whole stripped input as canonical JSON; ``TypeError``/``ValueError`` if it is not JSON."""
+    return _KEY_ENCODER(doc)
 
 
 def _keyed(value: Any) -> tuple[str, Any]:

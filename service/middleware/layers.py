@@ -42,6 +42,7 @@ def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
     counted = metrics.install_metrics(app, multiprocess=multiprocess)
     tally = counted.tally
     headers.install_server_header(app)
+    timeout_s = app[CONFIG].store.timeout_s  # the request's store deadline (the app's config)
 
     @web.middleware
     async def request_layers(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -53,7 +54,7 @@ def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
         tally.in_flight += 1
         status = 500
         try:
-            with deadline.budget(request.app[CONFIG].store.timeout_s):
+            with deadline.budget(timeout_s):
                 try:
                     await authn.identify(request)
                     response = await handler(request)
