@@ -3,6 +3,7 @@ definition's verification does not take a stored text's word for it."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
@@ -70,3 +71,23 @@ def test_the_definition_does_not_take_a_non_canonical_stored_text_at_its_word():
     honest = AuditRecord(seq=1, prev_hash=AUDIT_GENESIS_HASH, entry=entry, text=canonical_text,
                          hash=_definition(1, AUDIT_GENESIS_HASH, entry))
     assert verify([honest]) == verify([honest], stored_text=True) == (1, None)
+
+
+def test_the_tips_check_reads_only_the_stored_text():
+    """The tip vouches for records read without decoding them (``entry`` empty): a canonical
+    text verifies by its bytes, an honest non-canonical one (``1.0``: JCS writes ``1``) by its
+    decoded entry, and an edited one does not verify."""
+    prev = "sha256:" + "cd" * 32
+    canonical_text = dump_json({"outcome": "executed", "status": 200})
+    honest = '{"n":1.0}'  # what dump_json writes for 1.0; its RFC 8785 form is {"n":1}
+    records = [
+        AuditRecord(seq=5, prev_hash=prev, entry={}, text=canonical_text,
+                    hash=_definition(5, prev, json.loads(canonical_text))),
+    ]
+    records.append(AuditRecord(seq=6, prev_hash=records[0].hash, entry={}, text=honest,
+                               hash=_definition(6, records[0].hash, {"n": 1.0})))
+    assert verify(records, start=(4, prev), stored_text=True) == (2, None)
+    for edited in ('{"n":2.0}', '{"m":1.0}', "not json"):
+        changed = [records[0], dataclasses.replace(records[1], text=edited)]
+        checked, broken = verify(changed, start=(4, prev), stored_text=True)
+        assert checked == 1 and broken is not None and (broken.seq, broken.reason) == (6, "hash_mismatch")

@@ -261,7 +261,7 @@ async def _vouch(q: Query, head: tuple[int, str], guard: ChainGuard | None) -> N
     while (start := guard.since(head)) is not None:
         rows = await q.all(_SINCE, min(start[0], head[0]), max(start[0], head[0]))
         try:
-            guard.vouch(start, head, [_record(r) for r in rows])
+            guard.vouch(start, head, [_stored(r) for r in rows])
             return
         except StaleStart:
             continue  # the guard dropped the start it gave: the next one is its tip
@@ -308,6 +308,13 @@ async def _link(
         await q.exec_many(_INSERT, rows)
     await q.exec(_HEAD, end, prev_hash)
     return records
+
+
+def _stored(row: Row) -> AuditRecord:
+    """A record as the tip checks it: its stored text, not decoded (``audit.record.verify`` with
+    ``stored_text`` hashes the text as it is, and decodes only one whose hash differs)."""
+    return AuditRecord(seq=int(row["seq"]), prev_hash=str(row["prev_hash"]), hash=str(row["hash"]),
+                       entry={}, text=str(row["entry"]))
 
 
 def _record(row: Row) -> AuditRecord:
