@@ -65,6 +65,9 @@ MAX_BATCH = 256
 #: A staged record this old (seconds) is sealed by whichever worker sweeps first (housekeeping
 #: sweeps every 30 s).
 STAGED_GRACE_S = 10.0
+#: How long (seconds) a sealing batch waits, at most, for the stagings still in flight when it
+#: starts: their records join it instead of each needing a batch of their own (see ``_seal``).
+GATHER_S = 0.005
 #: ``verify_signed`` reports staged records older than this as a problem: no worker sweeps.
 UNSEALED_PROBLEM_S = 120.0
 _PAGE = 500
@@ -93,6 +96,8 @@ class AuditLog:
         # Staging id -> its settler, in arrival order; one sealer task works through them.
         self._unsealed: dict[int, asyncio.Future[AuditRecord | None]] = {}
         self._sealer: asyncio.Task[None] | None = None
+        # One future per staging whose statement (a run's whole call, on PostgreSQL) is out.
+        self._staging: set[asyncio.Future[None]] = set()
         #: Set by the checkpointer of a serving worker; tools and tests leave it None.
         self.observer: CommitObserver | None = None
         #: Runs whose COMMIT went unanswered, resolved once the store answers (the app closes it).
@@ -130,7 +135,13 @@ class AuditLog:
     async def stage(self, entry: dict[str, Any], tx: Tx) -> int:
         """Stage ``entry`` (scrubbed) in ``tx``: it commits with ``tx`` but is not chained yet.
         Returns its staging id, for ``settle`` once ``tx`` committed."""
-        return await tx.stage_audit(scrub(entry), clock.now())
+        out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._staging.add(out)
+        try:
+            return await tx.stage_audit(scrub(entry), clock.now())
+        finally:
+            self._staging.discard(out)
+            out.set_result(None)
 
     async def settle(self, staged: int) -> AuditRecord | None:
         """After the staging transaction committed: wait until this worker's sealer has chained
@@ -163,7 +174,15 @@ class AuditLog:
             raise StoreUnavailable(f"{what}: deadline exceeded") from None
 
     async def _seal(self) -> None:
+        """Seal what is staged, a batch at a time. A batch first waits (up to ``GATHER_S``) for
+        the stagings in flight as it starts: under load a run's call and its sealing overlap,
+        and without the wait nearly every run sealed alone (about 1.2 runs a batch on the
+        PostgreSQL chain bench: three statements a run for sealing, where one batch's three
+        serve many)."""
         while self._unsealed:
+            if self._staging:
+                await asyncio.wait(list(self._staging), timeout=GATHER_S)
+                await asyncio.sleep(0)  # the runs they answered reach ``settle`` first
             ids = list(itertools.islice(self._unsealed, MAX_BATCH))
             try:
                 await self._ready()
