@@ -101,6 +101,10 @@ class Tip:
             raise StoreError("audit tip not started")
         return None if head == self._known else self._known
 
+    def reads_from(self) -> int | None:
+        """``ChainGuard.reads_from``: the tip's seq."""
+        return None if self._known is None else self._known[0]
+
     def vouch(self, start: Head, head: Head, records: Sequence[AuditRecord], *,
               move: bool = True) -> None:
         """``ChainGuard.vouch``: the stored records between ``start`` (the tip ``since`` gave)
@@ -190,6 +194,10 @@ class _Pending:
         if noted is None:
             return start
         return None if noted == head else noted
+
+    def reads_from(self) -> int | None:
+        """None: ``since`` may start from a noted head, which only it can tell."""
+        return None
 
     def vouch(self, start: Head, head: Head, records: Sequence[AuditRecord]) -> None:
         if start != self._tip.known and (

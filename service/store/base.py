@@ -93,6 +93,11 @@ class ChainGuard(Protocol):
         the store reads the records between the two (both ends included) for ``vouch``."""
         ...
 
+    def reads_from(self) -> int | None:
+        """The seq ``since`` gives for a head past the one it knows (None: not known yet): a
+        store may read those records together with the head, and hand them to ``vouch``."""
+        ...
+
     def vouch(self, start: tuple[int, str], head: tuple[int, str],
               records: Sequence[AuditRecord]) -> None:
         """``records``: the stored records from the lower seq of ``start`` and ``head`` to the

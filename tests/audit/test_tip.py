@@ -23,6 +23,8 @@ from service.audit.tip import AuditTampered
 from service.cli import audit
 from service.store import Store
 from service.store.base import AuditRecord
+from service.store.sql import audit as sql_audit
+from service.store.sql.core import Query
 
 from . import tamper
 from .conftest import Target
@@ -220,7 +222,6 @@ async def test_a_transactions_appends_verify_only_what_is_new_and_a_stale_note_i
     """Each append in one transaction starts from the head the previous one verified (not from
     the tip: that would re-read every record since it, for every append); a noted head whose
     transaction rolled back is dropped and the append verifies from the tip, with no alarm."""
-    from service.store.sql import audit as sql_audit
 
     log, _ = worker(store, target, tmp_path / "audit.jsonl")
     other, _ = worker(store, target, tmp_path / "audit.jsonl")
@@ -272,3 +273,43 @@ async def test_a_transactions_appends_verify_only_what_is_new_and_a_stale_note_i
     finally:
         sql_audit._vouch = real
     assert alarms(caplog) == [] and log.tip.ok
+
+
+async def test_a_sealing_batch_reads_what_it_vouches_for_with_the_head(
+    store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PostgreSQL seals staged records optimistically: the records another worker appended
+    since this worker's tip come with the head and the staged rows, in one statement (no read
+    of their own), and a change to one the tip knew is still found."""
+    if not store.stages_audit:
+        pytest.skip("SQLite appends in the run's transaction: nothing is staged, nothing sealed")
+    sent: list[str] = []
+    real_all = Query.all
+
+    async def all_(self: Query, sql: str, *args: Any) -> Any:
+        sent.append(sql)
+        return await real_all(self, sql, *args)
+
+    monkeypatch.setattr(Query, "all", all_)
+    mirror = tmp_path / "audit.jsonl"
+    (a, _), (b, _) = worker(store, target, mirror), worker(store, target, mirror)
+
+    async def run(log: AuditLog) -> AuditRecord | None:
+        async with store.transaction() as tx:
+            staged = await log.stage({"action": "installer.run", "outcome": "executed"}, tx)
+        return await log.settle(staged)
+
+    await write(b, 1, "b")
+    await write(a, 3, "a")  # 2..4, which b has not seen
+    sent.clear()
+    sealed = await run(b)
+    assert sealed is not None and sealed.seq == 5 and b.tip.known == (5, sealed.hash)
+    assert not any(sql == sql_audit._SINCE for sql in sent)
+    assert any("UNION ALL" in sql for sql in sent)
+    await write(a, 2, "a")  # 6, 7
+    await rewrite_from(target, 5)  # b's own record, and every hash after it
+    with caplog.at_level(logging.ERROR, logger="controlplane.audit"):
+        with pytest.raises(AuditTampered):
+            await run(b)
+    assert [(x["seq"], x["reason"]) for x in alarms(caplog)] == [(5, "record_changed")]

@@ -64,6 +64,17 @@ _READ_STAGED = (
     "SELECT h.seq, h.hash, s.id, s.entry FROM audit_head h "
     "LEFT JOIN audit_staged s ON s.{where} WHERE h.id = 1"
 )
+# The same, with the records a ``ChainGuard`` reads to vouch for a head another writer moved
+# past the one it knows (``ChainGuard.reads_from``): in the same statement, so in the same
+# snapshot as the head, and no read of their own follows (with two workers, most batches').
+# None when the head has not moved past it. Rows of the second kind have ``l_seq`` set.
+_READ_STAGED_AND_SINCE = (
+    "SELECT h.seq, h.hash, s.id, s.entry, NULL AS l_seq, NULL AS l_prev, NULL AS l_hash "
+    "FROM audit_head h LEFT JOIN audit_staged s ON s.{where} WHERE h.id = 1 "
+    "UNION ALL SELECT NULL, NULL, NULL, l.entry, l.seq, l.prev_hash, l.hash FROM audit_log l "
+    "WHERE l.seq >= ? AND l.seq <= (SELECT seq FROM audit_head WHERE id = 1) "
+    "AND (SELECT seq FROM audit_head WHERE id = 1) > ?"
+)
 _SWAP = (
     "WITH head AS (UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1 AND seq = ? "
     "AND hash = ? RETURNING seq), "
@@ -253,13 +264,19 @@ def _columns(records: Sequence[AuditRecord]) -> list[list[Any]]:
             [r.hash for r in records], [r.text for r in records]]
 
 
-async def _vouch(q: Query, head: tuple[int, str], guard: ChainGuard | None) -> None:
+async def _vouch(q: Query, head: tuple[int, str], guard: ChainGuard | None,
+                 read: tuple[int, list[Row]] | None = None) -> None:
     """Let ``guard`` vouch for ``head`` before it is extended: one read of the records since its
-    known head, none when ``head`` is that head. What it raises rolls the caller back."""
+    known head, none when ``head`` is that head, nor when ``read`` holds them already (the
+    records from a seq to ``head``, read with it). What it raises rolls the caller back."""
     if guard is None:
         return
     while (start := guard.since(head)) is not None:
-        rows = await q.all(_SINCE, min(start[0], head[0]), max(start[0], head[0]))
+        if read is not None and read[0] == start[0] <= head[0]:
+            rows = read[1]
+        else:
+            rows = await q.all(_SINCE, min(start[0], head[0]), max(start[0], head[0]))
+        read = None
         try:
             guard.vouch(start, head, [_stored(r) for r in rows])
             return
@@ -272,7 +289,19 @@ async def _swap(
 ) -> list[tuple[int, AuditRecord]] | None:
     """Seal the staged rows ``where`` selects optimistically (see ``_SWAP``); None when another
     writer moved the head first (nothing was written)."""
-    rows = await q.all(_READ_STAGED.format(where=where), *args)
+    known = None if guard is None else guard.reads_from()
+    read: tuple[int, list[Row]] | None = None
+    if known is None:
+        rows = await q.all(_READ_STAGED.format(where=where), *args)
+    else:
+        rows, since = [], []
+        for r in await q.all(_READ_STAGED_AND_SINCE.format(where=where), *args, known, known):
+            if r["l_seq"] is None:
+                rows.append(r)
+            else:
+                since.append({"seq": r["l_seq"], "prev_hash": r["l_prev"], "hash": r["l_hash"],
+                              "entry": r["entry"]})
+        read = (known, sorted(since, key=lambda r: int(r["seq"])))
     if not rows:
         raise StoreError("audit head row missing")
     taken = sorted((int(r["id"]), str(r["entry"])) for r in rows if r["id"] is not None)
@@ -280,7 +309,7 @@ async def _swap(
         return []
     last, prev_hash = int(rows[0]["seq"]), str(rows[0]["hash"])
     # Read without the lock: the swap below moves the head only if it is still this one.
-    await _vouch(q, (last, prev_hash), guard)
+    await _vouch(q, (last, prev_hash), guard, read)
     records = _chain(last, prev_hash, [(text, None) for _, text in taken], seal)
     row = await q.one(_SWAP, records[-1].seq, records[-1].hash, last, prev_hash,
                       [staged_id for staged_id, _ in taken], *_columns(records))
