@@ -26,7 +26,7 @@ import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -101,6 +101,14 @@ class _Connection:
         self._lock_fd: int | None = None  # the writers' lock file, opened on first write
         # Set while this connection holds the write lock (between BEGIN IMMEDIATE and COMMIT).
         self._holding_write_lock = False
+        # Calls handed to the thread; calls it finished (written on the thread only); calls
+        # cancelled before they ran (on the loop only). ``_queued == _ran + _dropped`` safely
+        # means nothing is queued or running there (``_begin_inline``); a lost count could only
+        # make it false, which costs a hop, never safety.
+        self._queued = 0
+        self._ran = 0
+        self._dropped = 0
+        self._busy_ms: int | None = None  # the connection's busy timeout, read once
 
     @classmethod
     async def open(cls, path: str, busy_timeout_s: float) -> _Connection:
@@ -134,10 +142,26 @@ class _Connection:
         return cls(db, executor)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self._queued += 1
+        work = self._executor.submit(self._counted, fn)
+        work.add_done_callback(self._count_dropped)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, self._db)
+            return await asyncio.wrap_future(work)
         except sqlite3.Error as exc:
             raise _wrap(exc) from exc
+
+    def _count_dropped(self, work: Future[Any]) -> None:
+        # Runs on the thread that completed ``work``, or on the loop when its waiter's
+        # cancellation cancelled it before it ran (then ``_counted`` never runs).
+        if work.cancelled():
+            self._dropped += 1
+
+    def _counted(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """On the thread: ``fn``, then counted as finished (also when it raises)."""
+        try:
+            return fn(self._db)
+        finally:
+            self._ran += 1
 
     async def _statement(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run one statement: on the loop's thread while this connection holds the write lock.
@@ -190,8 +214,40 @@ class _Connection:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
                 raise
 
-        await self._call(begin_write)
+        if self._queued != self._ran + self._dropped or not self._begin_inline():
+            await self._call(begin_write)
         self._holding_write_lock = True
+
+    def _begin_inline(self) -> bool:
+        """BEGIN IMMEDIATE on the loop's thread, when it cannot wait: nothing is queued on the
+        connection's thread (a queued ROLLBACK must not end this transaction), the writers'
+        lock is free at once, and SQLite's own lock too (busy timeout 0: a writer outside the
+        lock, such as another process migrating at start-up). Otherwise False, holding
+        nothing, and the thread BEGINs, waiting as long as it must. Saves one of the two
+        thread hops of every write batch (measured: ~50 us of the loop's CPU and ~25 us of the
+        thread's a hop); a batch of the authorized read's audit records holds ~6."""
+        db = self._db
+        if self._lock_fd is None:
+            self._lock_fd = os.open(_lock_path(db), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            if self._busy_ms is None:
+                self._busy_ms = int(db.execute("PRAGMA busy_timeout").fetchone()[0])
+            db.execute("PRAGMA busy_timeout = 0").close()
+            try:
+                db.execute("BEGIN IMMEDIATE").close()
+            finally:
+                db.execute(f"PRAGMA busy_timeout = {self._busy_ms}").close()
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                if db.in_transaction:
+                    db.execute("ROLLBACK").close()
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            return False
+        return True
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
@@ -227,7 +283,8 @@ class _Connection:
             finally:
                 self._unlock()
 
-        self._executor.submit(rollback, self._db)
+        self._queued += 1
+        self._executor.submit(self._counted, rollback)
 
     async def close(self) -> None:
         try:

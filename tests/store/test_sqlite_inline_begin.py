@@ -1,0 +1,128 @@
+"""SQLite's write BEGIN on the event loop's thread (``_Connection._begin_inline``): taken when it
+cannot wait, left to the connection's thread whenever it could (the writers' lock held, SQLite's
+own lock held by a writer outside it, a call still queued on the thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+
+from service.store.sqlite import SqliteStore
+
+from .test_sqlite_stalls import write_lock_held
+
+# A writer that does not take the writers' lock (a process migrating at start-up, an operator's
+# sqlite3 shell): SQLite's own write lock only; prints "locked", holds, lets go.
+_OUTSIDER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("ROLLBACK")
+"""
+
+
+async def write(store: SqliteStore, n: int) -> None:
+    async with store.transaction() as tx:
+        await tx.stage_audit({"n": n}, 1.0)
+
+
+async def loop_lag_while(work: asyncio.Future[object], tick_s: float = 0.02) -> float:
+    """The longest the event loop went without running a tick while ``work`` ran."""
+    worst = 0.0
+    while not work.done():
+        before = time.monotonic()
+        await asyncio.sleep(tick_s)
+        worst = max(worst, time.monotonic() - before - tick_s)
+    return worst
+
+
+async def test_a_free_write_lock_is_taken_without_a_thread_hop(tmp_path: Path) -> None:
+    store = await SqliteStore.open(str(tmp_path / "s.db"))
+    try:
+        writer = store._writer
+        await write(store, 0)
+        before = writer._queued
+        await write(store, 1)
+        assert writer._queued - before == 1  # the COMMIT only: BEGIN ran on the loop
+        async with store.transaction() as tx:
+            assert await tx.stage_audit({"n": 2}, 1.0) > 0
+    finally:
+        await store.close()
+
+
+async def test_a_writer_outside_the_lock_makes_the_thread_wait_not_the_loop(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    store = await SqliteStore.open(str(path))
+    try:
+        writer = store._writer
+        await write(store, 0)
+        busy_ms = writer._db.execute("PRAGMA busy_timeout").fetchone()[0]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _OUTSIDER, str(path), "1.0", stdout=asyncio.subprocess.PIPE)
+        assert proc.stdout is not None
+        assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"locked"
+        before = writer._queued
+        started = time.monotonic()
+        work = asyncio.ensure_future(write(store, 1))
+        lag = await loop_lag_while(work)
+        await work  # written once the outsider let go
+        assert time.monotonic() - started >= 0.5
+        assert lag < 0.5  # the wait was the thread's; the loop kept running
+        assert writer._queued - before == 2  # BEGIN went to the thread, then COMMIT
+        # The connection's busy timeout is what it was.
+        assert writer._db.execute("PRAGMA busy_timeout").fetchone()[0] == busy_ms
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        await write(store, 2)
+    finally:
+        await store.close()
+
+
+async def test_a_held_writers_lock_leaves_the_begin_to_the_thread(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = await SqliteStore.open(str(path))
+    try:
+        await write(store, 0)
+        async with write_lock_held(path, hold_s=0.8) as holder:
+            before = store._writer._queued
+            work = asyncio.ensure_future(write(store, 1))
+            assert await loop_lag_while(work) < 0.5
+            await work
+            assert store._writer._queued - before == 2
+        assert holder.returncode == 0
+    finally:
+        await store.close()
+
+
+async def test_a_call_queued_on_the_thread_keeps_the_begin_behind_it(tmp_path: Path) -> None:
+    """A ROLLBACK queued by a failed batch must end that batch, not the next one: while any call
+    is queued or running on the connection's thread, the BEGIN queues behind it."""
+    store = await SqliteStore.open(str(tmp_path / "s.db"))
+    try:
+        writer = store._writer
+        await write(store, 0)
+        release, finished = threading.Event(), []
+
+        def slow(db: object) -> None:
+            release.wait(10)
+            finished.append("slow")
+
+        queued = asyncio.ensure_future(writer._call(slow))
+        await asyncio.sleep(0)
+        opened = asyncio.ensure_future(writer.begin(True))
+        await asyncio.sleep(0.2)
+        assert not opened.done()  # behind the queued call, not on the loop
+        release.set()
+        await queued
+        await opened
+        assert finished == ["slow"]
+        await writer.commit()
+        await write(store, 1)
+    finally:
+        await store.close()
