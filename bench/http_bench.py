@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -218,13 +219,16 @@ class Bench:
         self.profiles: dict[str, Any] = {}
         self.notes: list[str] = []
         self.references: list[dict[str, Any]] = []
+        self.rounds: list[dict[str, dict[str, Any]]] = []
+        self.last: dict[str, Any] = {}
 
     def log(self, msg: str) -> None:
         print(f"[http_bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     def measure(self, label: dict[str, Any], base: str, req: h.Request | list[h.Request],
                 conns: int, *, warmup: bool = True, duration: float | None = None,
-                max_requests: int | None = None, server: h.Server | None = None) -> h.Result:
+                max_requests: int | None = None, server: h.Server | None = None,
+                keep: bool = True) -> h.Result:
         duration = duration or self.opts.duration
         max_requests = max_requests or self.opts.max_requests
         if warmup and isinstance(req, h.Request):
@@ -270,7 +274,9 @@ class Bench:
                         if label.get("backend") == "postgres" else None,
                         "decisions": hits + misses,
                         "decision_hit_rate": hits / (hits + misses) if hits + misses else None})
-        self.rows.append(row)
+        if keep:
+            self.rows.append(row)
+        self.last = row
         self.log(f"{label} c={conns}: {result.rps:,.0f} req/s p50 {result.p50_ms:.2f} ms "
                  f"p99 {result.p99_ms:.2f} ms ({result.requests} req, {result.errors} errors)")
         return result
@@ -300,6 +306,44 @@ class Bench:
             except Exception as exc:  # a reference that cannot run is a note, not a failure
                 self.notes.append(f"peer_read.py {' '.join(extra)} could not run: "
                                   f"{type(exc).__name__}: {exc}")
+
+    def read_rounds(self, rounds: int, conns: int = 64) -> None:
+        """The authorized read against the bare app and the peer, in rounds: the three back to
+        back in each round (2 workers, SQLite, fresh servers), the ratios taken within a round
+        and their median reported. This machine's speed drifts from minute to minute (the same
+        row of two runs differed by up to 25%), so ratios of rows measured minutes apart
+        mislead; three within a round do not."""
+        if "read" not in self.opts.scenarios or not h.PEER_READ.exists() or rounds < 1:
+            return
+        for i in range(rounds):
+            got: dict[str, dict[str, Any]] = {}
+            label = {"backend": "sqlite", "workers": 2, "round": i + 1}
+            with h.baseline(2, self.tmp) as server:
+                self.measure({**label, "target": "baseline", "backend": "-", "scenario": "info"},
+                             server.base, h.Request("GET", API + "/system/info"), conns,
+                             server=server, keep=False)
+                got["bare"] = self.last
+            try:
+                with h.peer(2, self.tmp, "--uvloop", "--log", "batched") as (server, token):
+                    self.measure({**label, "target": "peer+uvloop", "scenario": "read"},
+                                 server.base, h.Request("GET", API + "/databases",
+                                                        {"Authorization": f"Bearer {token}"}),
+                                 conns, server=server, keep=False)
+                    got["peer"] = self.last
+            except Exception as exc:  # a reference that cannot run is a note, not a failure
+                self.notes.append(f"read rounds: peer_read.py could not run: "
+                                  f"{type(exc).__name__}: {exc}")
+                return
+            state = self.tmp / f"state-rounds-{i}"
+            state.mkdir(mode=0o700)
+            with h.service(state, workers=2) as server:
+                token = asyncio.run(_login(h.Identities(server.base), "carol"))
+                self.measure({**label, "target": "service", "scenario": "read"}, server.base,
+                             h.Request("GET", API + "/databases",
+                                       {"Authorization": f"Bearer {token}"}),
+                             conns, server=server, keep=False)
+                got["project"] = self.last
+            self.rounds.append(got)
 
     def service(self, backend: str, workers: int) -> None:
         env: dict[str, str] = {}
@@ -429,6 +473,11 @@ class Bench:
 # ------------------------------------------------------------------------------ report
 
 
+async def _login(ids: h.Identities, subject: str) -> str:
+    async with aiohttp.ClientSession() as session:
+        return await ids.login(session, subject)
+
+
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     with h.temp_dir("cp-http-bench-") as tmp_s:
         tmp = Path(tmp_s)
@@ -443,6 +492,9 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
             bench.notes.append("wrk not found: the aiohttp-client generator shares the CPU with "
                                "the server, so these numbers are lower bounds")
         started = time.monotonic()
+        if 2 in opts.workers:
+            bench.log(f"authorized read in {opts.rounds} rounds: bare, peer, project")
+            bench.read_rounds(opts.rounds)
         for workers in opts.workers:
             bench.log(f"baseline, {workers} worker(s)")
             bench.baseline(workers)
@@ -459,6 +511,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     return {"machine": machine, "rows": bench.rows, "tickets": bench.tickets,
             "profiles": bench.profiles, "profile_store": opts.profile_store,
             "notes": bench.notes, "references": bench.references, "elapsed_s": elapsed,
+            "read_rounds": bench.rounds,
             "options": {"duration_s": opts.duration, "warmup_s": opts.warmup,
                         "max_requests": opts.max_requests, "tickets": opts.tickets,
                         "quick": opts.quick}}
@@ -541,6 +594,7 @@ def markdown(doc: dict[str, Any]) -> str:
             out.append(f"| {t['backend']} | {t['workers']} | {t['tickets']:,} | "
                        f"{t['create_per_s']:,.0f} | {t['approve_per_s']:,.0f} |")
     out += ["", "### Targets (2 workers)", ""]
+    out += read_rounds(doc.get("read_rounds") or [])
     out += targets(rows)
     if doc["profiles"]:
         store = {"sqlite": "SQLite", "postgres": "PostgreSQL"}[doc.get("profile_store", "sqlite")]
@@ -560,6 +614,43 @@ def markdown(doc: dict[str, Any]) -> str:
     if doc["notes"]:
         out += ["", "Notes:", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(out) + "\n"
+
+
+def read_rounds(rounds: list[dict[str, dict[str, Any]]]) -> list[str]:
+    """The headline: the read's ratio to bare and its CPU per read against the peer's, taken
+    within each round (``Bench.read_rounds``), and the median over the rounds."""
+    usable = [r for r in rounds if all(r.get(k, {}).get("rps") for k in ("bare", "peer",
+                                                                          "project"))]
+    if not usable:
+        return []
+    out = [f"Authorized read (GET /api/v1/databases, SQLite, 2 workers, 64 conns) in "
+           f"{len(usable)} rounds of bare, peer+uvloop and project back to back:", "",
+           "| round | bare req/s | peer req/s | project req/s | peer/bare | project/bare | "
+           "CPU ms/read bare | peer | project | project/peer CPU |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ratios, peer_ratios, cpu_ratios = [], [], []
+    for i, r in enumerate(usable, 1):
+        bare, peer, proj = r["bare"], r["peer"], r["project"]
+        ratio, peer_ratio = proj["rps"] / bare["rps"], peer["rps"] / bare["rps"]
+        cpus = [x.get("cpu_ms_per_req") for x in (bare, peer, proj)]
+        cpu_ratio = cpus[2] / cpus[1] if cpus[1] and cpus[2] else None
+        ratios.append(ratio)
+        peer_ratios.append(peer_ratio)
+        if cpu_ratio is not None:
+            cpu_ratios.append(cpu_ratio)
+        out.append(f"| {i} | {bare['rps']:,.0f} | {peer['rps']:,.0f} | {proj['rps']:,.0f} | "
+                   f"{peer_ratio:.1%} | {ratio:.1%} | "
+                   + " | ".join(f"{c:.3f}" if c else "-" for c in cpus)
+                   + (f" | {cpu_ratio:.2f}x |" if cpu_ratio is not None else " | - |"))
+    med, peer_med = statistics.median(ratios), statistics.median(peer_ratios)
+    out += ["", f"- authorized read vs the reference peer, median of {len(usable)} rounds: "
+                f"project {med:.1%} of bare, peer {peer_med:.1%} — "
+                f"{'holds' if med >= peer_med else 'does NOT hold'}"
+                + (f"; CPU per read {statistics.median(cpu_ratios):.2f}x the peer's (target "
+                   f"<= 1.2x) — "
+                   f"{'holds' if statistics.median(cpu_ratios) <= 1.2 else 'does NOT hold'}"
+                   if cpu_ratios else "")]
+    return out
 
 
 def targets(rows: list[dict[str, Any]]) -> list[str]:
@@ -661,12 +752,15 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-store", choices=("sqlite", "postgres"), default="sqlite",
                         help="which 2-worker service is profiled (default sqlite)")
     parser.add_argument("--profile-dir", help="keep py-spy's raw stacks here")
+    parser.add_argument("--rounds", type=int, help="rounds of the bare/peer/project read "
+                        "comparison (default 3; 1 with --quick)")
     parser.add_argument("--json", help="write the results document here")
     parser.add_argument("--markdown", help="write the Markdown section here")
     opts = parser.parse_args(argv)
     opts.duration = opts.duration or (1.5 if opts.quick else 5.0)
     opts.warmup = opts.warmup or (0.5 if opts.quick else 1.0)
     opts.tickets = opts.tickets or (300 if opts.quick else 2000)
+    opts.rounds = opts.rounds if opts.rounds is not None else (1 if opts.quick else 3)
     if opts.quick:
         opts.no_profile = True
     return opts
