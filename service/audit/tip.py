@@ -101,9 +101,9 @@ class Tip:
             raise StoreError("audit tip not started")
         return None if head == self._known else self._known
 
-    def reads_from(self) -> int | None:
-        """``ChainGuard.reads_from``: the tip's seq."""
-        return None if self._known is None else self._known[0]
+    def reads_from(self) -> Head | None:
+        """``ChainGuard.reads_from``: the tip."""
+        return self._known
 
     def vouch(self, start: Head, head: Head, records: Sequence[AuditRecord], *,
               move: bool = True) -> None:
@@ -195,7 +195,7 @@ class _Pending:
             return start
         return None if noted == head else noted
 
-    def reads_from(self) -> int | None:
+    def reads_from(self) -> Head | None:
         """None: ``since`` may start from a noted head, which only it can tell."""
         return None
 

@@ -93,9 +93,9 @@ class ChainGuard(Protocol):
         the store reads the records between the two (both ends included) for ``vouch``."""
         ...
 
-    def reads_from(self) -> int | None:
-        """The seq ``since`` gives for a head past the one it knows (None: not known yet): a
-        store may read those records together with the head, and hand them to ``vouch``."""
+    def reads_from(self) -> tuple[int, str] | None:
+        """The start ``since`` gives for any head but the one it knows (None: not known yet):
+        a store may read the records from there together with the head, for ``vouch``."""
         ...
 
     def vouch(self, start: tuple[int, str], head: tuple[int, str],

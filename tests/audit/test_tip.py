@@ -19,6 +19,7 @@ from service import clock
 from service.audit.checkpointer import Checkpointer
 from service.audit.keys import AuditKeys
 from service.audit.log import AuditLog
+from service.audit.record import verify as record_verify
 from service.audit.tip import AuditTampered
 from service.cli import audit
 from service.store import Store
@@ -245,8 +246,8 @@ async def test_a_transactions_appends_verify_only_what_is_new_and_a_stale_note_i
         def vouch(self, *args: Any) -> None:
             self.guard.vouch(*args)
 
-    async def counting(q, head, guard):
-        await real(q, head, None if guard is None else Counted(guard))
+    async def counting(q, head, guard, read=None):
+        await real(q, head, None if guard is None else Counted(guard), read)
 
     entry = {"action": "approvals.expire", "outcome": "executed"}
     sql_audit._vouch = counting
@@ -314,3 +315,43 @@ async def test_a_sealing_batch_reads_what_it_vouches_for_with_the_head(
         with pytest.raises(AuditTampered):
             await run(b)
     assert [(x["seq"], x["reason"]) for x in alarms(caplog)] == [(5, "record_changed")]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("target", ["postgres"], indirect=True)  # SQLite: one writer a file
+async def test_a_group_commit_appends_without_holding_the_heads_lock(
+    store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Records appended outside a caller's transaction (the group commit of reads and
+    refusals) join the chain as sealing does on PostgreSQL: the head read without a lock, then
+    one statement that appends only if the head is still that one. Two workers racing lose
+    swaps and try again; the chain they leave verifies, with no alarm."""
+    sent: list[str] = []
+    real_all, real_one = Query.all, Query.one
+
+    async def all_(self: Query, sql: str, *args: Any) -> Any:
+        sent.append(sql)
+        return await real_all(self, sql, *args)
+
+    async def one(self: Query, sql: str, *args: Any) -> Any:
+        sent.append(sql)
+        return await real_one(self, sql, *args)
+
+    monkeypatch.setattr(Query, "all", all_)
+    monkeypatch.setattr(Query, "one", one)
+    mirror = tmp_path / "audit.jsonl"
+    (a, _), (b, _) = worker(store, target, mirror), worker(store, target, mirror)
+    await write(a, 2, "a")
+    await write(b, 2, "b")
+    sent.clear()
+    entry = {"action": "databases.list", "outcome": "executed"}
+    with caplog.at_level(logging.ERROR, logger="controlplane.audit"):
+        for _ in range(3):
+            await asyncio.gather(*(a.append(entry) for _ in range(4)),
+                                 *(b.append(entry) for _ in range(4)))
+    assert sent and sql_audit._LOCK_HEAD not in sent and sql_audit._SWAP in sent
+    assert alarms(caplog) == [] and a.tip.ok and b.tip.ok
+    chain = await store.audit_range(limit=100)
+    assert [r.seq for r in chain] == list(range(1, 29))
+    assert record_verify(chain) == (28, None)

@@ -65,15 +65,15 @@ _READ_STAGED = (
     "LEFT JOIN audit_staged s ON s.{where} WHERE h.id = 1"
 )
 # The same, with the records a ``ChainGuard`` reads to vouch for a head another writer moved
-# past the one it knows (``ChainGuard.reads_from``): in the same statement, so in the same
+# from the one it knows (``ChainGuard.reads_from``): in the same statement, so in the same
 # snapshot as the head, and no read of their own follows (with two workers, most batches').
-# None when the head has not moved past it. Rows of the second kind have ``l_seq`` set.
+# None when the head is still that one. Rows of the second kind have ``l_seq`` set.
 _READ_STAGED_AND_SINCE = (
     "SELECT h.seq, h.hash, s.id, s.entry, NULL AS l_seq, NULL AS l_prev, NULL AS l_hash "
     "FROM audit_head h LEFT JOIN audit_staged s ON s.{where} WHERE h.id = 1 "
     "UNION ALL SELECT NULL, NULL, NULL, l.entry, l.seq, l.prev_hash, l.hash FROM audit_log l "
     "WHERE l.seq >= ? AND l.seq <= (SELECT seq FROM audit_head WHERE id = 1) "
-    "AND (SELECT seq FROM audit_head WHERE id = 1) > ?"
+    "AND NOT EXISTS (SELECT 1 FROM audit_head WHERE id = 1 AND seq = ? AND hash = ?)"
 )
 _SWAP = (
     "WITH head AS (UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1 AND seq = ? "
@@ -101,6 +101,16 @@ class AuditSql(Unit):
     ) -> list[AuditRecord]:
         if not entries:
             return []
+        stored = [(dump_json(e), e) for e in entries]
+        async with self._statements() as single:
+            if single is not None:
+                # Outside a transaction on PostgreSQL (a group commit of reads and refusals):
+                # optimistically, two statements and no lock held across a round trip, as
+                # sealing does (``_SWAP``); under the lock below only after lost races.
+                for _ in range(_SWAP_ATTEMPTS):
+                    records = await _swap_append(single, stored, seal, guard)
+                    if records is not None:
+                        return records
         async with self._unit(write=True) as q:
             # Locking the single head row serialises appends across processes and replicas (a
             # row lock on PostgreSQL, the write lock on SQLite) until COMMIT. Two statements
@@ -111,8 +121,7 @@ class AuditSql(Unit):
             if head is None:
                 raise StoreError("audit head row missing")
             await _vouch(q, (int(head["seq"]), str(head["hash"])), guard)
-            return await _link(q, int(head["seq"]), str(head["hash"]),
-                               [(dump_json(e), e) for e in entries], seal)
+            return await _link(q, int(head["seq"]), str(head["hash"]), stored, seal)
 
     async def stage_audit(self, entry: dict[str, Any], at: float) -> int:
         async with self._unit(write=True) as q:
@@ -289,25 +298,10 @@ async def _swap(
 ) -> list[tuple[int, AuditRecord]] | None:
     """Seal the staged rows ``where`` selects optimistically (see ``_SWAP``); None when another
     writer moved the head first (nothing was written)."""
-    known = None if guard is None else guard.reads_from()
-    read: tuple[int, list[Row]] | None = None
-    if known is None:
-        rows = await q.all(_READ_STAGED.format(where=where), *args)
-    else:
-        rows, since = [], []
-        for r in await q.all(_READ_STAGED_AND_SINCE.format(where=where), *args, known, known):
-            if r["l_seq"] is None:
-                rows.append(r)
-            else:
-                since.append({"seq": r["l_seq"], "prev_hash": r["l_prev"], "hash": r["l_hash"],
-                              "entry": r["entry"]})
-        read = (known, sorted(since, key=lambda r: int(r["seq"])))
-    if not rows:
-        raise StoreError("audit head row missing")
+    rows, (last, prev_hash), read = await _read_head(q, where, args, guard)
     taken = sorted((int(r["id"]), str(r["entry"])) for r in rows if r["id"] is not None)
     if not taken:
         return []
-    last, prev_hash = int(rows[0]["seq"]), str(rows[0]["hash"])
     # Read without the lock: the swap below moves the head only if it is still this one.
     await _vouch(q, (last, prev_hash), guard, read)
     records = _chain(last, prev_hash, [(text, None) for _, text in taken], seal)
@@ -318,6 +312,44 @@ async def _swap(
     if int(row["taken"]) != len(taken):  # cannot happen: whoever took them moved the head
         raise StoreError("audit staged rows were sealed twice")
     return [(staged_id, record) for (staged_id, _), record in zip(taken, records, strict=True)]
+
+
+async def _read_head(q: Query, where: str, args: Sequence[Any], guard: ChainGuard | None
+                     ) -> tuple[list[Row], tuple[int, str], tuple[int, list[Row]] | None]:
+    """Without a lock: the staged rows ``where`` selects (one row with ``id`` NULL when none),
+    the head, and the records ``guard`` will vouch from when another writer moved the head past
+    the one it knows (``_READ_STAGED_AND_SINCE``), all in one statement."""
+    known = None if guard is None else guard.reads_from()
+    read: tuple[int, list[Row]] | None = None
+    if known is None:
+        rows = await q.all(_READ_STAGED.format(where=where), *args)
+    else:
+        rows, since = [], []
+        for r in await q.all(_READ_STAGED_AND_SINCE.format(where=where), *args, known[0],
+                             *known):
+            if r["l_seq"] is None:
+                rows.append(r)
+            else:
+                since.append({"seq": r["l_seq"], "prev_hash": r["l_prev"], "hash": r["l_hash"],
+                              "entry": r["entry"]})
+        read = (known[0], sorted(since, key=lambda r: int(r["seq"])))
+    if not rows:
+        raise StoreError("audit head row missing")
+    return rows, (int(rows[0]["seq"]), str(rows[0]["hash"])), read
+
+
+async def _swap_append(q: Query, stored: Sequence[Stored], seal: Seal,
+                       guard: ChainGuard | None) -> list[AuditRecord] | None:
+    """Append ``stored`` entries optimistically, as ``_swap`` seals staged rows (``_SWAP`` with
+    no staged row to take): the head read without a lock, then one statement that inserts the
+    records only if it moves the head from that one. None when another writer moved it first
+    (nothing was written)."""
+    _, head, read = await _read_head(q, _BY_ID_ARRAY, [[]], guard)
+    await _vouch(q, head, guard, read)
+    records = _chain(head[0], head[1], stored, seal)
+    row = await q.one(_SWAP, records[-1].seq, records[-1].hash, head[0], head[1], [],
+                      *_columns(records))
+    return records if row is not None and row["moved"] else None
 
 
 async def _link(
