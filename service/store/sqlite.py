@@ -218,6 +218,19 @@ class _Connection:
             await self._call(begin_write)
         self._holding_write_lock = True
 
+    def begin_now(self) -> bool:
+        """``begin(True)`` when it can run on the loop at once (``_begin_inline``); False,
+        holding nothing, when it would have to wait (then ``begin`` waits on the thread)."""
+        if self._queued != self._ran + self._dropped:
+            return False
+        try:
+            began = self._begin_inline()
+        except OSError:  # the writers' lock file: ``begin`` reports it
+            return False
+        if began:
+            self._holding_write_lock = True
+        return began
+
     def _begin_inline(self) -> bool:
         """BEGIN IMMEDIATE on the loop's thread, when it cannot wait: nothing is queued on the
         connection's thread (a queued ROLLBACK must not end this transaction), the writers'
@@ -359,7 +372,13 @@ class _WriteBatch:
         self.finishing = False
         self.finisher: asyncio.Future[None] | None = None  # referenced so it is not collected
         self.committed: asyncio.Future[None] = loop.create_future()
-        self.opened = asyncio.ensure_future(self._open(previous))
+        self.opened: asyncio.Future[None]
+        if (previous is None or previous.committed.done()) and conn.begin_now():
+            # BEGUN on the loop at once (``_Connection._begin_inline``): no task to wait for.
+            self.opened = loop.create_future()
+            self.opened.set_result(None)
+        else:
+            self.opened = asyncio.ensure_future(self._open(previous))
 
     async def _open(self, previous: _WriteBatch | None) -> None:
         if previous is not None and not previous.committed.done():
@@ -507,9 +526,12 @@ class SqliteStore(SqlStore):
                 # Bounded: the batch's BEGIN waits for other processes' writers and for the
                 # batch ahead of it; past the deadline (this call's, or what is left of its
                 # request's: ``service.deadline``) this member leaves without having run.
-                async with asyncio.timeout_at(call_deadline(self.timeout_s)):
-                    await asyncio.shield(batch.opened)
-                    await batch.slot.acquire()
+                if batch.opened.done() and _began(batch.opened) and not batch.slot.locked():
+                    await batch.slot.acquire()  # BEGUN and free: taken without suspending
+                else:
+                    async with asyncio.timeout_at(call_deadline(self.timeout_s)):
+                        await asyncio.shield(batch.opened)
+                        await batch.slot.acquire()
             except TimeoutError:
                 raise StoreUnavailable("sqlite store unavailable: deadline exceeded") from None
             async with _Held(batch.slot):

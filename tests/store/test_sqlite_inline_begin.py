@@ -126,3 +126,25 @@ async def test_a_call_queued_on_the_thread_keeps_the_begin_behind_it(tmp_path: P
         await write(store, 1)
     finally:
         await store.close()
+
+
+async def test_a_batch_that_begins_at_once_has_no_task_to_wait_for(tmp_path: Path) -> None:
+    """A new batch whose BEGIN cannot wait opens in its constructor: its first member finds it
+    open (no task, no loop iteration); behind a held lock it is a task the member waits on."""
+    path = tmp_path / "s.db"
+    store = await SqliteStore.open(str(path))
+    try:
+        await write(store, 0)
+        async with store.transaction() as tx:
+            batch = store._batch
+            assert batch is not None and batch.opened.done()
+            assert not isinstance(batch.opened, asyncio.Task)
+            await tx.stage_audit({"n": 1}, 1.0)
+        async with write_lock_held(path, hold_s=0.5):
+            work = asyncio.ensure_future(write(store, 2))
+            await asyncio.sleep(0.1)
+            assert store._batch is not None and isinstance(store._batch.opened, asyncio.Task)
+            assert not store._batch.opened.done()
+            await work
+    finally:
+        await store.close()
