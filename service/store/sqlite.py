@@ -214,9 +214,9 @@ class _Connection:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
                 raise
 
-        if self._queued != self._ran + self._dropped or not self._begin_inline():
+        if not self.begin_now():
             await self._call(begin_write)
-        self._holding_write_lock = True
+            self._holding_write_lock = True
 
     def begin_now(self) -> bool:
         """``begin(True)`` when it can run on the loop at once (``_begin_inline``); False,
@@ -225,7 +225,7 @@ class _Connection:
             return False
         try:
             began = self._begin_inline()
-        except OSError:  # the writers' lock file: ``begin`` reports it
+        except OSError:  # the writers' lock file: the thread's BEGIN reports it
             return False
         if began:
             self._holding_write_lock = True

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +17,10 @@ from service.storelink import STORE
 from tests.auth import PASSWORDS, bearer, login
 from tests.problems import assert_problem
 
+from .sqlite_locks import write_lock_held
+
 #: The store deadline these tests configure (seconds).
 DEADLINE_S = 1.0
-
-# Holds the write lock the way another worker of this server does: the writers' lock file
-# first (service/store/sqlite.py), then BEGIN IMMEDIATE; prints "locked", holds, lets go.
-_HOLDER = """
-import fcntl, os, sqlite3, sys, time
-path, hold_s = sys.argv[1], float(sys.argv[2])
-fd = os.open(path + ".writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
-fcntl.flock(fd, fcntl.LOCK_EX)
-db = sqlite3.connect(path, isolation_level=None, timeout=10)
-db.execute("BEGIN IMMEDIATE")
-db.execute("UPDATE schema_migrations SET name = name")
-print("locked", flush=True)
-time.sleep(hold_s)
-db.execute("ROLLBACK")
-fcntl.flock(fd, fcntl.LOCK_UN)
-"""
 
 # A process that is not one of ours (a backup, an operator's sqlite3 shell) writing the file.
 _WRITER = """
@@ -51,21 +35,6 @@ except sqlite3.Error as exc:
     sys.exit(1)
 print("written")
 """
-
-
-@asynccontextmanager
-async def write_lock_held(path: Path, hold_s: float) -> AsyncIterator[asyncio.subprocess.Process]:
-    """Another process holds the write lock of ``path`` for ``hold_s`` seconds from entry."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _HOLDER, str(path), str(hold_s), stdout=asyncio.subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
-        assert line.strip() == b"locked"
-        yield proc
-    finally:
-        if proc.returncode is None:
-            await asyncio.wait_for(proc.wait(), 30)
 
 
 async def other_process_writes(path: Path) -> tuple[int, str]:

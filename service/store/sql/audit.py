@@ -274,14 +274,14 @@ def _columns(records: Sequence[AuditRecord]) -> list[list[Any]]:
 
 
 async def _vouch(q: Query, head: tuple[int, str], guard: ChainGuard | None,
-                 read: tuple[int, list[Row]] | None = None) -> None:
+                 read: tuple[tuple[int, str], list[Row]] | None = None) -> None:
     """Let ``guard`` vouch for ``head`` before it is extended: one read of the records since its
     known head, none when ``head`` is that head, nor when ``read`` holds them already (the
-    records from a seq to ``head``, read with it). What it raises rolls the caller back."""
+    records from the head it names to ``head``, read with it). What it raises rolls the caller back."""
     if guard is None:
         return
     while (start := guard.since(head)) is not None:
-        if read is not None and read[0] == start[0] <= head[0]:
+        if read is not None and read[0] == start and start[0] <= head[0]:
             rows = read[1]
         else:
             rows = await q.all(_SINCE, min(start[0], head[0]), max(start[0], head[0]))
@@ -315,12 +315,13 @@ async def _swap(
 
 
 async def _read_head(q: Query, where: str, args: Sequence[Any], guard: ChainGuard | None
-                     ) -> tuple[list[Row], tuple[int, str], tuple[int, list[Row]] | None]:
+                     ) -> tuple[list[Row], tuple[int, str],
+                                tuple[tuple[int, str], list[Row]] | None]:
     """Without a lock: the staged rows ``where`` selects (one row with ``id`` NULL when none),
-    the head, and the records ``guard`` will vouch from when another writer moved the head past
-    the one it knows (``_READ_STAGED_AND_SINCE``), all in one statement."""
+    the head, and the records ``guard`` will vouch from when the head is no longer the one it
+    knows (``_READ_STAGED_AND_SINCE``), all in one statement."""
     known = None if guard is None else guard.reads_from()
-    read: tuple[int, list[Row]] | None = None
+    read: tuple[tuple[int, str], list[Row]] | None = None
     if known is None:
         rows = await q.all(_READ_STAGED.format(where=where), *args)
     else:
@@ -332,7 +333,7 @@ async def _read_head(q: Query, where: str, args: Sequence[Any], guard: ChainGuar
             else:
                 since.append({"seq": r["l_seq"], "prev_hash": r["l_prev"], "hash": r["l_hash"],
                               "entry": r["entry"]})
-        read = (known[0], sorted(since, key=lambda r: int(r["seq"])))
+        read = (known, sorted(since, key=lambda r: int(r["seq"])))
     if not rows:
         raise StoreError("audit head row missing")
     return rows, (int(rows[0]["seq"]), str(rows[0]["hash"])), read
@@ -341,7 +342,8 @@ async def _read_head(q: Query, where: str, args: Sequence[Any], guard: ChainGuar
 async def _swap_append(q: Query, stored: Sequence[Stored], seal: Seal,
                        guard: ChainGuard | None) -> list[AuditRecord] | None:
     """Append ``stored`` entries optimistically, as ``_swap`` seals staged rows (``_SWAP`` with
-    no staged row to take): the head read without a lock, then one statement that inserts the
+    no staged row to take; the head's read selects none: an empty id array): the head read
+    without a lock, then one statement that inserts the
     records only if it moves the head from that one. None when another writer moved it first
     (nothing was written)."""
     _, head, read = await _read_head(q, _BY_ID_ARRAY, [[]], guard)
