@@ -36,8 +36,9 @@ def test_serve_two_workers_share_one_port_and_their_metrics(tmp_path):
         status, info = _get(base + "/api/v1/system/info")
         assert status == 200 and info["runtime"]["workers"] == 2
         # The socket is bound before the workers start: the harness's probes that timed out
-        # while they started were queued and are served (and counted) too, so count from here.
-        before = _healthz_count(base)
+        # while they started were queued and are served (and counted) too, by either worker,
+        # the other's within its flush interval. Count from once the count has settled.
+        before = _settled_healthz_count(base)
         for _ in range(40):
             assert _get(base + "/healthz")[0] == 200
         # Whichever worker answers /metrics, it counts every worker's requests: its own at
@@ -49,6 +50,17 @@ def test_serve_two_workers_share_one_port_and_their_metrics(tmp_path):
             assert count == before + 40
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
+
+
+def _settled_healthz_count(base: str) -> float:
+    """The /healthz count once it held still across three flush intervals (at most 15 s)."""
+    deadline = time.monotonic() + 15
+    count, since = _healthz_count(base), time.monotonic()
+    while time.monotonic() - since < 3 * TALLY_FLUSH_S and time.monotonic() < deadline:
+        time.sleep(TALLY_FLUSH_S / 5)
+        if (now := _healthz_count(base)) != count:
+            count, since = now, time.monotonic()
+    return count
 
 
 def _healthz_count(base: str) -> float:
