@@ -13,6 +13,10 @@ wrapping; the statements are in the ``sql`` package.
   a transaction never has to upgrade a read lock (the upgrade is where SQLite gives up with
   ``SQLITE_BUSY`` regardless of the timeout), and read-check-write sequences are serialised
   across processes.
+* The session check of every request reads its session row again only when the file changed:
+  ``PRAGMA data_version`` on the inline reader moves with every commit of any other connection,
+  this process's writer and other processes' alike (``SqliteStore.get_session``), so a
+  revocation, a logout or a step-up is seen by the next request exactly as with a read.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..deadline import call_deadline
-from .base import StoreError, StoreUnavailable
+from .base import SessionRecord, StoreError, StoreUnavailable
 from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
 from .sql.core import Query
 
@@ -337,6 +341,15 @@ class _InlineConnection(_Connection):
         db = opened._db
         return cls(db, opened._executor)
 
+    def data_version(self) -> int:
+        """``PRAGMA data_version``: changes whenever another connection (of any process) has
+        committed since this connection last looked. Its own statement: a fresh snapshot."""
+        cursor = self._db.execute("PRAGMA data_version")
+        try:
+            return int(cursor.fetchone()[0])
+        finally:
+            cursor.close()
+
     def rollback_soon(self) -> None:
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("ROLLBACK").close()
@@ -350,6 +363,9 @@ READER_BUSY_TIMEOUT_S = 0.2
 
 #: At most this many write transactions share one commit (bounds the latency a batch adds).
 MAX_BATCH_MEMBERS = 64
+
+#: Session rows kept for ``SqliteStore.get_session`` while the file has not changed (at most).
+SESSION_CACHE_SIZE = 1024
 
 
 class _WriteBatch:
@@ -453,6 +469,9 @@ class SqliteStore(SqlStore):
         self._batch: _WriteBatch | None = None
         self._savepoints = 0
         self._closed = False
+        # Session rows read at the reader's ``data_version`` (``get_session``).
+        self._sessions: dict[str, SessionRecord | None] = {}
+        self._sessions_version: int | None = None
         #: Waiting for the writer (another process's lock, the batch ahead) ends here.
         self.timeout_s = busy_timeout_s
 
@@ -482,6 +501,35 @@ class SqliteStore(SqlStore):
             await writer.close()
             raise
         return cls(str(file), writer, reader, busy_timeout_s)
+
+    async def get_session(self, id: str) -> SessionRecord | None:
+        """The session row as a read now would find it: from this worker's copy while the file's
+        ``data_version`` is the one it was read at (no connection of any process has committed
+        since: nothing can have changed it), else read again.
+
+        Measured on the authorized read (in-process, SQLite, 32 in flight): the row's read costs
+        ~20 us on the loop while commits keep coming (each resets the reader's page cache), the
+        version ~2 us. Every commit changes the version, so a copy serves only the requests
+        between two commits; that is most of them under load, when commits are grouped."""
+        if self._closed or self._reader_lock.locked():
+            return await super().get_session(id)
+        try:
+            version = self._reader.data_version()
+        except sqlite3.Error:
+            return await super().get_session(id)  # which answers as the store is
+        if version != self._sessions_version:
+            self._sessions.clear()
+            self._sessions_version = version
+        elif id in self._sessions:
+            return self._sessions[id]
+        session = await super().get_session(id)
+        # Read after the version was: a commit in between makes the next version differ, and
+        # this copy is dropped unused.
+        if self._sessions_version == version:
+            if len(self._sessions) >= SESSION_CACHE_SIZE:
+                self._sessions.clear()
+            self._sessions[id] = session
+        return session
 
     def _unit(self, *, write: bool, single: bool = False) -> AbstractAsyncContextManager[Query]:
         if single and not write and not self._closed and not self._reader_lock.locked():

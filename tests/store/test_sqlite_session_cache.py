@@ -1,0 +1,89 @@
+"""SQLite's session check reads the row again only when the file changed (``get_session`` and
+``PRAGMA data_version``): whoever commits a change to a session (this worker, another worker, a
+process outside the server), the next check sees it; while nobody commits, no row is read."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import sys
+from pathlib import Path
+
+from service.store.base import SessionRecord
+from service.store.sqlite import SqliteStore
+
+
+def _session(id: str, now: float = 1_000.0) -> SessionRecord:
+    return SessionRecord(id=id, subject_id="carol", kind="human", authn_method="password",
+                         auth_time=now, created_at=now, expires_at=now + 3600)
+
+
+def _selects(store: SqliteStore) -> list[str]:
+    """The statements the store's inline reader runs from now on, as SQLite traces them."""
+    seen: list[str] = []
+    store._reader._db.set_trace_callback(seen.append)
+    return seen
+
+
+async def test_an_unchanged_file_reads_no_row_and_any_commit_reads_it_again(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.db")
+    worker, other = await SqliteStore.open(path), await SqliteStore.open(path)
+    try:
+        await other.create_session(_session("s1"))
+        traced = _selects(worker)
+        first = await worker.get_session("s1")
+        assert first is not None and first.revoked_at is None
+        assert await worker.get_session("s1") == first
+        assert await worker.get_session("nobody") is None
+        assert await worker.get_session("nobody") is None
+        rows = [s for s in traced if s.startswith("SELECT")]
+        assert len(rows) == 2, traced  # s1 once, "nobody" once: the repeats read the version only
+
+        # Another worker (its own connections) revokes it: seen by the next check.
+        assert await other.revoke_session("s1", 1_010.0)
+        assert (await worker.get_session("s1")).revoked_at == 1_010.0
+
+        # This worker's own writer commits a step-up: seen too.
+        await worker.create_session(_session("s2"))
+        assert (await worker.get_session("s2")).step_up_at is None
+        await worker.record_step_up("s2", 1_020.0, "totp")
+        assert (await worker.get_session("s2")).step_up_at == 1_020.0
+
+        # A process outside the server changes the row: seen at once.
+        outsider = await asyncio.create_subprocess_exec(sys.executable, "-c", (
+            "import sqlite3, sys; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "db.execute(\"UPDATE sessions SET revoked_at = 1030.0 WHERE id = 's2'\")"), path)
+        assert await asyncio.wait_for(outsider.wait(), 30) == 0
+        assert (await worker.get_session("s2")).revoked_at == 1_030.0
+
+        # A commit that does not touch sessions still reads the row again (nothing is assumed
+        # about what a commit changed).
+        before = len([s for s in traced if s.startswith("SELECT")])
+        async with other.transaction() as tx:
+            await tx.stage_audit({"n": 1}, 1.0)
+        await worker.get_session("s2")
+        assert len([s for s in traced if s.startswith("SELECT")]) == before + 1
+    finally:
+        await worker.close()
+        await other.close()
+
+
+async def test_a_reader_that_cannot_read_the_version_answers_as_the_store_does(
+    tmp_path: Path,
+) -> None:
+    store = await SqliteStore.open(str(tmp_path / "s.db"))
+    try:
+        await store.create_session(_session("s1"))
+        assert await store.get_session("s1") is not None
+        real = store._reader.data_version
+
+        def broken() -> int:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        store._reader.data_version = broken  # type: ignore[method-assign]
+        # No version, no copy: the row is read (and that read answers for the store).
+        assert (await store.get_session("s1")).id == "s1"
+        store._reader.data_version = real  # type: ignore[method-assign]
+        assert (await store.get_session("s1")).id == "s1"
+    finally:
+        await store.close()
