@@ -33,6 +33,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -74,6 +75,10 @@ _PAGE = 500
 _T = TypeVar("_T")
 
 
+#: A record waiting for a group commit: its entry, its caller's future, the caller's deadline.
+_Member = tuple[dict[str, Any], "asyncio.Future[AuditRecord]", float]
+
+
 class CommitObserver(Protocol):
     """Told of every record this worker committed (the checkpointer)."""
 
@@ -91,8 +96,13 @@ class AuditLog:
         #: Told of each chain record that could not be written (the app wires its metrics).
         self.append_failed: Callable[[], None] = _nothing
         self._sink_lock = asyncio.Lock()
-        self._pending: list[tuple[dict[str, Any], asyncio.Future[AuditRecord]]] = []
+        # Records waiting for the next group commit, and the batch being committed: each with
+        # its caller's future and the loop time by which the caller is answered (``_expire``).
+        self._pending: list[_Member] = []
+        self._committing: list[_Member] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watch_at = 0.0
         # Staging id -> its settler, in arrival order; one sealer task works through them.
         self._unsealed: dict[int, asyncio.Future[AuditRecord | None]] = {}
         self._sealer: asyncio.Task[None] | None = None
@@ -120,12 +130,47 @@ class AuditLog:
             await self._ready()
             # The transaction may still roll back: the tip moves once it is committed (mirror).
             return await tx.append_audit(scrub(entry), seal, guard=self.tip.pending())
-        future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()
-        self._pending.append((scrub(entry), future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[AuditRecord] = loop.create_future()
+        # Bounded by the store's deadline (or what is left of the request's): a stalled commit
+        # (or one queued behind it) answers StoreUnavailable instead of hanging the caller. One
+        # timer watches every waiting caller (``_expire``), not one per caller: the commit is
+        # shared, and a timer each was ~5% of an authorized read's CPU.
+        timeout_s = getattr(self.store, "timeout_s", None)
+        deadline = math.inf if timeout_s is None else call_deadline(timeout_s)
+        self._pending.append((scrub(entry), future, deadline))
+        if deadline < math.inf and (self._watchdog is None or deadline < self._watch_at):
+            self._watch(loop, deadline)
         if self._flusher is None or self._flusher.done():
             # It commits every run's record: none of their deadlines is its own.
             self._flusher = asyncio.create_task(self._flush(), context=detached())
-        return await self._batched(future, "audit group commit")
+        # A caller that goes away cancels its own future, never the commit (a task of its own)
+        # others are waiting for, which then skips it.
+        with charged():
+            return await future
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watch_at = at
+        self._watchdog = loop.call_at(at, self._expire)
+
+    def _expire(self) -> None:
+        """The group commit's deadline timer: answer every caller whose deadline has passed
+        (StoreUnavailable; its record may still commit with the batch, unanswered), then wait
+        for the next deadline of a caller still waiting."""
+        self._watchdog = None
+        loop = asyncio.get_running_loop()
+        now, following = loop.time(), math.inf
+        for _, future, deadline in itertools.chain(self._committing, self._pending):
+            if future.done():
+                continue
+            if deadline <= now:
+                future.set_exception(StoreUnavailable("audit group commit: deadline exceeded"))
+            else:
+                following = min(following, deadline)
+        if following < math.inf:
+            self._watch(loop, following)
 
     @property
     def stages(self) -> bool:
@@ -216,17 +261,20 @@ class AuditLog:
     async def _flush(self) -> None:
         while self._pending:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            self._committing = batch
             try:
                 await self._ready()
-                records = await self.store.append_audit_many([e for e, _ in batch], seal,
+                records = await self.store.append_audit_many([e for e, _, _ in batch], seal,
                                                              guard=self.tip)
             except Exception as exc:
-                for _, future in batch:
+                for _, future, _ in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
+            finally:
+                self._committing = []
             self.tip.advance(records)
-            for (_, future), record in zip(batch, records, strict=True):
+            for (_, future, _), record in zip(batch, records, strict=True):
                 if not future.done():
                     future.set_result(record)
 

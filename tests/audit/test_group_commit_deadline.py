@@ -1,0 +1,53 @@
+"""The group commit answers each caller by its own deadline (the store's, or what is left of its
+request's), with one timer for all of them: a caller whose deadline passes is answered
+StoreUnavailable while the commit goes on for the others; one that leaves is skipped."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from service.audit.log import AuditLog
+from service.deadline import budget
+from service.store.base import StoreUnavailable
+from service.store.sqlite import SqliteStore
+from tests.store.sqlite_locks import write_lock_held
+
+
+async def test_each_caller_is_answered_at_its_own_deadline_while_the_commit_waits(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    store = await SqliteStore.open(str(path), busy_timeout_s=1.5)
+    log = AuditLog(store)
+    try:
+        await log.append({"action": "approvals.read", "n": 0})  # the tip is started
+        loop = asyncio.get_running_loop()
+        async with write_lock_held(path, hold_s=4.0):  # the commit's BEGIN waits for it
+            started = loop.time()
+            with budget(30.0):  # the store's deadline (1.5 s) comes first
+                late = asyncio.ensure_future(log.append({"action": "approvals.read", "n": 1}))
+            await asyncio.sleep(0.05)
+            with budget(0.2):  # sooner than the timer armed for ``late``: it is moved
+                soon = asyncio.ensure_future(log.append({"action": "approvals.read", "n": 2}))
+            with budget(0.2):
+                gone = asyncio.ensure_future(log.append({"action": "approvals.read", "n": 3}))
+            await asyncio.sleep(0)
+            gone.cancel()  # a caller that left is skipped, not answered
+            with pytest.raises(StoreUnavailable, match="deadline exceeded"):
+                await soon
+            assert loop.time() - started < 1.0
+            assert not late.done()  # the commit it waits for goes on
+            with pytest.raises(StoreUnavailable):
+                await late
+            assert 1.0 <= loop.time() - started < 3.5
+            assert gone.cancelled()
+        # The store answers again: the next caller's record commits, and the chain holds.
+        record = await log.append({"action": "approvals.read", "n": 4})
+        assert not log._pending and not log._committing
+        count, broken = await log.verify()
+        assert broken is None and count == record.seq
+    finally:
+        await store.close()
