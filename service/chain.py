@@ -55,10 +55,11 @@ _decide = audited(decide)
 async def run(request: web.Request, spec: Protection, execute: Callable[[Any], Awaitable[Outcome]]
               ) -> web.StreamResponse:
     """Run the chain for one request. Every exit path writes exactly one audit record."""
-    config, engine = request.app[CONFIG], request.app[ENGINE]
-    store = request.app[STORE].require()  # no store, no audit: nothing protected runs (503)
+    app = request.app  # a property that looks through the match info: read once
+    config, engine, metrics = app[CONFIG], app[ENGINE], app[METRICS]
+    store = app[STORE].require()  # no store, no audit: nothing protected runs (503)
     action, now, cid = spec.action, clock.now(), request[CORRELATION_ID]
-    async with recording(request.app[AUDIT], request[PRINCIPAL], action, correlation_id=cid,
+    async with recording(app[AUDIT], request[PRINCIPAL], action, correlation_id=cid,
                          method=request.method, path=request.path, now=now) as rec:
         principal = require(request[PRINCIPAL], request.get(AUTHN_ERROR))           # 1 AuthN
         body = await read_json(request, spec.body_schema) if spec.body_schema else None
@@ -72,7 +73,7 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
              "command_hash": redeem.command_hash(request.headers), "time": clock.iso(now)},
             observed=True,
         )
-        request.app[METRICS].decided(decision.decision, decision.cached,
+        metrics.decided(decision.decision, decision.cached,
                                      time.perf_counter() - started)
         rec.decided(decision)
         if decision.decision == "deny":
@@ -101,7 +102,7 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
             outcome = await execute(facts)
             response = _response(outcome)
             await rec.executed(outcome, None)                                       # 5 Audit
-    request.app[METRICS].ticket_events(rec.ticket_events)  # committed runs only
+    metrics.ticket_events(rec.ticket_events)  # committed runs only
     return response if response is not None else await _stream(outcome)
 
 

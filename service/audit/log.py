@@ -325,7 +325,8 @@ class AuditLog:
             self.tip.spoil(head[0] + 1, "record_missing")
         while (start := self.tip.since(head)) is not None and start[0] <= head[0]:
             page = [r for r in await self.store.audit_range(after_seq=max(start[0] - 1, 0),
-                                                            limit=_PAGE) if r.seq <= head[0]]
+                                                            limit=_PAGE, decoded=False)
+                    if r.seq <= head[0]]
             last = page[-1] if page else None
             # A short page must reach the head; a full one is vouched for up to its end.
             end = head if last is None or len(page) < _PAGE else (last.seq, last.hash)

@@ -145,6 +145,28 @@ async def test_a_rewrite_from_before_a_workers_tip_is_found(
     assert [(x["seq"], x["known_seq"]) for x in alarms(caplog)] == [(8, 8), (7, 7)]
 
 
+async def test_catching_up_reads_records_as_stored_and_finds_an_edit_among_them(
+    store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The walk to the head (the checkpointer's, before it signs) reads other workers' records
+    as their stored text, not decoded, and still finds one edited in place."""
+    mirror = tmp_path / "audit.jsonl"
+    (a, _), (b, _) = worker(store, target, mirror), worker(store, target, mirror)
+    await write(a, 2, "a")
+    await write(b, 3, "b")  # 3..5
+    assert await a.catch_up() == await store.audit_head()
+    assert all(r.entry == {} and r.text for r in await store.audit_range(decoded=False))
+    await write(b, 3, "b")  # 6..8: a has not seen them
+    edited = json.dumps({"action": "approvals.read", "outcome": "executed", "worker": "mallory",
+                         "i": 1}, sort_keys=True, separators=(",", ":"))
+    await tamper.Attacker(target).execute([("UPDATE audit_log SET entry = ? WHERE seq = ?",
+                                            (edited, 7))])
+    with caplog.at_level(logging.ERROR, logger="controlplane.audit"):
+        with pytest.raises(AuditTampered):
+            await a.catch_up()
+    assert [(x["seq"], x["reason"]) for x in alarms(caplog)] == [(7, "hash_mismatch")]
+
+
 async def test_a_rewrite_no_worker_can_see_is_named_by_the_mirror(
     store: Store, target: Target, tmp_path: Path, caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],

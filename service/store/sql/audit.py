@@ -180,7 +180,8 @@ class AuditSql(Unit):
             return 0, None
         return int(row["n"]), float(row["oldest"])
 
-    async def audit_range(self, after_seq: int = 0, limit: int = 100) -> list[AuditRecord]:
+    async def audit_range(self, after_seq: int = 0, limit: int = 100, *,
+                          decoded: bool = True) -> list[AuditRecord]:
         if limit < 1:
             raise ValueError("limit must be positive")
         async with self._unit(write=False) as q:
@@ -189,7 +190,7 @@ class AuditSql(Unit):
                 "ORDER BY seq LIMIT ?",
                 after_seq, min(limit, MAX_LIST_LIMIT),
             )  # fmt: skip
-        return [_record(r) for r in rows]
+        return [_record(r) if decoded else _stored(r) for r in rows]
 
     async def audit_head(self) -> tuple[int, str]:
         async with self._unit(write=False) as q:
