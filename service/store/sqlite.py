@@ -3,7 +3,7 @@
 Only what differs from PostgreSQL lives here: connecting, the transaction discipline and error
 wrapping; the statements are in the ``sql`` package.
 
-* Two connections per process: one writer, confined to its own single-thread executor because
+* Two connections per process: one writer, confined to its own thread (``_Thread``) because
   the stdlib ``sqlite3`` module blocks (the event loop never waits on the disk or on a lock, and
   the writer's statements run strictly in submission order), and one read-only connection used
   on the loop's thread (``_InlineConnection``).
@@ -27,10 +27,12 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import sqlite3
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,27 +98,113 @@ def _split(script: str) -> list[str]:
     return statements
 
 
+class _Thread:
+    """The one thread a connection is used on: calls run in the order they were handed over,
+    each answered on the event loop (``call_soon_threadsafe``).
+
+    A call whose waiter was cancelled before the thread took it is skipped, never run (as
+    ``ThreadPoolExecutor`` skips a cancelled future: ``_WriteBatch`` relies on it); one already
+    running finishes, and its answer is dropped. Measured on the write batch's COMMIT hop: a call
+    through ``run_in_executor`` cost ~50 us of the loop's CPU (a concurrent future, a wrapping
+    asyncio future, four callbacks, the executor's lock and semaphore), this ~30 us.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._taken = [0]  # calls taken off the queue, run or skipped (written by the thread)
+        # The thread holds the queue and the count, not this object: a runner nobody closed is
+        # collected, and its thread then ends (as ThreadPoolExecutor's workers do).
+        self._thread = threading.Thread(target=_work, args=(self._jobs, self._taken),
+                                        name="store-sqlite", daemon=True)
+        self._thread.start()
+        weakref.finalize(self, self._jobs.put, None)
+
+    @property
+    def taken(self) -> int:
+        """Calls the thread has taken off the queue (run, or skipped as cancelled)."""
+        return self._taken[0]
+
+    def call(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Queue ``fn``; its result (or exception) on the returned future."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((fn, waiter, loop))
+        return waiter
+
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Queue ``fn`` with nobody waiting for it (it reports its own failures)."""
+        self._jobs.put((fn, None, None))
+
+    def stop(self) -> None:
+        """Run what is queued, then end the thread (waits for it)."""
+        self._jobs.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+_Job = tuple[Callable[[], Any], "asyncio.Future[Any] | None", "asyncio.AbstractEventLoop | None"]
+
+
+def _work(jobs: queue.SimpleQueue[_Job | None], taken: list[int]) -> None:
+    """``_Thread``'s thread: run each call in turn until told to stop. A call is counted as
+    taken before it is answered: the caller, woken by the answer, finds nothing left here."""
+    while (job := jobs.get()) is not None:
+        fn, waiter, loop = job
+        job = None
+        if waiter is not None and waiter.cancelled():
+            taken[0] += 1
+            continue  # its caller left before it started: never run
+        error: BaseException | None = None
+        result: Any = None
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the waiter
+            error = exc
+        taken[0] += 1
+        if waiter is None:
+            if error is not None:
+                log.warning("sqlite call failed with nobody waiting",
+                            exc_info=(type(error), error, error.__traceback__))
+        else:
+            _answer_soon(loop, waiter, result, error)
+        del fn, waiter, loop, result, error  # nothing of a finished call outlives it
+
+
+def _answer_soon(loop: asyncio.AbstractEventLoop | None, waiter: asyncio.Future[Any], result: Any,
+                 exc: BaseException | None) -> None:
+    assert loop is not None
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is left to answer
+        loop.call_soon_threadsafe(_answer, waiter, result, exc)
+
+
+def _answer(waiter: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if waiter.done():  # cancelled while the call ran
+        return
+    if exc is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(result)
+
+
 class _Connection:
     """One ``sqlite3`` connection and the one thread allowed to touch it."""
 
-    def __init__(self, db: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, db: sqlite3.Connection, thread: _Thread) -> None:
         self._db = db
-        self._executor = executor
+        self._thread = thread
         self._lock_fd: int | None = None  # the writers' lock file, opened on first write
         # Set while this connection holds the write lock (between BEGIN IMMEDIATE and COMMIT).
         self._holding_write_lock = False
-        # Calls handed to the thread; calls it finished (written on the thread only); calls
-        # cancelled before they ran (on the loop only). ``_queued == _ran + _dropped`` safely
+        # Calls handed to the thread (on the loop only). ``_queued == _thread.taken`` safely
         # means nothing is queued or running there (``_begin_inline``); a lost count could only
-        # make it false, which costs a hop, never safety.
-        self._queued = 0
-        self._ran = 0
-        self._dropped = 0
+        # make it false, which costs a hop, never safety. (The thread's own calls so far, such
+        # as the connect, are counted as queued.)
+        self._queued = thread.taken
         self._busy_ms: int | None = None  # the connection's busy timeout, read once
 
     @classmethod
     async def open(cls, path: str, busy_timeout_s: float) -> _Connection:
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-sqlite")
+        thread = _Thread()
 
         def connect() -> sqlite3.Connection:
             # isolation_level=None: no implicit transactions; BEGIN/COMMIT are issued explicitly.
@@ -136,36 +224,22 @@ class _Connection:
             return db
 
         try:
-            db = await asyncio.get_running_loop().run_in_executor(executor, connect)
+            db = await thread.call(connect)
         except sqlite3.Error as exc:
-            executor.shutdown(wait=False)
+            thread.stop()
             raise _wrap(exc) from exc
         except BaseException:
-            executor.shutdown(wait=False)
+            thread.stop()
             raise
-        return cls(db, executor)
+        return cls(db, thread)
 
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         self._queued += 1
-        work = self._executor.submit(self._counted, fn)
-        work.add_done_callback(self._count_dropped)
+        db = self._db
         try:
-            return await asyncio.wrap_future(work)
+            return await self._thread.call(lambda: fn(db))
         except sqlite3.Error as exc:
             raise _wrap(exc) from exc
-
-    def _count_dropped(self, work: Future[Any]) -> None:
-        # Runs on the thread that completed ``work``, or on the loop when its waiter's
-        # cancellation cancelled it before it ran (then ``_counted`` never runs).
-        if work.cancelled():
-            self._dropped += 1
-
-    def _counted(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """On the thread: ``fn``, then counted as finished (also when it raises)."""
-        try:
-            return fn(self._db)
-        finally:
-            self._ran += 1
 
     async def _statement(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run one statement: on the loop's thread while this connection holds the write lock.
@@ -225,7 +299,7 @@ class _Connection:
     def begin_now(self) -> bool:
         """``begin(True)`` when it can run on the loop at once (``_begin_inline``); False,
         holding nothing, when it would have to wait (then ``begin`` waits on the thread)."""
-        if self._queued != self._ran + self._dropped:
+        if self._queued != self._thread.taken:
             return False
         try:
             began = self._begin_inline()
@@ -301,13 +375,14 @@ class _Connection:
                 self._unlock()
 
         self._queued += 1
-        self._executor.submit(self._counted, rollback)
+        db = self._db
+        self._thread.post(lambda: rollback(db))
 
     async def close(self) -> None:
         try:
             await self._call(lambda db: db.close())
         finally:
-            self._executor.shutdown(wait=True)
+            self._thread.stop()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
@@ -336,10 +411,10 @@ class _InlineConnection(_Connection):
         opened._db.execute(f"PRAGMA busy_timeout = {int(READER_BUSY_TIMEOUT_S * 1000)}")
         opened._db.execute("PRAGMA query_only = ON")
         # The connection moves to the loop's thread: allowed because only that thread uses it
-        # from now on (the executor that opened it is shut down first).
-        opened._executor.shutdown(wait=True)
+        # from now on (the thread that opened it is stopped first).
+        opened._thread.stop()
         db = opened._db
-        return cls(db, opened._executor)
+        return cls(db, opened._thread)
 
     def data_version(self) -> int:
         """``PRAGMA data_version``: changes whenever another connection (of any process) has
