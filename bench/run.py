@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "", "## Reproduce", "", "```sh",
         "apt-get install -y wrk                # optional: else an aiohttp-client generator",
         ".venv/bin/pip install py-spy          # optional: else no profile",
-        "make bench                            # this file (about 8-10 minutes)",
+        "make bench                            # this file (about 13-15 minutes)",
         ".venv/bin/python bench/run.py --quick # smoke run",
         ".venv/bin/python bench/http_bench.py --help; .venv/bin/python bench/ticket_bench.py --help",
         "```", "",
