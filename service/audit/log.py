@@ -102,7 +102,6 @@ class AuditLog:
         self._committing: list[_Member] = []
         self._flusher: asyncio.Task[None] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
-        self._watch_at = 0.0
         # Staging id -> its settler, in arrival order; one sealer task works through them.
         self._unsealed: dict[int, asyncio.Future[AuditRecord | None]] = {}
         self._sealer: asyncio.Task[None] | None = None
@@ -136,10 +135,9 @@ class AuditLog:
         # (or one queued behind it) answers StoreUnavailable instead of hanging the caller. One
         # timer watches every waiting caller (``_expire``), not one per caller: the commit is
         # shared, and a timer each was ~5% of an authorized read's CPU.
-        timeout_s = getattr(self.store, "timeout_s", None)
-        deadline = math.inf if timeout_s is None else call_deadline(timeout_s)
+        deadline = self._call_deadline()
         self._pending.append((scrub(entry), future, deadline))
-        if deadline < math.inf and (self._watchdog is None or deadline < self._watch_at):
+        if deadline < math.inf and (self._watchdog is None or deadline < self._watchdog.when()):
             self._watch(loop, deadline)
         if self._flusher is None or self._flusher.done():
             # It commits every run's record: none of their deadlines is its own.
@@ -149,10 +147,15 @@ class AuditLog:
         with charged():
             return await future
 
+    def _call_deadline(self) -> float:
+        """The loop time by which a caller waiting on the store now is answered: the store's
+        deadline, or what is left of the request's (``service.deadline``); inf without one."""
+        timeout_s = getattr(self.store, "timeout_s", None)
+        return math.inf if timeout_s is None else call_deadline(timeout_s)
+
     def _watch(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
-        self._watch_at = at
         self._watchdog = loop.call_at(at, self._expire)
 
     def _expire(self) -> None:
@@ -208,11 +211,10 @@ class AuditLog:
         # caller also awaits is shielded.
         # Bounded by the store's deadline (or what is left of the request's): a stalled batch
         # (or one queued behind it) answers StoreUnavailable instead of hanging the caller.
-        timeout_s = getattr(self.store, "timeout_s", None)
+        deadline = self._call_deadline()
         try:
             with charged():
-                async with asyncio.timeout_at(
-                        None if timeout_s is None else call_deadline(timeout_s)):
+                async with asyncio.timeout_at(None if deadline == math.inf else deadline):
                     return await (asyncio.shield(future) if shared else future)
         except TimeoutError:
             future.add_done_callback(_retrieved)  # its outcome is no longer awaited

@@ -135,10 +135,10 @@ class _Thread:
         """Queue ``fn`` with nobody waiting for it (it reports its own failures)."""
         self._jobs.put((fn, None, None))
 
-    def stop(self) -> None:
-        """Run what is queued, then end the thread (waits for it)."""
+    def stop(self, *, wait: bool = True) -> None:
+        """Run what is queued, then end the thread (with ``wait``, wait for that)."""
         self._jobs.put(None)
-        if self._thread is not threading.current_thread():
+        if wait and self._thread is not threading.current_thread():
             self._thread.join()
 
 
@@ -226,10 +226,10 @@ class _Connection:
         try:
             db = await thread.call(connect)
         except sqlite3.Error as exc:
-            thread.stop()
+            thread.stop(wait=False)
             raise _wrap(exc) from exc
-        except BaseException:
-            thread.stop()
+        except BaseException:  # cancelled: a connect still running may wait on a lock
+            thread.stop(wait=False)
             raise
         return cls(db, thread)
 
@@ -577,6 +577,10 @@ class SqliteStore(SqlStore):
             raise
         return cls(str(file), writer, reader, busy_timeout_s)
 
+    def _inline_free(self) -> bool:
+        """Whether a single read may run on the inline reader now (``_InlineRead``)."""
+        return not self._closed and not self._reader_lock.locked()
+
     async def get_session(self, id: str) -> SessionRecord | None:
         """The session row as a read now would find it: from this worker's copy while the file's
         ``data_version`` is the one it was read at (no connection of any process has committed
@@ -586,7 +590,7 @@ class SqliteStore(SqlStore):
         ~20 us on the loop while commits keep coming (each resets the reader's page cache), the
         version ~2 us. Every commit changes the version, so a copy serves only the requests
         between two commits; that is most of them under load, when commits are grouped."""
-        if self._closed or self._reader_lock.locked():
+        if not self._inline_free():
             return await super().get_session(id)
         try:
             version = self._reader.data_version()
@@ -607,7 +611,7 @@ class SqliteStore(SqlStore):
         return session
 
     def _unit(self, *, write: bool, single: bool = False) -> AbstractAsyncContextManager[Query]:
-        if single and not write and not self._closed and not self._reader_lock.locked():
+        if single and not write and self._inline_free():
             return _InlineRead(self)
         return self._generic_unit(write=write, single=single)
 
