@@ -300,8 +300,7 @@ class Bench:
                     for conns in CONNECTIONS:
                         self.measure({"target": target, "backend": "sqlite", "workers": workers,
                                       "scenario": "read"}, server.base,
-                                     h.Request("GET", API + "/databases",
-                                               {"Authorization": f"Bearer {token}"}),
+                                     _read_request(token),
                                      conns, server=server)
             except Exception as exc:  # a reference that cannot run is a note, not a failure
                 self.notes.append(f"peer_read.py {' '.join(extra)} could not run: "
@@ -326,8 +325,7 @@ class Bench:
             try:
                 with h.peer(2, self.tmp, "--uvloop", "--log", "batched") as (server, token):
                     self.measure({**label, "target": "peer+uvloop", "scenario": "read"},
-                                 server.base, h.Request("GET", API + "/databases",
-                                                        {"Authorization": f"Bearer {token}"}),
+                                 server.base, _read_request(token),
                                  conns, server=server, keep=False)
                     got["peer"] = self.last
             except Exception as exc:  # a reference that cannot run is a note, not a failure
@@ -339,8 +337,7 @@ class Bench:
             with h.service(state, workers=2) as server:
                 token = asyncio.run(_login(h.Identities(server.base), "carol"))
                 self.measure({**label, "target": "service", "scenario": "read"}, server.base,
-                             h.Request("GET", API + "/databases",
-                                       {"Authorization": f"Bearer {token}"}),
+                             _read_request(token),
                              conns, server=server, keep=False)
                 got["project"] = self.last
             self.rounds.append(got)
@@ -378,8 +375,7 @@ class Bench:
             "info": h.Request("GET", API + "/system/info"),
             "status": [h.Request("GET", API + "/authn/status"),
                        h.Request("GET", API + "/authz/status")] * 20_000,
-            "read": h.Request("GET", API + "/databases",
-                              {"Authorization": f"Bearer {ids.tokens['carol']}"}),
+            "read": _read_request(ids.tokens['carol']),
             "compose": h.Request("POST", API + "/compose/import",
                                  {"Authorization": f"Bearer {ids.tokens['alice']}", **json_headers},
                                  h.dumps({"env": "prod", "fields": compose_fields(10)})),
@@ -479,6 +475,11 @@ class Bench:
 
 
 # ------------------------------------------------------------------------------ report
+
+
+def _read_request(token: str) -> h.Request:
+    """The authorized read, as every target of the ``read`` scenario is sent it."""
+    return h.Request("GET", API + "/databases", {"Authorization": f"Bearer {token}"})
 
 
 async def _login(ids: h.Identities, subject: str) -> str:
