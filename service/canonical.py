@@ -4,7 +4,8 @@ over (audit records, resource and command bindings, policy revisions, checkpoint
 ``rfc8785.dumps`` is the definition. It is pure Python and costs ~60 us for an audit record,
 paid on every request; for the values the service hashes on its hot paths (strings, integers,
 booleans, null, objects with string keys, arrays) the standard library's encoder, with sorted
-keys and no whitespace, writes the very same bytes at C speed, provided that:
+keys and no whitespace, writes the very same bytes at C speed (and ``service.jsontext``, which
+writes them, the same text again), provided that:
 
 - every integer is one JCS accepts (|n| < 2**53: outside it, ``rfc8785`` refuses), and every
   float is one whose Python ``repr`` is the form JCS gives it (``0.5``, ``12.75``; not ``1.0``,
@@ -18,24 +19,23 @@ JCS cannot express. A property test holds the two equal (tests/test_canonical.py
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import rfc8785
 
+from . import jsontext
+
 __all__ = ["dumps", "is_canonical"]
 
 _MAX_INT = 2**53 - 1
 _HIGH = re.compile("[\ud800-\U0010ffff]")
-_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                           allow_nan=False).encode
 
 
 def dumps(value: Any) -> bytes:
     """The RFC 8785 canonical form of ``value`` as UTF-8 bytes."""
     if _plain(value):
-        text = _ENCODE(value)
+        text = jsontext.compact_sorted(value)
         if _HIGH.search(text) is None:
             return text.encode("utf-8")
     return rfc8785.dumps(value)

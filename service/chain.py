@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from . import clock
+from . import clock, jsontext
 from .appkeys import AUTHN_ERROR, CORRELATION_ID
 from .approvals import redeem
 from .audit.log import AUDIT
@@ -126,7 +126,7 @@ def _response(outcome: Outcome) -> web.Response | None:
     if outcome.text is not None:
         response = web.json_response(text=outcome.text, status=outcome.status)
     else:
-        response = web.json_response(outcome.body, status=outcome.status)
+        response = web.json_response(outcome.body, status=outcome.status, dumps=jsontext.compact)
     response.headers.update(outcome.headers)
     return response
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
 import re
 import sys
@@ -33,7 +32,7 @@ import traceback
 from collections.abc import Iterable
 from typing import Any
 
-from . import clock
+from . import clock, jsontext
 from .redaction import SECRET_BY_NAME, SECRET_WORDS, is_secret_field
 
 __all__ = ["ScrubFilter", "configure", "correlation_id_var", "install_scrubbing", "mask", "scrub"]
@@ -221,12 +220,12 @@ class JSONFormatter(logging.Formatter):
             doc["exc"] = scrub(tb)
         if record.stack_info:
             doc["stack"] = scrub(record.stack_info)
-        return _ENCODER.encode(doc)
+        return _ENCODE(doc)
 
     def line(self, created: float, level: str, logger: str, msg: str, correlation_id: Any,
              fields: dict[str, Any]) -> str:
         """The line ``format`` writes for a record with these attributes and no traceback."""
-        return _ENCODER.encode(self._doc(created, level, logger, msg, correlation_id, fields))
+        return _ENCODE(self._doc(created, level, logger, msg, correlation_id, fields))
 
     def _doc(self, created: float, level: str, logger: str, msg: str, cid: Any,
              fields: Any) -> dict[str, Any]:
@@ -264,7 +263,8 @@ def direct_handler(logger: logging.Logger, level: int) -> BatchedStreamHandler |
     return found
 
 
-_ENCODER = json.JSONEncoder(default=lambda v: scrub(str(v)))
+#: Compact lines; what JSON has no type for is written as its scrubbed text.
+_ENCODE = jsontext.encoder_with_default(lambda v: scrub(str(v)))
 
 
 class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -10,7 +10,6 @@ transaction's query, a ``SqlStore`` opens a fresh transaction per operation.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from importlib import resources
 from types import TracebackType
 from typing import Any, Protocol
 
-from ... import limits
+from ... import jsontext, limits
 from ..base import MAX_PAGE, StoreError
 
 __all__ = [
@@ -53,22 +52,22 @@ def dump_json(value: Any) -> str:
     ``jsonb``, an unpaired surrogate none in SQLite's UTF-8 text.
     """
     limits.check_json(value, strings=False)
-    text = _ENCODE(value)
+    text = jsontext.compact_sorted(value)
     # The strings, on the text: an escaped U+0000 or no UTF-8 form (an unpaired surrogate)
     # sends the value through the whole walk, which says which string (a "\\u0000" written
     # by a string's own backslash passes it).
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        size = -1
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            size = -1
     if size < 0 or "\\u0000" in text:
         limits.check_json(value)
         size = len(text.encode("utf-8"))
     limits.check_size(size)
     return text
-
-
-_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
 
 
 def opt_float(value: Any) -> float | None:
