@@ -36,7 +36,7 @@ def dumps(value: Any) -> bytes:
     """The RFC 8785 canonical form of ``value`` as UTF-8 bytes."""
     if _plain(value):
         text = jsontext.compact_sorted(value)
-        if _HIGH.search(text) is None:
+        if _below_surrogates(text):
             return text.encode("utf-8")
     return rfc8785.dumps(value)
 
@@ -45,7 +45,12 @@ def is_canonical(value: Any, text: str) -> bool:
     """Whether ``text``, the standard library's compact key-sorted encoding of ``value`` (as
     ``store.sql.dump_json`` writes it), is already ``value``'s RFC 8785 form: then its UTF-8
     bytes are what ``dumps`` would return, and hashing them needs no second encoding."""
-    return _plain(value) and _HIGH.search(text) is None
+    return _plain(value) and _below_surrogates(text)
+
+
+def _below_surrogates(text: str) -> bool:
+    """No code point at or above U+D800 (an ASCII text, most of them, without the search)."""
+    return text.isascii() or _HIGH.search(text) is None
 
 
 def _float_fits(number: float) -> bool:
