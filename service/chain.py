@@ -69,9 +69,9 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
         decision = _decide(  # logged by its audit record only                    # 2 AuthZ
             engine, config.environments,
             principal.to_input(now, config.authn.step_up_window_s), action, target,
-            {"correlation_id": cid, "method": request.method, "path": request.path,
-             "command_hash": redeem.command_hash(request.headers), "time": clock.iso(now)},
-            observed=True,
+            {"method": request.method, "path": request.path,
+             "command_hash": redeem.command_hash(request.headers)},
+            observed=True, correlation_id=cid, at=now,
         )
         metrics.decided(decision.decision, decision.cached,
                                      time.perf_counter() - started)

@@ -464,10 +464,10 @@ async def test_a_ticket_redeemed_by_a_read_is_consumed_too(client):
     engine = client.server.app[ENGINE]
     real = engine.decide
 
-    def decide(doc):
+    def decide(doc, **kwargs):
         if doc["action"] == "databases.list":
             return Decision("require_approval", ("sensitive_read",), MappingProxyType({}), "test")
-        return real(doc)
+        return real(doc, **kwargs)
 
     alice = await step_up(client, await login(client, "alice"), "alice")
     bob = await step_up(client, await login(client, "bob"), "bob")
@@ -496,9 +496,9 @@ async def test_ticket_requirements_are_decided_on_the_executing_requests_resourc
     real = engine.decide
     seen: dict[str, set[str]] = {}
 
-    def spy(doc):
+    def spy(doc, **kwargs):
         seen.setdefault(doc["action"], set()).add(doc["resource"]["kind"])
-        return real(doc)
+        return real(doc, **kwargs)
 
     engine.decide = spy
     try:

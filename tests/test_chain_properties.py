@@ -75,10 +75,10 @@ class World:
         engine = self.client.server.app[ENGINE]
         real_decide = engine.decide
 
-        def needs_ticket(doc: dict[str, Any]) -> Decision:
+        def needs_ticket(doc: dict[str, Any], **kwargs: Any) -> Decision:
             if doc["action"] == "installer.run.execute":
                 return Decision("require_approval", ("test",), MappingProxyType({}), "test")
-            return real_decide(doc)
+            return real_decide(doc, **kwargs)
 
         engine.decide = needs_ticket  # type: ignore[method-assign]
         try:
@@ -117,8 +117,8 @@ async def test_no_prod_mutation_without_consumed_bound_ticket_and_step_up(client
     real_decide = engine.decide
     drawn: Decision = scenario["decision"]
 
-    def decide(doc: dict[str, Any]) -> Decision:
-        return drawn if doc["action"] == "installer.run.execute" else real_decide(doc)
+    def decide(doc: dict[str, Any], **kwargs: Any) -> Decision:
+        return drawn if doc["action"] == "installer.run.execute" else real_decide(doc, **kwargs)
 
     env = scenario["env"]
     ticket = await world.ticket(scenario["ticket"], env, scenario["command"])

@@ -293,9 +293,11 @@ class AuditLog:
         if self.observer is not None:
             for record in records:
                 self.observer.committed(record)
-        await self._sink(*(
-            {"seq": r.seq, "prev_hash": r.prev_hash, "hash": r.hash, **r.entry} for r in records
-        ))
+        if self.jsonl_path is not None:  # (no copy of every entry for a sink not configured)
+            await self._sink(*(
+                {"seq": r.seq, "prev_hash": r.prev_hash, "hash": r.hash, **r.entry}
+                for r in records
+            ))
 
     async def mirror_checkpoint(self, checkpoint: AuditCheckpoint) -> None:
         """Copy a stored checkpoint to the JSON-lines sink (its line is a valid anchor file)."""

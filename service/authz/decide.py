@@ -7,12 +7,13 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .. import clock
 from ..config import Environments
 from ..run import Target
 from .actions import Action
 from .decision import Decision, enforce_production_rule
 from .engine import PolicyEngine
-from .input import build_input
+from .input import STRIPPED_CONTEXT_FIELDS, build_input
 
 __all__ = ["Observer", "decide", "observe"]
 
@@ -46,6 +47,8 @@ def decide(
     context: Mapping[str, Any],
     *,
     observed: bool = False,
+    correlation_id: str | None = None,
+    at: float | None = None,
 ) -> Decision:
     """The policy's decision on ``principal`` (its input form) doing ``action`` to ``target``.
 
@@ -54,18 +57,34 @@ def decide(
     ``observed``: a request's own decision (the chain's AuthZ stage), which the observers see;
     the workflow's what-if questions (a ticket's requirements, suggested reviewers) are not
     requests, and neither the decision log nor shadow evaluation counts them.
+
+    ``correlation_id`` and ``at`` (a request's, the chain's): the context fields the policy
+    never sees (``STRIPPED_CONTEXT_FIELDS``), given apart from ``context``, which then holds
+    none of them. The engine is given the input as the policy sees it, with nothing to strip
+    (one copy of it less per request, and no time formatted), and the observers the whole
+    document with both fields in its context.
     """
     input_doc = build_input(
         principal, action.name, target.policy_resource(action), target.env, context
     )
+    apart = correlation_id is not None or at is not None
+    if apart and not STRIPPED_CONTEXT_FIELDS_SET.isdisjoint(context):
+        raise ValueError("the context holds a field given apart (correlation_id, time)")
     decision = enforce_production_rule(
-        engine.decide(input_doc),
+        engine.decide(input_doc, stripped=True) if apart else engine.decide(input_doc),
         ticketed=action.needs_ticket_in_production,
         production=environments.is_production(target.env),
     )
-    for observer in _observers.get(engine, ()) if observed else ():
+    observers = _observers.get(engine, ()) if observed else ()
+    if observers and apart:
+        input_doc = {**input_doc, "context": {
+            **input_doc["context"], "correlation_id": correlation_id, "time": clock.iso(at)}}
+    for observer in observers:
         try:
             observer(input_doc, decision)
         except Exception:  # an observer never changes or fails a decision
             log.exception("decision observer failed")
     return decision
+
+
+STRIPPED_CONTEXT_FIELDS_SET = frozenset(STRIPPED_CONTEXT_FIELDS)

@@ -309,15 +309,18 @@ class PolicyEngine:
         current = self._current
         return current is None or subject_id in current.projection.subjects
 
-    def decide(self, input_doc: Mapping[str, Any]) -> Decision:
-        """One decision; never raises for a bad policy or input (fails closed to deny)."""
+    def decide(self, input_doc: Mapping[str, Any], *, stripped: bool = False) -> Decision:
+        """One decision; never raises for a bad policy or input (fails closed to deny).
+
+        ``stripped``: ``input_doc`` holds nothing ``input.strip`` removes (the chain's input,
+        built so): it is what the policy sees as it is, and not copied again."""
         started = time.perf_counter_ns()
         decision_id = f"{self._id_prefix}-{next(self._ids):x}"
         current = self._current
         revision = current.id if current else ""
         error: str | None = None
         try:
-            decision, error = self._evaluate(current, input_doc, decision_id)
+            decision, error = self._evaluate(current, input_doc, decision_id, stripped)
         except Exception as exc:  # fail closed on anything unexpected, never propagate
             decision = deny(POLICY_ERROR, revision, decision_id)
             error = exc.__class__.__name__
@@ -337,7 +340,7 @@ class PolicyEngine:
         return decision
 
     def _evaluate(
-        self, current: _Revision | None, input_doc: Any, decision_id: str
+        self, current: _Revision | None, input_doc: Any, decision_id: str, stripped: bool = False
     ) -> tuple[Decision, str | None]:
         # ``input_doc`` is typed Any on purpose: callers outside the service (the CLI, tests)
         # pass whatever they read, and anything that is not an object fails closed here.
@@ -349,15 +352,15 @@ class PolicyEngine:
         if action is None:
             # The catalogue is code-owned: an action it does not know is never allowed.
             return deny("unknown_action", current.id, decision_id), None
-        stripped = strip(input_doc)
+        policy_input = input_doc if stripped and type(input_doc) is dict else strip(input_doc)
         key: str | tuple[Any, ...] | None = None
         if self.cache_size:
             # not JSON: no key; regopy will refuse it below, and errors are never cached
             with contextlib.suppress(TypeError, ValueError):
                 key = (
-                    inputrefs.whole_key(stripped)
+                    inputrefs.whole_key(policy_input)
                     if current.key_paths is None
-                    else inputrefs.cache_key(current.key_paths, stripped)
+                    else inputrefs.cache_key(current.key_paths, policy_input)
                 )
         if key is not None:
             with current.cache_lock:
@@ -370,7 +373,7 @@ class PolicyEngine:
                     hit.decision, hit.reasons, hit.approval, hit.revision, decision_id, True
                 ), None
             self._counts["cache_miss"] += 1
-        projected = _project(current.projection, stripped)
+        projected = _project(current.projection, policy_input)
         try:
             raw = current.bundle.query(DECISION_ENTRYPOINT, projected)
         except rego.RegoEvalError as exc:

@@ -134,3 +134,41 @@ def test_observers_see_the_requests_decisions_only_and_cannot_change_or_fail_the
             remove()
     decide(engine, ENVIRONMENTS, person("alice"), INSTALL, on("prod"), CONTEXT, observed=True)
     assert len(seen) == 1  # removed: not called again
+
+
+def test_fields_given_apart_reach_the_observers_and_never_the_policy(engine):
+    """The chain gives the correlation id and the time apart from the context: the engine is
+    given exactly what ``strip`` would leave of the whole document (the same cache key, the
+    same decision), the observers the whole document, with the time formatted."""
+    from service.authz import input as authz_input
+
+    seen: list[Mapping[str, Any]] = []
+    evaluated: list[Mapping[str, Any]] = []
+    remove = observe(engine, lambda doc, _decision: seen.append(doc))
+    real = engine.decide
+
+    def spy(doc: Mapping[str, Any], **kwargs: Any) -> Decision:
+        evaluated.append(authz_input.strip(doc) if not kwargs.get("stripped") else doc)
+        return real(doc, **kwargs)
+
+    engine.decide = spy  # type: ignore[method-assign]
+    try:
+        context = {k: v for k, v in CONTEXT.items() if k not in ("correlation_id", "time")}
+        apart = decide(engine, ENVIRONMENTS, person("alice"), INSTALL, on("prod"), context,
+                       observed=True, correlation_id="corr-1", at=1_800_000_000.25)
+        whole = decide(engine, ENVIRONMENTS, person("alice"), INSTALL, on("prod"),
+                       {**context, "correlation_id": "corr-1",
+                        "time": "2027-01-15T08:00:00.250Z"}, observed=True)
+    finally:
+        engine.decide = real  # type: ignore[method-assign]
+        remove()
+    assert (apart.decision, apart.reasons, apart.approval) == (
+        whole.decision, whole.reasons, whole.approval)
+    assert evaluated[0] == evaluated[1]
+    assert "correlation_id" not in evaluated[0]["context"]
+    assert seen[0] == seen[1]
+    assert seen[0]["context"]["correlation_id"] == "corr-1"
+    assert seen[0]["context"]["time"] == "2027-01-15T08:00:00.250Z"
+    with pytest.raises(ValueError):  # a field both given apart and in the context
+        decide(engine, ENVIRONMENTS, person("alice"), INSTALL, on("dev"), CONTEXT,
+               correlation_id="corr-2")
