@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any, Literal, overload
 
 from .. import clock
@@ -44,7 +44,7 @@ from ..store.base import (
 from .log import AuditLog
 from .resolution import Unresolved
 
-__all__ = ["Recording", "recording", "settle_committed"]
+__all__ = ["Recorded", "Recording", "recording", "settle_committed"]
 
 log = logging.getLogger("controlplane.chain")
 #: Ticket events, logged once each after the run that caused them committed.
@@ -103,8 +103,7 @@ class Recording:
         self._record = await _append(self._audit, self.entry, None, wait_s)
 
 
-@asynccontextmanager
-async def recording(
+def recording(
     audit: AuditLog,
     principal: Principal,
     action: Action,
@@ -113,55 +112,82 @@ async def recording(
     method: str,
     path: str,
     now: float,
-) -> AsyncIterator[Recording]:
-    """Record one run: yields the ``Recording``; on an exception, records the refusal or failure
-    and raises it as a ``Problem``; in every case mirrors the committed record."""
-    rec = Recording(audit, {
+) -> Recorded:
+    """Record one run: ``async with`` it gives the ``Recording``; on an exception, records the
+    refusal or failure and raises it as a ``Problem``; in every case mirrors the committed
+    record."""
+    return Recorded(Recording(audit, {
         "at": clock.iso(now),
         "correlation_id": correlation_id,
         "principal": _principal_entry(principal),
         "action": action.name,
         "method": method,
         "path": path,
-    })
-    try:
-        yield rec
-    except StoreOutcomeUnknown as exc:
+    }))
+
+
+class Recorded:
+    """``recording``'s context manager (a class: a generator-based one cost a generator, its
+    frames and contextlib's wrapper on every request)."""
+
+    __slots__ = ("rec",)
+
+    def __init__(self, rec: Recording) -> None:
+        self.rec = rec
+
+    async def __aenter__(self) -> Recording:
+        return self.rec
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool:
+        rec = self.rec
+        audit = rec._audit
+        if exc is not None:
+            if not isinstance(exc, Exception):
+                return False  # cancellation and the like: not a run's outcome, raised as is
+            raise await _refused(audit, rec, exc) from None
+        if rec._record is None and rec._staged is None:
+            # A run that left the block without executing or failing is a bug in the chain:
+            # refuse it rather than answer without a record.
+            raise ServiceUnavailable("the run was not recorded; nothing was executed",
+                                     code="audit_unavailable")
+        rec.ticket_events = _log_ticket_events(rec.entry)  # committed: its ticket events happened
+        if rec._staged is not None:
+            await settle_committed(audit, rec._staged, rec.entry)  # the sealer mirrors it
+        else:
+            await _mirror(audit, rec)
+        return False
+
+
+async def _refused(audit: AuditLog, rec: Recording, exc: Exception) -> Problem:
+    """The problem a run that raised ``exc`` is answered with, once its record is written."""
+    entry = rec.entry
+    if isinstance(exc, StoreOutcomeUnknown):
         # COMMIT went unanswered: the run may have executed. No record now (its own may have
         # committed with it); the resolver records the outcome once the store tells it.
         log.error("chain run outcome unknown: COMMIT went unanswered", extra={"fields": {
-            "event": "chain.outcome_unknown", "correlation_id": correlation_id,
-            "action": action.name, "error": str(exc)}})
-        audit.resolver.add(Unresolved(correlation_id, action.name, _resolution(audit, rec, exc)))
-        raise _unknown_problem(rec.entry) from None
-    except Exception as exc:
-        problem = to_problem(exc)
-        if isinstance(exc, StoreUnavailable):
-            # An outage fails every run alike: expected, one line per interval with the count.
-            log_repeated(log, logging.ERROR, ("store.unavailable", "chain", str(exc)),
-                         "chain run failed: %s", exc,
-                         fields={"event": "store.unavailable", "during": "chain"})
-        elif problem.status >= 500 and not isinstance(exc, Problem):
-            # The cause stays in our log under the correlation id; the client sees only the id.
-            log_repeated(log, logging.ERROR, ("chain.failed", *cause_of(exc)), "chain run failed",
-                         fields={"event": "chain.failed"}, exc_info=exc)
-        # The record of the failure comes out of what remains of the request's store deadline
-        # (``service.deadline``); a run the store failed waits for it only briefly (the record
-        # stays queued and commits once the store answers).
-        store_failed = isinstance(exc, StoreUnavailable)
-        await rec._failed(problem, FAILURE_RECORD_WAIT_S if store_failed else None)
-        await _mirror(audit, rec)
-        raise problem from None
-    if rec._record is None and rec._staged is None:
-        # A run that left the block without executing or failing is a bug in the chain: refuse
-        # it rather than answer without a record.
-        raise ServiceUnavailable("the run was not recorded; nothing was executed",
-                                 code="audit_unavailable")
-    rec.ticket_events = _log_ticket_events(rec.entry)  # committed: its ticket events happened
-    if rec._staged is not None:
-        await settle_committed(audit, rec._staged, rec.entry)  # the sealer mirrors it
-    else:
-        await _mirror(audit, rec)
+            "event": "chain.outcome_unknown", "correlation_id": entry["correlation_id"],
+            "action": entry["action"], "error": str(exc)}})
+        audit.resolver.add(Unresolved(entry["correlation_id"], entry["action"],
+                                      _resolution(audit, rec, exc)))
+        return _unknown_problem(entry)
+    problem = to_problem(exc)
+    if isinstance(exc, StoreUnavailable):
+        # An outage fails every run alike: expected, one line per interval with the count.
+        log_repeated(log, logging.ERROR, ("store.unavailable", "chain", str(exc)),
+                     "chain run failed: %s", exc,
+                     fields={"event": "store.unavailable", "during": "chain"})
+    elif problem.status >= 500 and not isinstance(exc, Problem):
+        # The cause stays in our log under the correlation id; the client sees only the id.
+        log_repeated(log, logging.ERROR, ("chain.failed", *cause_of(exc)), "chain run failed",
+                     fields={"event": "chain.failed"}, exc_info=exc)
+    # The record of the failure comes out of what remains of the request's store deadline
+    # (``service.deadline``); a run the store failed waits for it only briefly (the record
+    # stays queued and commits once the store answers).
+    store_failed = isinstance(exc, StoreUnavailable)
+    await rec._failed(problem, FAILURE_RECORD_WAIT_S if store_failed else None)
+    await _mirror(audit, rec)
+    return problem
 
 
 #: The ids of a run's entry an unknown outcome is answered with, and where each is checked.
