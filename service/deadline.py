@@ -37,16 +37,26 @@ _BUDGET: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
     "controlplane_store_budget", default=None)
 
 
-@contextmanager
-def budget(total_s: float) -> Iterator[Budget]:
+def budget(total_s: float) -> _Budgeted:
     """Let the store calls of this block (in this task and the tasks it starts) wait
     ``total_s`` in all."""
-    spent = Budget(total_s)
-    token = _BUDGET.set(spent)
-    try:
-        yield spent
-    finally:
-        _BUDGET.reset(token)
+    return _Budgeted(Budget(total_s))
+
+
+class _Budgeted:
+    """``budget()``: a class, not a generator, as it wraps every request."""
+
+    __slots__ = ("_budget", "_token")
+
+    def __init__(self, spent: Budget) -> None:
+        self._budget = spent
+
+    def __enter__(self) -> Budget:
+        self._token = _BUDGET.set(self._budget)
+        return self._budget
+
+    def __exit__(self, *exc: object) -> None:
+        _BUDGET.reset(self._token)
 
 
 @contextmanager
