@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 from referencing import Registry, Resource
 
-from .schema_accept import SCHEMA_DIR, ecma_regex
+from .schema_accept import SCHEMA_DIR, accepts, ecma_regex
 
 __all__ = ["SCHEMA_DIR", "SchemaViolation", "ValidationFailed", "ecma_regex", "validate",
            "validator"]
@@ -84,8 +84,12 @@ def validator(name: str, *, check_schema: bool = True) -> Draft202012Validator:
 def validate(name: str, document: Any, *, limit: int = 50, check_schema: bool = True) -> None:
     """Raise ``ValidationFailed`` listing JSON-pointer paths when ``document`` fails ``name``
     (``check_schema``: see ``validator``)."""
-    errors = sorted(validator(name, check_schema=check_schema).iter_errors(document),
-                    key=lambda e: list(e.absolute_path))
+    checked = validator(name, check_schema=check_schema)  # (the schema itself checked once)
+    if accepts(name, document):
+        # Certainly valid (exact where it says so): the request bodies, without jsonschema's
+        # walk (~40 us for an installer action's body; ``service.schema_accept``).
+        return
+    errors = sorted(checked.iter_errors(document), key=lambda e: list(e.absolute_path))
     if errors:
         # dict.fromkeys keeps order and drops repeats (one "required" error per missing key).
         violations = list(dict.fromkeys(v for error in errors for v in _flatten(error)))
