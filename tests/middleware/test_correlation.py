@@ -77,3 +77,25 @@ def test_a_new_correlation_id_is_a_random_uuid4():
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text
         seen.add(text)
     assert len(seen) == 2000
+
+
+def test_a_forked_child_does_not_repeat_its_parents_ids():
+    """The random bytes are read 4 KiB at a time: a child forked with bytes left must not
+    hand out the ids its parent will."""
+    import os
+
+    from service.middleware.correlation import new_uuid4
+
+    new_uuid4()  # the pool holds bytes now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.close(read)
+        os.write(write, ",".join(new_uuid4() for _ in range(4)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = set(pipe.read().split(","))
+    os.waitpid(pid, 0)
+    parent = {new_uuid4() for _ in range(4)}
+    assert len(child) == 4 and not child & parent
