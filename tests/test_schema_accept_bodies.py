@@ -14,6 +14,7 @@ import pytest
 
 from service.schema_accept import SCHEMA_DIR, accepts
 from service.schemas import validator
+from tests.documents import places
 
 HASH = "sha256:" + "a" * 64
 #: Real bodies per schema (the fast path must take every one of them).
@@ -52,23 +53,13 @@ def _valid(schema: str, doc: Any) -> bool:
     return not any(True for _ in validator(schema).iter_errors(doc))
 
 
-def _places(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = []
-    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) \
-        else ()
-    for key, value in items:
-        found.append((*path, key))
-        found += _places(value, (*path, key))
-    return found
-
-
 def _mutate(doc: Any, rnd: random.Random) -> Any:
     doc = copy.deepcopy(doc)
     for _ in range(rnd.randint(1, 3)):
-        places = _places(doc)
+        found = places(doc)
         how = rnd.random()
-        if how < 0.6 and places:
-            *parent_path, key = rnd.choice(places)
+        if how < 0.6 and found:
+            *parent_path, key = rnd.choice(found)
             parent = doc
             for part in parent_path:
                 parent = parent[part]
