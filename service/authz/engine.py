@@ -134,6 +134,8 @@ class _Revision:
     refs: inputrefs.InputRefs = field(default_factory=lambda: inputrefs.InputRefs(None))
     #: What the decision cache keys on (``inputrefs.key_paths``); None: the whole input.
     key_paths: tuple[inputrefs.Path, ...] | None = None
+    #: ``inputrefs.cache_key`` over ``key_paths``, compiled once (``inputrefs.compile_key``).
+    key_of: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
 
 
 class PolicyEngine:
@@ -236,9 +238,10 @@ class PolicyEngine:
             # never a mix. The old revision's cache goes with it (invalidation on reload).
             # The cache keys on the parts of the input this revision can read (once per revision).
             refs = inputrefs.analyse(m.source for m in snapshot.modules)
+            keyed = None if refs.paths is None else inputrefs.key_paths(refs.paths)
             self._current = _Revision(
                 snapshot.revision, bundle, projection, snapshot, time.time(), refs=refs,
-                key_paths=None if refs.paths is None else inputrefs.key_paths(refs.paths),
+                key_paths=keyed, key_of=None if keyed is None else inputrefs.compile_key(keyed),
             )
             return self._succeeded(snapshot.revision, changed=True)
 
@@ -359,8 +362,8 @@ class PolicyEngine:
             with contextlib.suppress(TypeError, ValueError):
                 key = (
                     inputrefs.whole_key(policy_input)
-                    if current.key_paths is None
-                    else inputrefs.cache_key(current.key_paths, policy_input)
+                    if current.key_of is None
+                    else current.key_of(policy_input)
                 )
         if key is not None:
             with current.cache_lock:

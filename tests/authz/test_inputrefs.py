@@ -384,3 +384,44 @@ def test_cache_keys_keep_apart_what_json_keeps_apart():
     for bad in (float("nan"), float("inf"), object()):
         with pytest.raises((TypeError, ValueError)):  # not JSON: no key, no cached decision
             key(bad)
+
+
+_NAMES = ("a", "b", "principal", "kind", "value")
+_DOC_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=3),
+              st.floats(allow_nan=True, allow_infinity=False), st.just(object())),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from(_NAMES), inner, max_size=4)),
+    max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_NAMES), min_size=1, max_size=3).map(tuple),
+                min_size=1, max_size=6),
+       st.dictionaries(st.sampled_from(_NAMES), _DOC_VALUES, max_size=5))
+def test_the_compiled_key_is_cache_key(raw_paths, doc):
+    """inputrefs.compile_key(paths)(doc) == inputrefs.cache_key(paths, doc), the same error
+    where cache_key raises (a value JSON has no type for, a NaN)."""
+    paths = tuple(sorted({p for p in raw_paths
+                          if not any(q != p and p[:len(q)] == q for q in raw_paths)}))
+
+    def outcome(fn):
+        try:
+            return fn()
+        except (TypeError, ValueError) as exc:
+            return type(exc)
+
+    compiled = inputrefs.compile_key(paths)
+    assert outcome(lambda: compiled(doc)) == outcome(lambda: inputrefs.cache_key(paths, doc))
+
+
+def test_the_shipped_revision_keys_with_its_compiled_function():
+    engine = PolicyEngine(default_policies_dir())
+    assert engine.load().ok
+    current = engine._current
+    assert current is not None and current.key_of is not None and current.key_paths
+    doc = {"action": "databases.list", "env": "prod", "principal": {"subject_id": "carol",
+           "kind": "human"}, "resource": {"value": {"app": "web"}}, "context": {}}
+    assert current.key_of(doc) == inputrefs.cache_key(current.key_paths, doc)
+    with pytest.raises(ValueError):
+        inputrefs.compile_key((("a",), ("a", "b")))
