@@ -19,6 +19,9 @@ __all__ = ["Observer", "decide", "observe"]
 
 log = logging.getLogger("controlplane.authz")
 
+#: The context fields ``decide`` may be given apart (``correlation_id``, ``at``).
+_GIVEN_APART = frozenset(STRIPPED_CONTEXT_FIELDS)
+
 #: Sees every decision of the chain with its input (the decision log, shadow evaluation). It must
 #: return at once (queue the work; never evaluate on the request path) and cannot change it.
 Observer = Callable[[Mapping[str, Any], Decision], None]
@@ -68,7 +71,7 @@ def decide(
         principal, action.name, target.policy_resource(action), target.env, context
     )
     apart = correlation_id is not None or at is not None
-    if apart and not STRIPPED_CONTEXT_FIELDS_SET.isdisjoint(context):
+    if apart and not _GIVEN_APART.isdisjoint(context):
         raise ValueError("the context holds a field given apart (correlation_id, time)")
     decision = enforce_production_rule(
         engine.decide(input_doc, stripped=True) if apart else engine.decide(input_doc),
@@ -85,6 +88,3 @@ def decide(
         except Exception:  # an observer never changes or fails a decision
             log.exception("decision observer failed")
     return decision
-
-
-STRIPPED_CONTEXT_FIELDS_SET = frozenset(STRIPPED_CONTEXT_FIELDS)
