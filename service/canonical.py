@@ -3,9 +3,9 @@ over (audit records, resource and command bindings, policy revisions, checkpoint
 
 ``rfc8785.dumps`` is the definition. It is pure Python and costs ~60 us for an audit record,
 paid on every request; for the values the service hashes on its hot paths (strings, integers,
-booleans, null, objects with string keys, arrays) the standard library's encoder, with sorted
-keys and no whitespace, writes the very same bytes at C speed (and ``service.jsontext``, which
-writes them, the same text again), provided that:
+booleans, null, objects with string keys, arrays) a compact key-sorted JSON encoder writes the
+very same bytes at C speed (``service.jsontext.compact_sorted``: orjson, which for these values
+writes what the standard library's encoder writes), provided that:
 
 - every integer is one JCS accepts (|n| < 2**53: outside it, ``rfc8785`` refuses), and every
   float is one whose Python ``repr`` is the form JCS gives it (``0.5``, ``12.75``; not ``1.0``,
@@ -42,8 +42,8 @@ def dumps(value: Any) -> bytes:
 
 
 def is_canonical(value: Any, text: str) -> bool:
-    """Whether ``text``, the standard library's compact key-sorted encoding of ``value`` (as
-    ``store.sql.dump_json`` writes it), is already ``value``'s RFC 8785 form: then its UTF-8
+    """Whether ``text``, the compact key-sorted encoding of ``value`` (``jsontext.compact_sorted``,
+    as ``store.sql.dump_json`` writes it), is already ``value``'s RFC 8785 form: then its UTF-8
     bytes are what ``dumps`` would return, and hashing them needs no second encoding."""
     return _plain(value) and _below_surrogates(text)
 
