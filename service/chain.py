@@ -5,6 +5,9 @@ This module is the only place that order lives. A route declares what it protect
 chain does the rest, one stage per package:
 
 1. AuthN (``authn.require``): the principal the authn middleware attached; anonymous -> 401.
+   Where the middleware deferred the session check (``middleware.authn.confirm``: a ticket is
+   presented and reads are round trips), it is read here, after the body and target and before
+   the decision, in one statement with the ticket and task; a 401 still comes before a 400.
 2. AuthZ (``authz.decide``): the policy input document -> one decision; a production mutation of
    a ticketed action is never a plain ``allow`` (hard rule 1, re-asserted here). ``deny`` -> 403.
 3. Approval (``approvals.redeem``): for ``require_approval``, a fresh step-up and a presented
@@ -38,6 +41,7 @@ from .authz.engine import ENGINE, audited
 from .body import read_json
 from .config import CONFIG
 from .errors import PolicyDenied
+from .middleware.authn import DEFERRED, confirm
 from .middleware.metrics import METRICS
 from .run import Outcome, Protection, Run, Target, TargetOf, Write
 from .storelink import STORE
@@ -61,9 +65,21 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
     action, now, cid = spec.action, clock.now(), request[CORRELATION_ID]
     async with recording(app[AUDIT], request[PRINCIPAL], action, correlation_id=cid,
                          method=request.method, path=request.path, now=now) as rec:
-        principal = require(request[PRINCIPAL], request.get(AUTHN_ERROR))           # 1 AuthN
-        body = await read_json(request, spec.body_schema) if spec.body_schema else None
-        target = await spec.target(request, body)
+        bearer, read = request.get(DEFERRED), None
+        if bearer is None:
+            principal = require(request[PRINCIPAL], request.get(AUTHN_ERROR))       # 1 AuthN
+            body = await read_json(request, spec.body_schema) if spec.body_schema else None
+            target = await spec.target(request, body)
+        else:  # the session is read with the ticket and task the run reads (``confirm``)
+            try:
+                body = await read_json(request, spec.body_schema) if spec.body_schema else None
+                target = await spec.target(request, body)
+            except Exception:
+                await confirm(request, bearer, now, with_ticket=False)  # a 401 comes first
+                raise
+            read = await confirm(request, bearer, now, task_id=target.id)
+            principal = request[PRINCIPAL]
+            rec.principal(principal)
         rec.target(target, action)
         started = time.perf_counter()
         decision = _decide(  # logged by its audit record only                    # 2 AuthZ
@@ -84,7 +100,7 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
         if decision.decision == "require_approval":                                 # 3 Approval
             rec.ticket(redeem.presented_ticket_id(request.headers))
             redemption = await redeem.check(config, store, principal, action, target, decision,
-                                            request.headers, now)
+                                            request.headers, now, read)
         facts = Run(request=request, config=config, store=store, principal=principal, body=body,
                     target=target, decision=decision, correlation_id=cid, now=now,
                     ticket=redemption.ticket if redemption else None)

@@ -29,7 +29,7 @@ from ..errors import (
     TicketBindingMismatch,
 )
 from ..run import Target
-from ..store.base import Store, TaskRead, TicketRecord, Tx
+from ..store.base import RunRead, Store, TaskRead, TicketRecord, Tx
 from .binding import HASH_PATTERN, Binding, hash_nonce, mismatched
 
 __all__ = [
@@ -85,8 +85,11 @@ async def check(
     decision: Decision,
     headers: Mapping[str, str],
     now: float,
+    read: RunRead | None = None,
 ) -> Redemption:
-    """The ticket this request may redeem, checked up to (not including) consumption."""
+    """The ticket this request may redeem, checked up to (not including) consumption.
+    ``read``: the ticket and task as the chain's AuthN read them with the session
+    (``middleware.authn.confirm``), taken instead of reading them again."""
     if not config.approvals.enabled:
         raise ApprovalRepositoryUnavailable(
             "this action needs an approval ticket and no approval repository is configured"
@@ -128,7 +131,9 @@ async def check(
     # The run's target may be a task it writes (an installer run's): read with the ticket, in
     # the same statement, so the run's transaction need not read it again.
     task = None
-    if target.id is None:
+    if read is not None and _read_for(read, ticket_id, target.id):
+        ticket, task = read.ticket, read.task
+    elif target.id is None:
         ticket = await store.get_ticket(ticket_id)
     else:
         ticket, task = await store.get_ticket_and_task(ticket_id, target.id)
@@ -148,6 +153,15 @@ async def check(
     if ticket.expires_at is not None and ticket.expires_at <= now:
         raise Conflict("the ticket's approval has expired", code="ticket_expired", state="approved")
     return Redemption(ticket, bound, task)
+
+
+def _read_for(read: RunRead, ticket_id: str, task_id: str | None) -> bool:
+    """Whether ``read`` is of this ticket and task (it was read by the same headers and target:
+    checked, not assumed)."""
+    if read.ticket_id != ticket_id:
+        return False
+    return read.task is None if task_id is None else (read.task is not None
+                                                      and read.task.id == task_id)
 
 
 async def consume(tx: Tx, redemption: Redemption, now: float, correlation_id: str) -> TicketRecord:

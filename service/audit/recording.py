@@ -66,6 +66,10 @@ class Recording:
         self.ticket_events: tuple[str, ...] = ()
         self._outcome: Outcome | None = None  # what the run executed, until it committed
 
+    def principal(self, principal: Principal) -> None:
+        """Who the run is for, once its session was checked in the chain (``chain.run``)."""
+        self.entry["principal"] = _principal_entry(principal)
+
     def target(self, target: Target, action: Action) -> None:
         self.entry.update(env=target.env, resource_hash=target.hash,
                           resource_kind=action.resource_kind)

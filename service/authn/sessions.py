@@ -69,7 +69,7 @@ from .stepup import (
 )
 from .tokens import AccessTokens
 
-__all__ = ["AUTHENTICATOR", "Authenticator", "IssuedToken", "create_authenticator"]
+__all__ = ["AUTHENTICATOR", "UNREAD", "Authenticator", "Bearer", "IssuedToken", "create_authenticator"]
 
 METHOD_PASSWORD = "password"  # noqa: S105 - a method name, not a secret
 STEP_UP_METHOD = "totp"
@@ -79,6 +79,21 @@ SESSION_RETENTION_S = 86400.0
 _MAX_SUBJECT = 256
 
 log = logging.getLogger("controlplane.authn")
+
+
+class Bearer(NamedTuple):
+    """A bearer access token whose signature and claims verified, its session not checked yet
+    (``Authenticator.verify_bearer``; ``session_principal`` checks it)."""
+
+    subject: str
+    kind: str
+    session_id: str
+    #: Issued after the session's step-up (``acr``).
+    stepped: bool
+
+
+#: ``session_principal``'s ``found`` when the caller read no session row: it reads it.
+UNREAD: Any = object()
 
 
 class IssuedToken(NamedTuple):
@@ -232,6 +247,13 @@ class Authenticator:
 
     async def authenticate_bearer(self, token: str, now: float) -> Principal:
         """The principal of a bearer access token; raises an ``InvalidToken`` subclass."""
+        bearer = await self.verify_bearer(token, now)
+        return await self.session_principal(bearer.subject, bearer.kind, bearer.session_id,
+                                            stepped=bearer.stepped, now=now)
+
+    async def verify_bearer(self, token: str, now: float) -> Bearer:
+        """A bearer access token's signature and claims, checked; not its session (that is
+        ``session_principal``). Raises an ``InvalidToken`` subclass."""
         try:
             claims = self.tokens.verify(token, now)
         except UnknownKey:
@@ -242,20 +264,21 @@ class Authenticator:
         # Step-up counts only on a token issued after it: an older token of the same session
         # (perhaps copied before the step-up) stays un-stepped.
         stepped = "acr" in claims and claims["acr"] == ACR_STEP_UP
-        return await self.session_principal(claims["sub"], claims["kind"], claims["sid"],
-                                            stepped=stepped, now=now)
+        return Bearer(claims["sub"], claims["kind"], claims["sid"], stepped)
 
     async def session_principal(
-        self, subject: str, kind: str, session_id: str, *, stepped: bool, now: float
+        self, subject: str, kind: str, session_id: str, *, stepped: bool, now: float,
+        found: SessionRecord | None = UNREAD,
     ) -> Principal:
         """The principal of a verified credential naming ``session_id`` (a bearer token, or the
         console's session cookie): the identity must be active with that kind and the session
         live and its own. ``stepped``: the credential was issued after the session's step-up.
-        Raises an ``InvalidToken`` subclass."""
+        ``found``: the session row as the caller read it just now (``Store.get_run_read``), or
+        None when it read none; read here when not given. Raises an ``InvalidToken`` subclass."""
         identity = self.identities.get(subject)
         if identity is not None and (identity.disabled or identity.kind != kind):
             raise SubjectDisabled()
-        session = await self._active_session(session_id, now)
+        session = await self._active_session(session_id, now, found)
         if session.subject_id != subject or session.kind != kind:
             raise SessionInactive()
         if kind not in KINDS:  # tokens and sessions only carry these; anything else fails closed
@@ -455,9 +478,10 @@ class Authenticator:
         )
         raise Throttled(retry_after_s=retry_after)
 
-    async def _active_session(self, session_id: str, now: float) -> SessionRecord:
-        session = await self.store.get_session(session_id)
-        if session is None:
+    async def _active_session(self, session_id: str, now: float,
+                              found: SessionRecord | None = UNREAD) -> SessionRecord:
+        session = await self.store.get_session(session_id) if found is UNREAD else found
+        if session is None or session.id != session_id:
             raise SessionInactive()
         if session.revoked_at is not None:
             raise SessionRevoked()

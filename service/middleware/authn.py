@@ -11,6 +11,13 @@ their CSRF token, which the console checks (``consolesession``).
 ``request[PRINCIPAL]`` is written here only: once per request by ``identify`` (a step of the
 request layers, ``middleware.layers``), and again by ``step_up_console`` when the request itself
 steps its console session up.
+
+Where every read is a round trip (PostgreSQL, ``Store.reads_round_trip``), a bearer request to a
+chain route that presents an approval ticket has its token verified here and its session read
+by the chain's first stage, in the same statement as the ticket and the task it targets
+(``Store.get_run_read``; ``confirm``): one round trip where two were. Until then the request is
+anonymous, and the chain checks the session before it answers anything, a malformed body
+included (``chain.run``).
 """
 
 from __future__ import annotations
@@ -21,16 +28,20 @@ from aiohttp import web
 
 from .. import clock, consolesession
 from ..appkeys import AUTHN_ERROR
-from ..authn.errors import InvalidToken
-from ..authn.principal import ANONYMOUS, PRINCIPAL
-from ..authn.sessions import AUTHENTICATOR
+from ..approvals.redeem import presented_ticket_id
+from ..authn.errors import InvalidToken, Unauthenticated
+from ..authn.principal import ANONYMOUS, PRINCIPAL, Principal
+from ..authn.sessions import AUTHENTICATOR, UNREAD, Bearer
 from ..consolesession import CONSOLE_SESSION, ConsoleSession
 from ..errors import to_problem
 from ..repeats import log_repeated
-from ..store.base import StoreUnavailable
+from ..store.base import RunRead, StoreUnavailable
 from ..storelink import STORE
 
 log = logging.getLogger("controlplane.authn")
+
+#: A bearer token verified by ``identify`` whose session the chain reads (``confirm``).
+DEFERRED = web.RequestKey("deferred_bearer", Bearer)
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -58,14 +69,62 @@ async def _identify(request: web.Request) -> None:
         return
     token = bearer_token(request)
     if token is not None and request.app[STORE].configured:
+        authenticator = request.app[AUTHENTICATOR]
         try:
-            request[PRINCIPAL] = await request.app[AUTHENTICATOR].authenticate_bearer(
-                token, clock.now()
-            )
+            if _defers(request):
+                request[DEFERRED] = await authenticator.verify_bearer(token, clock.now())
+            else:
+                request[PRINCIPAL] = await authenticator.authenticate_bearer(token, clock.now())
         except InvalidToken as exc:
             request[AUTHN_ERROR] = exc.code
     elif token is not None:
         request[AUTHN_ERROR] = "authentication_unavailable"
+
+
+def _defers(request: web.Request) -> bool:
+    """Whether the chain reads this request's session, with its ticket (see the module)."""
+    store = request.app[STORE].store
+    return (store is not None and getattr(store, "reads_round_trip", False)
+            and getattr(request.match_info.handler, "protection", None) is not None
+            and presented_ticket_id(request.headers) is not None)
+
+
+async def confirm(request: web.Request, bearer: Bearer, now: float, *,
+                  task_id: str | None = None, with_ticket: bool = True) -> RunRead | None:
+    """The chain's AuthN for a request ``identify`` deferred: the session of ``bearer``, read
+    with the presented ticket and task ``task_id`` in one statement (``with_ticket``; else
+    alone), becomes ``request[PRINCIPAL]``. Returns that read (None without the ticket).
+    Raises ``Unauthenticated`` (401) for a session that is not live, and ``StoreUnavailable``
+    when it cannot be read, as ``identify`` would have answered."""
+    del request[DEFERRED]  # checked once, whatever happens
+    authenticator = request.app[AUTHENTICATOR]
+    read = None
+    try:
+        found = UNREAD
+        if with_ticket:
+            ticket_id = presented_ticket_id(request.headers)
+            assert ticket_id is not None  # deferred only then (``_defers``)
+            store = request.app[STORE].require()
+            read = await store.get_run_read(bearer.session_id, ticket_id, task_id)
+            found = read.session
+        principal: Principal = await authenticator.session_principal(
+            bearer.subject, bearer.kind, bearer.session_id, stepped=bearer.stepped, now=now,
+            found=found)
+    except InvalidToken as exc:
+        request[AUTHN_ERROR] = exc.code
+        raise Unauthenticated(exc.code) from None
+    except StoreUnavailable as exc:
+        _unavailable(exc)
+        raise
+    request[PRINCIPAL] = principal
+    return read
+
+
+def _unavailable(exc: StoreUnavailable) -> None:
+    # Every request of an outage fails this way: one line per interval, counted.
+    log_repeated(log, logging.ERROR, ("store.unavailable", "session_check", str(exc)),
+                 "session check failed: %s", exc,
+                 fields={"event": "store.unavailable", "during": "session_check"})
 
 
 async def step_up_console(request: web.Request, found: ConsoleSession,
@@ -97,10 +156,7 @@ async def identify(request: web.Request) -> None:
         # clients drop a valid token). A public route (health, status, login) serves the
         # caller anonymously and says why; any other route is refused now, as an outage
         # (503 store_unavailable, Retry-After).
-        # Every request of an outage fails this way: one line per interval, counted.
-        log_repeated(log, logging.ERROR, ("store.unavailable", "session_check", str(exc)),
-                     "session check failed: %s", exc,
-                     fields={"event": "store.unavailable", "during": "session_check"})
+        _unavailable(exc)
         if not getattr(request.match_info.handler, "public", False):
             raise to_problem(exc) from None
         request[AUTHN_ERROR] = "store_unavailable"

@@ -53,6 +53,7 @@ __all__ = [
     "PublishedKey",
     "PublishedKeyOps",
     "ReviewRecord",
+    "RunRead",
     "Seal",
     "SessionOps",
     "SessionRecord",
@@ -279,6 +280,18 @@ class TaskRead:
 
     id: str
     task: TaskRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRead:
+    """What a chain run that presents a ticket reads before it decides, as one statement found
+    it (``TicketOps.get_run_read``): the caller's session, the ticket (with its reviews) and
+    the task the run targets (None when the run targets none); None where there is no row."""
+
+    session: SessionRecord | None
+    ticket_id: str
+    ticket: TicketRecord | None
+    task: TaskRead | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -543,6 +556,12 @@ class TicketOps(Protocol):
         run's pre-read, for a run whose target may be a task (``Store.run_transaction``). The
         task read is None when there is no such ticket."""
         ...
+    async def get_run_read(self, session_id: str, ticket_id: str, task_id: str | None
+                           ) -> RunRead:
+        """Session ``session_id``, ticket ``ticket_id`` and task ``task_id`` in one statement:
+        the reads of a chain run that presents a ticket, sent together where each read is a
+        round trip (``Store.reads_round_trip``; ``authn.deferred``)."""
+        ...
     async def list_tickets(
         self,
         state: str | None = None,
@@ -746,6 +765,9 @@ class Store(SessionOps, TicketOps, TaskOps, FederationOps, AuditOps, OutboxOps, 
     #: them to batched ``seal_audit`` calls: stores shared by several writing processes, where
     #: a lock held until each run's COMMIT would serialise them all.
     stages_audit: bool
+    #: True where every read is a round trip to a server (PostgreSQL): there a chain run that
+    #: presents a ticket reads its session with the ticket (``get_run_read``) instead of apart.
+    reads_round_trip: bool
 
     async def ping(self) -> None: ...
     async def close(self) -> None: ...

@@ -245,6 +245,7 @@ class PostgresStore(SqlStore):
     # Replicas share the audit head: runs stage their records, sealers chain them in batches.
     stages_audit = True
     autocommits = True
+    reads_round_trip = True
 
     def __init__(self, pool: asyncpg.Pool, timeout_s: float, *, dsn: str | None = None,
                  settings: dict[str, str] | None = None) -> None:

@@ -116,6 +116,8 @@ class SqlStore(_Operations):
     on_outcome: Callable[[bool, bool], None] | None = None
     #: See ``base.Store.stages_audit``; SQLite's writers already share one lock per file.
     stages_audit: bool = False
+    #: See ``base.Store.reads_round_trip``; SQLite reads the file in this process.
+    reads_round_trip: bool = False
 
     def _transaction(self, *, write: bool, single: bool = False
                      ) -> AbstractAsyncContextManager[Conn]:

@@ -8,26 +8,27 @@ from collections.abc import Sequence
 from ..base import Conflict, NotFound, SessionRecord, ThrottleRule, ThrottleVerdict
 from .core import Query, Row, Unit, opt_float
 
-__all__ = ["SessionSql"]
+__all__ = ["COLUMNS", "SessionSql", "session_of"]
 
-_COLUMNS = (
+COLUMNS = (
     "id, subject_id, kind, authn_method, auth_time, created_at, expires_at, step_up_at, "
     "step_up_method, revoked_at"
 )
 
 
-def _session(row: Row) -> SessionRecord:
+def session_of(row: Row, prefix: str = "") -> SessionRecord:
+    """A session from ``row``'s ``sessions`` columns (named with ``prefix``)."""
     return SessionRecord(
-        id=row["id"],
-        subject_id=row["subject_id"],
-        kind=row["kind"],
-        authn_method=row["authn_method"],
-        auth_time=float(row["auth_time"]),
-        created_at=float(row["created_at"]),
-        expires_at=float(row["expires_at"]),
-        step_up_at=opt_float(row["step_up_at"]),
-        step_up_method=row["step_up_method"],
-        revoked_at=opt_float(row["revoked_at"]),
+        id=row[prefix + "id"],
+        subject_id=row[prefix + "subject_id"],
+        kind=row[prefix + "kind"],
+        authn_method=row[prefix + "authn_method"],
+        auth_time=float(row[prefix + "auth_time"]),
+        created_at=float(row[prefix + "created_at"]),
+        expires_at=float(row[prefix + "expires_at"]),
+        step_up_at=opt_float(row[prefix + "step_up_at"]),
+        step_up_method=row[prefix + "step_up_method"],
+        revoked_at=opt_float(row[prefix + "revoked_at"]),
     )
 
 
@@ -80,8 +81,8 @@ async def _reserve(q: Query, rule: ThrottleRule, now: float) -> int | None:
 
 
 async def _get(q: Query, id: str) -> SessionRecord | None:
-    row = await q.one(f"SELECT {_COLUMNS} FROM sessions WHERE id = ?", id)
-    return None if row is None else _session(row)
+    row = await q.one(f"SELECT {COLUMNS} FROM sessions WHERE id = ?", id)
+    return None if row is None else session_of(row)
 
 
 class SessionSql(Unit):
@@ -92,7 +93,7 @@ class SessionSql(Unit):
     async def create_session(self, rec: SessionRecord) -> None:
         async with self._unit(write=True) as q:
             row = await q.one(
-                f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                f"INSERT INTO sessions ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (id) DO NOTHING RETURNING id",
                 rec.id, rec.subject_id, rec.kind, rec.authn_method, rec.auth_time, rec.created_at,
                 rec.expires_at, rec.step_up_at, rec.step_up_method, rec.revoked_at,
@@ -127,11 +128,11 @@ class SessionSql(Unit):
             row = await q.one(
                 "UPDATE sessions SET step_up_at = ?, step_up_method = ? "
                 "WHERE id = ? AND revoked_at IS NULL AND expires_at > ? "
-                f"RETURNING {_COLUMNS}",
+                f"RETURNING {COLUMNS}",
                 at, method, id, at,
             )  # fmt: skip
             if row is not None:
-                return _session(row)
+                return session_of(row)
             current = await _get(q, id)
             if current is None:
                 raise NotFound("session", id)

@@ -14,9 +14,18 @@ from typing import Any
 from ...approvals.binding import BINDING_FIELDS, Binding, mismatched
 from ...approvals.events import SYSTEM_ACTOR, ticket_event
 from ...approvals.states import TICKET_TRANSITIONS
-from ..base import Conflict, NotFound, ReviewRecord, TaskRead, TicketRecord
+from ..base import (
+    Conflict,
+    NotFound,
+    ReviewRecord,
+    RunRead,
+    TaskRead,
+    TicketRecord,
+)
 from .core import MAX_LIST_LIMIT, Query, Row, Unit, opt_float
 from .outbox import insert_event
+from .sessions import COLUMNS as SESSION_COLUMNS
+from .sessions import session_of
 from .tasks import TASK_COLUMNS, task_of
 
 __all__ = ["COLUMNS", "TicketSql", "consume_refusal"]
@@ -42,6 +51,19 @@ _GET = _WITH_REVIEWS.format(extra="", source="tickets", where=" WHERE t.id = ?")
 _GET_WITH_TASK = _WITH_REVIEWS.format(
     extra="".join(f", k.{c.strip()} AS k_{c.strip()}" for c in TASK_COLUMNS.split(",")),
     source="tickets", where=" LEFT JOIN tasks k ON k.id = ? WHERE t.id = ?",
+)
+# A run's reads in one statement (``get_run_read``): the session (s_ columns), the ticket with
+# its reviews (one row per review) and the task (k_), each NULL where there is no such row.
+# Driven by a one-row source, so a missing session or ticket still leaves the others.
+_RUN_READ = (
+    "SELECT " + ", ".join(f"s.{c.strip()} AS s_{c.strip()}" for c in SESSION_COLUMNS.split(","))
+    + ", " + ", ".join(f"t.{c.strip()}" for c in COLUMNS.split(",")) + ", "
+    "r.reviewer AS r_reviewer, r.decision AS r_decision, r.group_name AS r_group_name, "
+    "r.reason AS r_reason, r.at AS r_at"
+    + "".join(f", k.{c.strip()} AS k_{c.strip()}" for c in TASK_COLUMNS.split(","))
+    + " FROM (SELECT 1 AS one) o LEFT JOIN sessions s ON s.id = ? "
+    "LEFT JOIN tickets t ON t.id = ? LEFT JOIN ticket_reviews r ON r.ticket_id = t.id "
+    "LEFT JOIN tasks k ON k.id = ? ORDER BY r.pos"
 )
 
 _CONSUME_SET = (
@@ -195,6 +217,18 @@ class TicketSql(Unit):
                 return None, None
             task = task_of(q, rows[0], "k_") if rows[0]["k_id"] is not None else None
             return _joined(q, rows), TaskRead(task_id, task)
+
+    async def get_run_read(self, session_id: str, ticket_id: str, task_id: str | None) -> RunRead:
+        async with self._unit(write=False, single=True) as q:
+            rows = await q.all(_RUN_READ, session_id, ticket_id, task_id)
+            first = rows[0]  # the one-row source: never none
+            session = session_of(first, "s_") if first["s_id"] is not None else None
+            ticket = _joined(q, rows) if first["id"] is not None else None
+            task = None
+            if task_id is not None:
+                found = task_of(q, first, "k_") if first["k_id"] is not None else None
+                task = TaskRead(task_id, found)
+        return RunRead(session, ticket_id, ticket, task)
 
     async def list_tickets(
         self,
