@@ -314,6 +314,19 @@ def cpu_seconds(pids: Sequence[int], *, main_thread: bool = False) -> float:
     return total
 
 
+def settle(pids: Sequence[int], *, busy: float = 0.05, window_s: float = 0.25,
+           timeout_s: float = 15.0) -> float:
+    """Wait until ``pids`` use under ``busy`` of a core over ``window_s`` (their background
+    work after a load is done), at most ``timeout_s``; returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        before = cpu_seconds(pids)
+        time.sleep(window_s)
+        if cpu_seconds(pids) - before < busy * window_s:
+            break
+    return time.monotonic() - started
+
+
 def postgres_pids() -> list[int]:
     """The local PostgreSQL server's processes (postmaster, backends, its helpers)."""
     pids = []
