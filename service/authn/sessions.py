@@ -247,7 +247,10 @@ class Authenticator:
 
     async def authenticate_bearer(self, token: str, now: float) -> Principal:
         """The principal of a bearer access token; raises an ``InvalidToken`` subclass."""
-        bearer = await self.verify_bearer(token, now)
+        try:
+            bearer = self._bearer(token, now)
+        except UnknownKey:
+            bearer = await self.verify_bearer(token, now)
         return await self.session_principal(bearer.subject, bearer.kind, bearer.session_id,
                                             stepped=bearer.stepped, now=now)
 
@@ -255,12 +258,15 @@ class Authenticator:
         """A bearer access token's signature and claims, checked; not its session (that is
         ``session_principal``). Raises an ``InvalidToken`` subclass."""
         try:
-            claims = self.tokens.verify(token, now)
+            return self._bearer(token, now)
         except UnknownKey:
             # Perhaps a key another replica published since this worker last read them.
             if not isinstance(self.keys, PublishedKeyRing) or not await self.keys.look_up(now):
                 raise
-            claims = self.tokens.verify(token, now)
+            return self._bearer(token, now)
+
+    def _bearer(self, token: str, now: float) -> Bearer:
+        claims = self.tokens.verify(token, now)
         # Step-up counts only on a token issued after it: an older token of the same session
         # (perhaps copied before the step-up) stays un-stepped.
         stepped = "acr" in claims and claims["acr"] == ACR_STEP_UP

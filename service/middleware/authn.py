@@ -28,7 +28,7 @@ from aiohttp import web
 
 from .. import clock, consolesession
 from ..appkeys import AUTHN_ERROR
-from ..approvals.redeem import presented_ticket_id
+from ..approvals.redeem import TICKET_HEADER, presented_ticket_id
 from ..authn.errors import InvalidToken, Unauthenticated
 from ..authn.principal import ANONYMOUS, PRINCIPAL, Principal
 from ..authn.sessions import AUTHENTICATOR, UNREAD, Bearer
@@ -68,10 +68,11 @@ async def _identify(request: web.Request) -> None:
                 request[PRINCIPAL] = found.principal
         return
     token = bearer_token(request)
-    if token is not None and request.app[STORE].configured:
-        authenticator = request.app[AUTHENTICATOR]
+    app = request.app  # a property that looks through the match info: read once
+    if token is not None and app[STORE].configured:
+        authenticator = app[AUTHENTICATOR]
         try:
-            if _defers(request):
+            if TICKET_HEADER in request.headers and _defers(request, app):
                 request[DEFERRED] = await authenticator.verify_bearer(token, clock.now())
             else:
                 request[PRINCIPAL] = await authenticator.authenticate_bearer(token, clock.now())
@@ -81,9 +82,9 @@ async def _identify(request: web.Request) -> None:
         request[AUTHN_ERROR] = "authentication_unavailable"
 
 
-def _defers(request: web.Request) -> bool:
+def _defers(request: web.Request, app: web.Application) -> bool:
     """Whether the chain reads this request's session, with its ticket (see the module)."""
-    store = request.app[STORE].store
+    store = app[STORE].store
     return (store is not None and getattr(store, "reads_round_trip", False)
             and getattr(request.match_info.handler, "protection", None) is not None
             and presented_ticket_id(request.headers) is not None)
