@@ -76,6 +76,7 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
                 target = await spec.target(request, body)
             except Exception:
                 await confirm(request, bearer, now, with_ticket=False)  # a 401 comes first
+                rec.principal(request[PRINCIPAL])
                 raise
             read = await confirm(request, bearer, now, task_id=target.id)
             principal = request[PRINCIPAL]

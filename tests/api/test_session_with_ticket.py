@@ -74,6 +74,8 @@ async def test_a_bad_body_is_a_401_for_a_revoked_session_and_a_4xx_for_a_live_on
     headers = ticket_headers(alice, ticket, **{"Content-Type": "application/json"})
     live = await client.post("/api/v1/installer/actions", data=body, headers=headers)
     assert live.status == status, await live.text()
+    entry = (await audit_entries(client))[-1]
+    assert entry["status"] == status and entry["principal"]["subject_id"] == "alice"
     assert (await client.delete("/api/v1/authn/sessions/current",
                                 headers=bearer(alice))).status == 204
     revoked = await client.post("/api/v1/installer/actions", data=body, headers=headers)
