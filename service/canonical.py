@@ -36,7 +36,7 @@ def dumps(value: Any) -> bytes:
     """The RFC 8785 canonical form of ``value`` as UTF-8 bytes."""
     if _plain(value):
         text = jsontext.compact_sorted(value)
-        if _below_surrogates(text):
+        if below_surrogates(text):
             return text.encode("utf-8")
     return rfc8785.dumps(value)
 
@@ -45,15 +45,16 @@ def is_canonical(value: Any, text: str) -> bool:
     """Whether ``text``, the compact key-sorted encoding of ``value`` (``jsontext.compact_sorted``,
     as ``store.sql.dump_json`` writes it), is already ``value``'s RFC 8785 form: then its UTF-8
     bytes are what ``dumps`` would return, and hashing them needs no second encoding."""
-    return _plain(value) and _below_surrogates(text)
+    return _plain(value) and below_surrogates(text)
 
 
-def _below_surrogates(text: str) -> bool:
+def below_surrogates(text: str) -> bool:
     """No code point at or above U+D800 (an ASCII text, most of them, without the search)."""
     return text.isascii() or _HIGH.search(text) is None
 
 
-def _float_fits(number: float) -> bool:
+def float_fits(number: float) -> bool:
+    """Whether ``number``'s standard encoding (``repr``) is its RFC 8785 form."""
     # Fixed notation on both sides, with the same shortest round-trip digits: repr() writes
     # 1e-4 <= |x| < 1e16 positionally, ECMAScript 1e-7 <= |x| < 1e21; an integral float is
     # "1.0" in Python and "1" in JCS. Arithmetic, so a timestamp costs no rfc8785 call; what
@@ -81,7 +82,7 @@ def _plain(value: Any) -> bool:
             return False
         if kind is float:
             # json writes repr(x); where that is JCS's own form (0.5, 1.25e+30 is not), it fits.
-            if _float_fits(item):
+            if float_fits(item):
                 continue
             return False
         if kind is dict:

@@ -53,7 +53,7 @@ from ..store.base import (
     Tx,
 )
 from .checkpoint import Verification, signature_ok, to_doc
-from .record import Break, scrub, seal, verify
+from .record import Break, prepare, seal, verify
 from .resolution import Resolver
 from .tip import AuditTampered, Tip
 
@@ -128,7 +128,7 @@ class AuditLog:
         if tx is not None:
             await self._ready()
             # The transaction may still roll back: the tip moves once it is committed (mirror).
-            return await tx.append_audit(scrub(entry), seal, guard=self.tip.pending())
+            return await tx.append_audit(prepare(entry), seal, guard=self.tip.pending())
         loop = asyncio.get_running_loop()
         future: asyncio.Future[AuditRecord] = loop.create_future()
         # Bounded by the store's deadline (or what is left of the request's): a stalled commit
@@ -136,7 +136,7 @@ class AuditLog:
         # timer watches every waiting caller (``_expire``), not one per caller: the commit is
         # shared, and a timer each was ~5% of an authorized read's CPU.
         deadline = self._call_deadline()
-        self._pending.append((scrub(entry), future, deadline))
+        self._pending.append((prepare(entry), future, deadline))
         if deadline < math.inf and (self._watchdog is None or deadline < self._watchdog.when()):
             self._watch(loop, deadline)
         if self._flusher is None or self._flusher.done():
@@ -186,7 +186,7 @@ class AuditLog:
         out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._staging.add(out)
         try:
-            return await tx.stage_audit(scrub(entry), clock.now())
+            return await tx.stage_audit(prepare(entry), clock.now())
         finally:
             self._staging.discard(out)
             out.set_result(None)

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import canonical
+from .. import canonical, jsontext
+from ..limits import MAX_JSON_DEPTH, MAX_JSON_INTEGER, MAX_JSON_VALUE_BYTES
 from ..redaction import SECRET_BY_NAME, is_secret_field
-from ..store.base import AUDIT_GENESIS_HASH, AuditRecord
+from ..store.base import AUDIT_GENESIS_HASH, AuditRecord, CheckedEntry
 
-__all__ = ["Break", "seal", "verify"]
+__all__ = ["Break", "prepare", "scrub", "seal", "verify"]
 
 
 
@@ -89,6 +91,97 @@ def _scrub(value: Any) -> Any:
     if isinstance(value, list):
         return [_scrub(v) for v in value]
     return value
+
+
+def prepare(entry: dict[str, Any]) -> dict[str, Any]:
+    """``scrub(entry)``, with its stored text made and checked in the same walk where the entry
+    holds only JSON's own types (a ``CheckedEntry``: the store takes its text and canonical
+    flag instead of walking the entry twice more, for its bounds and for the canonical check).
+
+    The one walk decides exactly what ``store.sql.dump_json`` and ``canonical.is_canonical``
+    would of the scrubbed copy; anything else (another type, a value out of bounds, a text
+    that is not plain UTF-8 or too large) gets the plain ``scrub``, so the store checks it, and
+    refuses it, as before (``tests/audit/test_prepare.py`` holds the two equal)."""
+    try:
+        copy, plain = _checked_copy(entry, 1)
+    except _Unusual:
+        return scrub(entry)
+    text = jsontext.compact_sorted(copy)
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            return scrub(entry)
+    if size > MAX_JSON_VALUE_BYTES or "\\u0000" in text:
+        return scrub(entry)
+    checked = CheckedEntry(copy)
+    checked.text = text
+    checked.canonical = plain and canonical.below_surrogates(text)
+    return checked
+
+
+class _Unusual(Exception):
+    """Not for ``prepare``'s walk: the general path decides."""
+
+
+def _checked_copy(value: dict[str, Any], depth: int) -> tuple[dict[str, Any], bool]:
+    """``_scrub(value)`` of a dict of JSON's own types within ``service.limits`` (else
+    ``_Unusual``), and whether all of it is canonical's plain kind (``canonical._plain``)."""
+    if depth > MAX_JSON_DEPTH:
+        raise _Unusual
+    out: dict[str, Any] = {}
+    plain = True
+    for k, v in value.items():
+        if type(k) is not str:
+            raise _Unusual
+        secret = SECRET_BY_NAME.get(k)
+        if secret is None:
+            secret = is_secret_field(k)
+        if secret:
+            continue
+        kind = type(v)
+        if kind is str or v is None or kind is bool:
+            out[k] = v
+        elif kind is int:
+            if not -MAX_JSON_INTEGER <= v <= MAX_JSON_INTEGER:
+                raise _Unusual
+            out[k] = v
+        elif kind is dict:
+            out[k], fits = _checked_copy(v, depth + 1)
+            plain = plain and fits
+        else:
+            out[k], fits = _checked_item(v, depth + 1)
+            plain = plain and fits
+    return out, plain
+
+
+def _checked_item(value: Any, depth: int) -> tuple[Any, bool]:
+    """``_checked_copy`` for a value that is not a dict key's common leaf."""
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
+        return value, True
+    if kind is int:
+        if not -MAX_JSON_INTEGER <= value <= MAX_JSON_INTEGER:
+            raise _Unusual
+        return value, True
+    if kind is float:
+        if not math.isfinite(value):
+            raise _Unusual
+        return value, canonical.float_fits(value)
+    if kind is dict:
+        return _checked_copy(value, depth)
+    if kind is list:
+        if depth > MAX_JSON_DEPTH:
+            raise _Unusual
+        items, plain = [], True
+        for item in value:
+            copied, fits = _checked_item(item, depth + 1)
+            items.append(copied)
+            plain = plain and fits
+        return items, plain
+    raise _Unusual
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ __all__ = [
     "AuditOps",
     "AuditRecord",
     "ChainGuard",
+    "CheckedEntry",
     "Conflict",
     "DeliveryRecord",
     "EventRecord",
@@ -302,6 +303,18 @@ class EventRecord:
     at: float
     actor: str
     data: Json
+
+
+class CheckedEntry(dict[str, Any]):
+    """An audit entry (already scrubbed) whose stored text its caller made and checked with the
+    store's own rules, in the same walk as the scrub (``audit.record.prepare``): ``text`` is
+    what ``sql.dump_json`` would return for it, ``canonical`` what ``canonical.is_canonical``
+    would say of that text. The store takes both instead of walking the entry again."""
+
+    __slots__ = ("canonical", "text")
+
+    text: str
+    canonical: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ... import canonical
-from ..base import AuditCheckpoint, AuditRecord, ChainGuard, Seal, StaleStart, StoreError
+from ..base import (
+    AuditCheckpoint,
+    AuditRecord,
+    ChainGuard,
+    CheckedEntry,
+    Seal,
+    StaleStart,
+    StoreError,
+)
 from .core import MAX_LIST_LIMIT, Dialect, Query, Row, Unit, dump_json
 
 __all__ = ["AuditSql"]
@@ -246,7 +254,12 @@ def _chain(last: int, prev_hash: str, stored: Sequence[Stored], seal: Seal) -> l
     for seq, (text, value) in enumerate(stored, start=last + 1):
         # A value whose text is not its canonical form (a float JCS writes otherwise, a
         # tuple) may not read back equal to it: then what reads back is sealed.
-        if value is not None and canonical.is_canonical(value, text):
+        if type(value) is CheckedEntry:  # its text checked when it was made (no walk here)
+            fits, value = value.canonical, dict(value)
+        else:
+            fits = value is not None and canonical.is_canonical(value, text)
+        if fits:
+            assert value is not None
             entry, digest = value, seal(seq, prev_hash, value, text)
         else:
             entry = json.loads(text)

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from ... import jsontext, limits
-from ..base import MAX_PAGE, StoreError
+from ..base import MAX_PAGE, CheckedEntry, StoreError
 
 __all__ = [
     "MAX_LIST_LIMIT",
@@ -51,6 +51,8 @@ def dump_json(value: Any) -> str:
     deeper ones would not read back (the decoder recurses), U+0000 has no place in a PostgreSQL
     ``jsonb``, an unpaired surrogate none in SQLite's UTF-8 text.
     """
+    if type(value) is CheckedEntry:  # made and checked by these same rules (its docstring)
+        return value.text
     limits.check_json(value, strings=False)
     text = jsontext.compact_sorted(value)
     # The strings, on the text: an escaped U+0000 or no UTF-8 form (an unpaired surrogate)
