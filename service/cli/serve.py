@@ -145,6 +145,10 @@ def _set_title(title: str) -> None:
     setproctitle.setproctitle(title)
 
 
+#: The youngest generation's collection threshold in a serving worker (CPython's default 700).
+YOUNG_GC_THRESHOLD = 10_000
+
+
 def serve_worker(config: config_mod.Config, sock: socket.socket, *, worker: int | None,
                  supervisor: int | None = None) -> int:
     """Serve on ``sock`` (``worker``: this is the supervisor's worker number N, else the only
@@ -211,6 +215,13 @@ async def _serve(config: config_mod.Config, sock: socket.socket, *, worker: int 
         # authorized read: ~5% of its CPU).
         gc.collect()
         gc.freeze()
+        # The youngest generation is collected after 700 more container objects were made
+        # than freed. Under load the requests in flight hold about that many (64 in flight:
+        # ~1,300), so it ran every few dozen requests and each pass walked them all, alive,
+        # ~4 us of every authorized read's CPU; none of them is garbage. Its threshold is
+        # raised above what requests in flight hold, the older ones are left as they are.
+        _, older, oldest = gc.get_threshold()
+        gc.set_threshold(YOUNG_GC_THRESHOLD, older, oldest)
         if worker is None:
             _log_serving(config, sock)
         else:  # the supervisor said "serving" once, when it bound the socket
