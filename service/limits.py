@@ -44,6 +44,7 @@ __all__ = [
     "check_size",
     "is_valid_string",
     "parse_int",
+    "text_size",
 ]
 
 #: Deepest nesting of arrays/objects accepted anywhere (the top-level value is depth 1).
@@ -108,6 +109,21 @@ def is_valid_string(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def text_size(text: str) -> int | None:
+    """The UTF-8 size of ``text``, a value's compact JSON written without checking its strings
+    (``check_json(strings=False)``), or None when the text says a string must be checked: it
+    has no UTF-8 form (an unpaired surrogate) or holds an escaped U+0000 (perhaps only a
+    string's own backslash: the whole walk says which)."""
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            return None
+    return None if "\\u0000" in text else size
 
 
 def check_size(nbytes: int, pointer: str = "") -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import canonical, jsontext
-from ..limits import MAX_JSON_DEPTH, MAX_JSON_INTEGER, MAX_JSON_VALUE_BYTES
+from ..limits import MAX_JSON_DEPTH, MAX_JSON_INTEGER, MAX_JSON_VALUE_BYTES, text_size
 from ..redaction import SECRET_BY_NAME, is_secret_field
 from ..store.base import AUDIT_GENESIS_HASH, AuditRecord, CheckedEntry
 
@@ -107,14 +107,8 @@ def prepare(entry: dict[str, Any]) -> dict[str, Any]:
     except _Unusual:
         return scrub(entry)
     text = jsontext.compact_sorted(copy)
-    if text.isascii():
-        size = len(text)
-    else:
-        try:
-            size = len(text.encode("utf-8"))
-        except UnicodeEncodeError:
-            return scrub(entry)
-    if size > MAX_JSON_VALUE_BYTES or "\\u0000" in text:
+    size = text_size(text)
+    if size is None or size > MAX_JSON_VALUE_BYTES:
         return scrub(entry)
     checked = CheckedEntry(copy)
     checked.text = text

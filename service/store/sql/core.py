@@ -58,14 +58,8 @@ def dump_json(value: Any) -> str:
     # The strings, on the text: an escaped U+0000 or no UTF-8 form (an unpaired surrogate)
     # sends the value through the whole walk, which says which string (a "\\u0000" written
     # by a string's own backslash passes it).
-    if text.isascii():
-        size = len(text)
-    else:
-        try:
-            size = len(text.encode("utf-8"))
-        except UnicodeEncodeError:
-            size = -1
-    if size < 0 or "\\u0000" in text:
+    size = limits.text_size(text)
+    if size is None:
         limits.check_json(value)
         size = len(text.encode("utf-8"))
     limits.check_size(size)
