@@ -247,10 +247,10 @@ class Authenticator:
 
     async def authenticate_bearer(self, token: str, now: float) -> Principal:
         """The principal of a bearer access token; raises an ``InvalidToken`` subclass."""
-        try:
+        try:  # (no coroutine on the common path: the key is known)
             bearer = self._bearer(token, now)
         except UnknownKey:
-            bearer = await self.verify_bearer(token, now)
+            bearer = await self._bearer_published(token, now)
         return await self.session_principal(bearer.subject, bearer.kind, bearer.session_id,
                                             stepped=bearer.stepped, now=now)
 
@@ -260,10 +260,14 @@ class Authenticator:
         try:
             return self._bearer(token, now)
         except UnknownKey:
-            # Perhaps a key another replica published since this worker last read them.
-            if not isinstance(self.keys, PublishedKeyRing) or not await self.keys.look_up(now):
-                raise
-            return self._bearer(token, now)
+            return await self._bearer_published(token, now)
+
+    async def _bearer_published(self, token: str, now: float) -> Bearer:
+        """``_bearer`` of a token whose key this worker did not know: perhaps a key another
+        replica published since this worker last read them."""
+        if not isinstance(self.keys, PublishedKeyRing) or not await self.keys.look_up(now):
+            raise UnknownKey()
+        return self._bearer(token, now)
 
     def _bearer(self, token: str, now: float) -> Bearer:
         claims = self.tokens.verify(token, now)

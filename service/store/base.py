@@ -573,7 +573,7 @@ class TicketOps(Protocol):
                            ) -> RunRead:
         """Session ``session_id``, ticket ``ticket_id`` and task ``task_id`` in one statement:
         the reads of a chain run that presents a ticket, sent together where each read is a
-        round trip (``Store.reads_round_trip``; ``authn.deferred``)."""
+        round trip (``Store.reads_round_trip``; ``middleware.authn.confirm``)."""
         ...
     async def list_tickets(
         self,

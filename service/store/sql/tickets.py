@@ -38,30 +38,34 @@ COLUMNS = (
 )
 
 
-# A ticket with its reviews in one statement (one row per review, or one with NULL reviews):
-# ``source`` is the table or a CTE of ticket rows, named t; ``extra``: more columns, or nothing.
+def _aliased(table: str, columns: str, prefix: str = "") -> str:
+    """``table``'s ``columns`` for a select list, each named with ``prefix`` (none: as is)."""
+    names = [c.strip() for c in columns.split(",")]
+    return ", ".join(f"{table}.{c} AS {prefix}{c}" if prefix else f"{table}.{c}" for c in names)
+
+
+# The ticket's columns and its reviews' (r_): one row per review, or one with NULL reviews.
+_TICKET_AND_REVIEWS = (_aliased("t", COLUMNS) + ", "
+                       + _aliased("r", "reviewer, decision, group_name, reason, at", "r_"))
+# A ticket with its reviews in one statement: ``source`` is the table or a CTE of ticket rows,
+# named t; ``extra``: more columns, or nothing.
 _WITH_REVIEWS = (
-    "SELECT " + ", ".join(f"t.{c.strip()}" for c in COLUMNS.split(",")) + ", "
-    "r.reviewer AS r_reviewer, r.decision AS r_decision, r.group_name AS r_group_name, "
-    "r.reason AS r_reason, r.at AS r_at{extra} "
+    "SELECT " + _TICKET_AND_REVIEWS + "{extra} "
     "FROM {source} t LEFT JOIN ticket_reviews r ON r.ticket_id = t.id{where} ORDER BY r.pos"
 )
 _GET = _WITH_REVIEWS.format(extra="", source="tickets", where=" WHERE t.id = ?")
 # The same and, on every row, the task named by the first argument (k_ NULLs: no such task).
 _GET_WITH_TASK = _WITH_REVIEWS.format(
-    extra="".join(f", k.{c.strip()} AS k_{c.strip()}" for c in TASK_COLUMNS.split(",")),
+    extra=", " + _aliased("k", TASK_COLUMNS, "k_"),
     source="tickets", where=" LEFT JOIN tasks k ON k.id = ? WHERE t.id = ?",
 )
 # A run's reads in one statement (``get_run_read``): the session (s_ columns), the ticket with
 # its reviews (one row per review) and the task (k_), each NULL where there is no such row.
 # Driven by a one-row source, so a missing session or ticket still leaves the others.
 _RUN_READ = (
-    "SELECT " + ", ".join(f"s.{c.strip()} AS s_{c.strip()}" for c in SESSION_COLUMNS.split(","))
-    + ", " + ", ".join(f"t.{c.strip()}" for c in COLUMNS.split(",")) + ", "
-    "r.reviewer AS r_reviewer, r.decision AS r_decision, r.group_name AS r_group_name, "
-    "r.reason AS r_reason, r.at AS r_at"
-    + "".join(f", k.{c.strip()} AS k_{c.strip()}" for c in TASK_COLUMNS.split(","))
-    + " FROM (SELECT 1 AS one) o LEFT JOIN sessions s ON s.id = ? "
+    f"SELECT {_aliased('s', SESSION_COLUMNS, 's_')}, {_TICKET_AND_REVIEWS}, "
+    f"{_aliased('k', TASK_COLUMNS, 'k_')} FROM (SELECT 1 AS one) o "
+    "LEFT JOIN sessions s ON s.id = ? "
     "LEFT JOIN tickets t ON t.id = ? LEFT JOIN ticket_reviews r ON r.ticket_id = t.id "
     "LEFT JOIN tasks k ON k.id = ? ORDER BY r.pos"
 )
