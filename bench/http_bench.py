@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -307,40 +308,46 @@ class Bench:
                                   f"{type(exc).__name__}: {exc}")
 
     def read_rounds(self, rounds: int, conns: int = 64) -> None:
-        """The authorized read against the bare app and the peer, in rounds: the three back to
-        back in each round (2 workers, SQLite, fresh servers), the ratios taken within a round
-        and their median reported. This machine's speed drifts from minute to minute (the same
-        row of two runs differed by up to 25%), so ratios of rows measured minutes apart
-        mislead; three within a round do not."""
+        """The authorized read against the bare app and the peer, in rounds: the three servers
+        (2 workers each, SQLite) started once and kept up, idle but for the one driven, then in
+        each round the three driven back to back, in alternating order (bare, peer, project;
+        then project, peer, bare), the ratios taken within a round and their median reported.
+        This machine's speed drifts from minute to minute (the same row of two runs differed by
+        up to 25%), so ratios of rows measured minutes apart mislead; three measured within
+        seconds of each other, in both orders, do not."""
         if "read" not in self.opts.scenarios or not h.PEER_READ.exists() or rounds < 1:
             return
-        for i in range(rounds):
-            got: dict[str, dict[str, Any]] = {}
-            label = {"backend": "sqlite", "workers": 2, "round": i + 1}
-            with h.baseline(2, self.tmp) as server:
-                self.measure({**label, "target": "baseline", "backend": "-", "scenario": "info"},
-                             server.base, h.Request("GET", API + "/system/info"), conns,
-                             server=server, keep=False)
-                got["bare"] = self.last
+        with contextlib.ExitStack() as stack:
             try:
-                with h.peer(2, self.tmp, "--uvloop", "--log", "batched") as (server, token):
-                    self.measure({**label, "target": "peer+uvloop", "scenario": "read"},
-                                 server.base, _read_request(token),
-                                 conns, server=server, keep=False)
-                    got["peer"] = self.last
+                peer, token = stack.enter_context(
+                    h.peer(2, self.tmp, "--uvloop", "--log", "batched"))
             except Exception as exc:  # a reference that cannot run is a note, not a failure
                 self.notes.append(f"read rounds: peer_read.py could not run: "
                                   f"{type(exc).__name__}: {exc}")
                 return
-            state = self.tmp / f"state-rounds-{i}"
+            bare = stack.enter_context(h.baseline(2, self.tmp))
+            state = self.tmp / "state-rounds"
             state.mkdir(mode=0o700)
-            with h.service(state, workers=2) as server:
-                token = asyncio.run(_login(h.Identities(server.base), "carol"))
-                self.measure({**label, "target": "service", "scenario": "read"}, server.base,
-                             _read_request(token),
-                             conns, server=server, keep=False)
-                got["project"] = self.last
-            self.rounds.append(got)
+            project = stack.enter_context(h.service(state, workers=2))
+            targets = [
+                ("bare", {"target": "baseline", "backend": "-", "scenario": "info"}, bare,
+                 h.Request("GET", API + "/system/info")),
+                ("peer", {"target": "peer+uvloop", "scenario": "read"}, peer,
+                 _read_request(token)),
+                ("project", {"target": "service", "scenario": "read"}, project,
+                 _read_request(asyncio.run(_login(h.Identities(project.base), "carol")))),
+            ]
+            for _, _, server, req in targets:  # warm each once: caches filled, connections made
+                h.drive(server.base, req, connections=conns, duration=self.opts.warmup,
+                        max_requests=self.opts.max_requests, tmp=self.tmp, use_wrk=self.use_wrk)
+            for i in range(rounds):
+                got: dict[str, dict[str, Any]] = {}
+                label = {"backend": "sqlite", "workers": 2, "round": i + 1}
+                for name, extra, server, req in (targets if i % 2 == 0 else targets[::-1]):
+                    self.measure({**label, **extra}, server.base, req, conns, server=server,
+                                 keep=False, warmup=False)
+                    got[name] = self.last
+                self.rounds.append(got)
 
     def service(self, backend: str, workers: int) -> None:
         env: dict[str, str] = {}
@@ -639,7 +646,8 @@ def read_rounds(rounds: list[dict[str, dict[str, Any]]]) -> list[str]:
     if not usable:
         return []
     out = [f"Authorized read (GET /api/v1/databases, SQLite, 2 workers, 64 conns) in "
-           f"{len(usable)} rounds of bare, peer+uvloop and project back to back:", "",
+           f"{len(usable)} rounds of bare, peer+uvloop and project back to back (the three "
+           f"servers kept up; order reversed every other round):", "",
            "| round | bare req/s | peer req/s | project req/s | peer/bare | project/bare | "
            "CPU ms/read bare | peer | project | project/peer CPU |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -768,14 +776,14 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
                         help="which 2-worker service is profiled (default sqlite)")
     parser.add_argument("--profile-dir", help="keep py-spy's raw stacks here")
     parser.add_argument("--rounds", type=int, help="rounds of the bare/peer/project read "
-                        "comparison (default 3; 1 with --quick)")
+                        "comparison (default 6; 1 with --quick)")
     parser.add_argument("--json", help="write the results document here")
     parser.add_argument("--markdown", help="write the Markdown section here")
     opts = parser.parse_args(argv)
     opts.duration = opts.duration or (1.5 if opts.quick else 5.0)
     opts.warmup = opts.warmup or (0.5 if opts.quick else 1.0)
     opts.tickets = opts.tickets or (300 if opts.quick else 2000)
-    opts.rounds = opts.rounds if opts.rounds is not None else (1 if opts.quick else 3)
+    opts.rounds = opts.rounds if opts.rounds is not None else (1 if opts.quick else 6)
     if opts.quick:
         opts.no_profile = True
     return opts
