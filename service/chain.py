@@ -32,7 +32,7 @@ from . import clock, jsontext
 from .appkeys import AUTHN_ERROR, CORRELATION_ID
 from .approvals import redeem
 from .audit.log import AUDIT
-from .audit.recording import recording
+from .audit.recording import begin
 from .authn.principal import PRINCIPAL
 from .authn.require import require
 from .authz import actions
@@ -63,8 +63,11 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
     config, engine, metrics = app[CONFIG], app[ENGINE], app[METRICS]
     store = app[STORE].require()  # no store, no audit: nothing protected runs (503)
     action, now, cid = spec.action, clock.now(), request[CORRELATION_ID]
-    async with recording(app[AUDIT], request[PRINCIPAL], action, correlation_id=cid,
-                         method=request.method, path=request.path, now=now) as rec:
+    # Stage 5 spans the run: every exit path leaves one record (``audit.recording``). (Not an
+    # ``async with recording(...)``: two coroutines fewer on every request, same behaviour.)
+    rec = begin(app[AUDIT], request[PRINCIPAL], action, correlation_id=cid,
+                method=request.method, path=request.path, now=now)
+    try:
         bearer, read = request.get(DEFERRED), None
         if bearer is None:
             principal = require(request[PRINCIPAL], request.get(AUTHN_ERROR))       # 1 AuthN
@@ -119,7 +122,13 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
             outcome = await execute(facts)
             response = _response(outcome)
             await rec.executed(outcome, None)                                       # 5 Audit
-    metrics.ticket_events(rec.ticket_events)  # committed runs only
+    except Exception as exc:  # refused or failed: recorded so, answered as a problem
+        raise await rec.refused(exc) from None
+    after = rec.close()  # executed: its ticket events logged, its record mirrored
+    if after is not None:
+        await after
+    if rec.ticket_events:
+        metrics.ticket_events(rec.ticket_events)  # committed runs only
     return response if response is not None else await _stream(outcome)
 
 

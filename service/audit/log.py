@@ -35,7 +35,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -287,17 +287,26 @@ class AuditLog:
 
     async def mirror_many(self, records: Sequence[AuditRecord]) -> None:
         """``mirror`` for committed records in chain order, in one write to the sink."""
+        sink = self.mirror_soon(records)
+        if sink is not None:
+            await sink
+
+    def mirror_soon(self, records: Sequence[AuditRecord]) -> Awaitable[None] | None:
+        """``mirror_many`` up to the sink's write: the tip and the checkpointer are told now;
+        returns the write to await, None when no sink is configured (so the chain's read, which
+        mirrors every run, makes no coroutine for it)."""
         if not records:
-            return
+            return None
         self.tip.advance(records)
         if self.observer is not None:
             for record in records:
                 self.observer.committed(record)
-        if self.jsonl_path is not None:  # (no copy of every entry for a sink not configured)
-            await self._sink(*(
-                {"seq": r.seq, "prev_hash": r.prev_hash, "hash": r.hash, **r.entry}
-                for r in records
-            ))
+        if self.jsonl_path is None:  # (no copy of every entry for a sink not configured)
+            return None
+        return self._sink(*(
+            {"seq": r.seq, "prev_hash": r.prev_hash, "hash": r.hash, **r.entry}
+            for r in records
+        ))
 
     async def mirror_checkpoint(self, checkpoint: AuditCheckpoint) -> None:
         """Copy a stored checkpoint to the JSON-lines sink (its line is a valid anchor file)."""

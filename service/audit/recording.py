@@ -44,7 +44,7 @@ from ..store.base import (
 from .log import AuditLog
 from .resolution import Unresolved
 
-__all__ = ["Recorded", "Recording", "recording", "settle_committed"]
+__all__ = ["Recorded", "Recording", "begin", "recording", "settle_committed"]
 
 log = logging.getLogger("controlplane.chain")
 #: Ticket events, logged once each after the run that caused them committed.
@@ -99,6 +99,26 @@ class Recording:
         else:
             self._record = await _append(self._audit, self.entry, tx)
 
+    async def refused(self, exc: Exception) -> Problem:
+        """The run raised ``exc``: its record written as a refusal or failure (see
+        ``_refused``), the problem it is answered with returned."""
+        return await _refused(self._audit, self, exc)
+
+    def close(self) -> Awaitable[None] | None:
+        """The run left its block without raising: its ticket events logged and its record
+        mirrored; returns what is left to await (the settling of a staged record, the sink's
+        write), None when nothing is. Raises ``ServiceUnavailable`` for a run that was never
+        recorded (a bug in the chain: refused rather than answered without a record)."""
+        if self._record is None and self._staged is None:
+            raise ServiceUnavailable("the run was not recorded; nothing was executed",
+                                     code="audit_unavailable")
+        if "ticket_id" in self.entry:  # committed: its ticket events happened
+            self.ticket_events = _log_ticket_events(self.entry)
+        if self._staged is not None:
+            return settle_committed(self._audit, self._staged, self.entry)  # the sealer mirrors
+        assert self._record is not None
+        return self._audit.mirror_soon((self._record,))
+
     async def _failed(self, problem: Problem, wait_s: float | None) -> None:
         self.entry.update(outcome=_outcome_name(problem), status=problem.status,
                           error=problem.instance_code)
@@ -119,15 +139,23 @@ def recording(
 ) -> Recorded:
     """Record one run: ``async with`` it gives the ``Recording``; on an exception, records the
     refusal or failure and raises it as a ``Problem``; in every case mirrors the committed
-    record."""
-    return Recorded(Recording(audit, {
+    record. (The chain itself does the same without the context manager: ``begin``, then
+    ``Recording.refused`` or ``Recording.close``.)"""
+    return Recorded(begin(audit, principal, action, correlation_id=correlation_id,
+                          method=method, path=path, now=now))
+
+
+def begin(audit: AuditLog, principal: Principal, action: Action, *, correlation_id: str,
+          method: str, path: str, now: float) -> Recording:
+    """The ``Recording`` of one run, before its first stage."""
+    return Recording(audit, {
         "at": clock.iso(now),
         "correlation_id": correlation_id,
         "principal": _principal_entry(principal),
         "action": action.name,
         "method": method,
         "path": path,
-    }))
+    })
 
 
 class Recorded:
@@ -145,21 +173,13 @@ class Recorded:
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool:
         rec = self.rec
-        audit = rec._audit
         if exc is not None:
             if not isinstance(exc, Exception):
                 return False  # cancellation and the like: not a run's outcome, raised as is
-            raise await _refused(audit, rec, exc) from None
-        if rec._record is None and rec._staged is None:
-            # A run that left the block without executing or failing is a bug in the chain:
-            # refuse it rather than answer without a record.
-            raise ServiceUnavailable("the run was not recorded; nothing was executed",
-                                     code="audit_unavailable")
-        rec.ticket_events = _log_ticket_events(rec.entry)  # committed: its ticket events happened
-        if rec._staged is not None:
-            await settle_committed(audit, rec._staged, rec.entry)  # the sealer mirrors it
-        else:
-            await _mirror(audit, rec)
+            raise await rec.refused(exc) from None
+        after = rec.close()
+        if after is not None:
+            await after
         return False
 
 
