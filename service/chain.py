@@ -127,8 +127,7 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
     after = rec.close()  # executed: its ticket events logged, its record mirrored
     if after is not None:
         await after
-    if rec.ticket_events:
-        metrics.ticket_events(rec.ticket_events)  # committed runs only
+    metrics.ticket_events(rec.ticket_events)  # committed runs only
     return response if response is not None else await _stream(outcome)
 
 
