@@ -9,7 +9,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from service.store.base import SessionRecord
+from service.store.base import SessionRecord, StoreUnavailable
 from service.store.sqlite import SqliteStore
 
 
@@ -87,3 +87,45 @@ async def test_a_reader_that_cannot_read_the_version_answers_as_the_store_does(
         assert (await store.get_session("s1")).id == "s1"
     finally:
         await store.close()
+
+
+async def test_a_row_read_again_counts_as_one_read_and_reports_the_store(tmp_path: Path) -> None:
+    """The re-read (``_session_now``) is not a unit, but the worker's metrics see it as one: one
+    read transaction, served; and a reader that fails answers StoreUnavailable, reported."""
+    path = str(tmp_path / "s.db")
+    worker, other = await SqliteStore.open(path), await SqliteStore.open(path)
+    try:
+        await other.create_session(_session("s1"))
+        opened: list[bool] = []
+        outcomes: list[tuple[bool, bool]] = []
+        worker.on_transaction = opened.append
+        worker.on_outcome = lambda write, served: outcomes.append((write, served))
+        assert (await worker.get_session("s1")).subject_id == "carol"
+        assert await worker.get_session("s1") is not None  # the copy: nothing opened
+        assert opened == [False] and outcomes == [(False, True)]
+
+        await other.revoke_session("s1", 1_010.0)
+        real = worker._reader._db
+
+        class FailingReads:
+            """The reader's connection with its reads failing as a broken disk's would."""
+
+            def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+                if sql.startswith("SELECT"):
+                    raise sqlite3.OperationalError("disk I/O error")
+                return real.execute(sql, *args)
+
+        worker._reader._db = FailingReads()  # type: ignore[assignment]
+        try:
+            await worker.get_session("s1")
+        except StoreUnavailable:
+            pass
+        else:
+            raise AssertionError("a failed re-read must answer StoreUnavailable")
+        finally:
+            worker._reader._db = real
+        assert opened == [False, False] and outcomes == [(False, True), (False, False)]
+        assert (await worker.get_session("s1")).revoked_at == 1_010.0
+    finally:
+        await worker.close()
+        await other.close()

@@ -8,12 +8,14 @@ from collections.abc import Sequence
 from ..base import Conflict, NotFound, SessionRecord, ThrottleRule, ThrottleVerdict
 from .core import Query, Row, Unit, opt_float
 
-__all__ = ["COLUMNS", "SessionSql", "session_of"]
+__all__ = ["BY_ID", "COLUMNS", "SessionSql", "session_of"]
 
 COLUMNS = (
     "id, subject_id, kind, authn_method, auth_time, created_at, expires_at, step_up_at, "
     "step_up_method, revoked_at"
 )
+#: One session row by its id (``session_of`` reads it).
+BY_ID = f"SELECT {COLUMNS} FROM sessions WHERE id = ?"
 
 
 def session_of(row: Row, prefix: str = "") -> SessionRecord:
@@ -81,7 +83,7 @@ async def _reserve(q: Query, rule: ThrottleRule, now: float) -> int | None:
 
 
 async def _get(q: Query, id: str) -> SessionRecord | None:
-    row = await q.one(f"SELECT {COLUMNS} FROM sessions WHERE id = ?", id)
+    row = await q.one(BY_ID, id)
     return None if row is None else session_of(row)
 
 
