@@ -63,8 +63,9 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
     config, engine, metrics = app[CONFIG], app[ENGINE], app[METRICS]
     store = app[STORE].require()  # no store, no audit: nothing protected runs (503)
     action, now, cid = spec.action, clock.now(), request[CORRELATION_ID]
-    # Stage 5 spans the run: every exit path leaves one record (``audit.recording``). (Not an
-    # ``async with recording(...)``: two coroutines fewer on every request, same behaviour.)
+    # Stage 5 spans the run: every exit path leaves one record (``audit.recording``): the
+    # ``except`` below for a run that raised, ``close`` for one that returned. Not a context
+    # manager: two coroutines fewer on every request.
     rec = begin(app[AUDIT], request[PRINCIPAL], action, correlation_id=cid,
                 method=request.method, path=request.path, now=now)
     try:

@@ -1,11 +1,12 @@
 """Stage 5 of the chain (Audit): exactly one sealed record per run, on every exit path.
 
-``recording(...)`` is an async context manager around a whole run. The chain tells it what it
-learns as the run goes (target, decision, presented ticket, consumption); ``executed(outcome,
-tx)`` appends the record of a run that executed, inside the run's transaction when it has one,
-so a mutation, its ticket consumption and its record commit together. Any exception that leaves
-the block becomes a problem, and the record of the run that did not execute is written outside
-any transaction (the transaction rolled back). A record that cannot be written answers 503; for
+``begin(...)`` starts the ``Recording`` of a whole run. The chain tells it what it learns as
+the run goes (target, decision, presented ticket, consumption); ``executed(outcome, tx)``
+appends the record of a run that executed, inside the run's transaction when it has one, so a
+mutation, its ticket consumption and its record commit together. Any exception the run raises
+goes to ``refused(exc)``, which writes the record of the run that did not execute outside any
+transaction (the transaction rolled back) and returns the problem it is answered with; a run
+that returned ends with ``close()``. A record that cannot be written answers 503; for
 a mutation that means it did not happen. The JSON-lines mirror is written after commit.
 Where the store stages records (PostgreSQL, ``AuditLog.stage``), the run's transaction stages
 its record instead, and after COMMIT the answer waits until it is sealed into the chain.
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, Literal, overload
 
 from .. import clock
@@ -44,7 +44,7 @@ from ..store.base import (
 from .log import AuditLog
 from .resolution import Unresolved
 
-__all__ = ["Recorded", "Recording", "begin", "recording", "settle_committed"]
+__all__ = ["Recording", "begin", "settle_committed"]
 
 log = logging.getLogger("controlplane.chain")
 #: Ticket events, logged once each after the run that caused them committed.
@@ -105,7 +105,7 @@ class Recording:
         return await _refused(self._audit, self, exc)
 
     def close(self) -> Awaitable[None] | None:
-        """The run left its block without raising: its ticket events logged and its record
+        """The run returned without raising: its ticket events logged and its record
         mirrored; returns what is left to await (the settling of a staged record, the sink's
         write), None when nothing is. Raises ``ServiceUnavailable`` for a run that was never
         recorded (a bug in the chain: refused rather than answered without a record)."""
@@ -126,24 +126,6 @@ class Recording:
         self._record = await _append(self._audit, self.entry, None, wait_s)
 
 
-def recording(
-    audit: AuditLog,
-    principal: Principal,
-    action: Action,
-    *,
-    correlation_id: str,
-    method: str,
-    path: str,
-    now: float,
-) -> Recorded:
-    """Record one run: ``async with`` it gives the ``Recording``; on an exception, records the
-    refusal or failure and raises it as a ``Problem``; in every case mirrors the committed
-    record. (The chain itself does the same without the context manager: ``begin``, then
-    ``Recording.refused`` or ``Recording.close``.)"""
-    return Recorded(begin(audit, principal, action, correlation_id=correlation_id,
-                          method=method, path=path, now=now))
-
-
 def begin(audit: AuditLog, principal: Principal, action: Action, *, correlation_id: str,
           method: str, path: str, now: float) -> Recording:
     """The ``Recording`` of one run, before its first stage."""
@@ -155,31 +137,6 @@ def begin(audit: AuditLog, principal: Principal, action: Action, *, correlation_
         "method": method,
         "path": path,
     })
-
-
-class Recorded:
-    """``recording``'s context manager (a class: a generator-based one cost a generator, its
-    frames and contextlib's wrapper on every request)."""
-
-    __slots__ = ("rec",)
-
-    def __init__(self, rec: Recording) -> None:
-        self.rec = rec
-
-    async def __aenter__(self) -> Recording:
-        return self.rec
-
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> bool:
-        rec = self.rec
-        if exc is not None:
-            if not isinstance(exc, Exception):
-                return False  # cancellation and the like: not a run's outcome, raised as is
-            raise await rec.refused(exc) from None
-        after = rec.close()
-        if after is not None:
-            await after
-        return False
 
 
 async def _refused(audit: AuditLog, rec: Recording, exc: Exception) -> Problem:

@@ -6,6 +6,7 @@ no record of an execution behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
@@ -17,7 +18,7 @@ import pytest
 
 from service import clock
 from service.audit.log import AuditLog
-from service.audit.recording import recording
+from service.audit.recording import Recording, begin
 from service.authn.errors import StepUpRequired, Unauthenticated
 from service.authn.principal import ANONYMOUS, Principal
 from service.authz import actions
@@ -43,10 +44,20 @@ TARGET = Target({"app": "web", "version": "1.2.3"}, "prod")
 ALLOW = Decision("allow", ("granted",), revision="rev-1", decision_id="d-1")
 
 
-def run_of(audit: AuditLog, action: actions.Action = INSTALL, principal: Principal = ALICE,
-           cid: str = "corr-1") -> Any:
-    return recording(audit, principal, action, correlation_id=cid, method="POST",
-                     path="/api/v1/x", now=NOW)
+@contextlib.asynccontextmanager
+async def run_of(audit: AuditLog, action: actions.Action = INSTALL, principal: Principal = ALICE,
+                 cid: str = "corr-1") -> AsyncIterator[Recording]:
+    """One run's stage 5 as ``chain.run`` drives it: ``begin``, the stages, then ``refused``
+    for a run that raised (its problem raised in its place) or ``close`` for one that returned."""
+    rec = begin(audit, principal, action, correlation_id=cid, method="POST", path="/api/v1/x",
+                now=NOW)
+    try:
+        yield rec
+    except Exception as exc:
+        raise await rec.refused(exc) from None
+    after = rec.close()
+    if after is not None:
+        await after
 
 
 async def records(store: Store) -> list[dict[str, Any]]:
