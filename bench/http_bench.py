@@ -682,7 +682,7 @@ def read_rounds(rounds: list[dict[str, dict[str, Any]]]) -> list[str]:
 PG_TARGET_X_REFERENCE = 1.8 / 0.64
 
 
-def targets(rows: list[dict[str, Any]], references: Sequence[dict[str, Any]] = ()) -> list[str]:
+def targets(rows: list[dict[str, Any]], references: Sequence[dict[str, Any]]) -> list[str]:
     # The reference's CPU a run, measured in the same run (None without its backends' share).
     ref_cpu = next((r["client_cpu_ms_per_run"] + r["pg_backend_cpu_ms_per_run"]
                     for r in references if r.get("pg_backend_cpu_ms_per_run") is not None),

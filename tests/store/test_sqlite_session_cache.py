@@ -9,6 +9,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
+import pytest
+
 from service.store.base import SessionRecord, StoreUnavailable
 from service.store.sqlite import SqliteStore
 
@@ -117,11 +119,8 @@ async def test_a_row_read_again_counts_as_one_read_and_reports_the_store(tmp_pat
 
         worker._reader._db = FailingReads()  # type: ignore[assignment]
         try:
-            await worker.get_session("s1")
-        except StoreUnavailable:
-            pass
-        else:
-            raise AssertionError("a failed re-read must answer StoreUnavailable")
+            with pytest.raises(StoreUnavailable):
+                await worker.get_session("s1")
         finally:
             worker._reader._db = real
         assert opened == [False, False] and outcomes == [(False, True), (False, False)]
