@@ -10,8 +10,10 @@ percent of its CPU). Here each layer is a step of one function, in the order the
 - deadline (``service.deadline``): every store call of the request comes out of one budget;
 - metrics (``metrics``): in flight while it runs, then counted under its route template with
   its final status (a problem's included; a raised redirect's own status);
-- headers (``headers``): security headers and ``no-store`` on every response not prepared by
-  its handler (problem responses included);
+- headers (``headers``): ``Server: controlplane``, security headers and ``no-store`` on every
+  response not prepared by its handler (problem responses and raised redirects included;
+  streams set them before preparing), with no ``on_response_prepare`` receiver (a coroutine
+  on every response);
 - problems (``problems``): the only catch-all; every exception of authn or the handler becomes
   a problem+json answer (redirects pass through);
 - authn (``authn``): who is calling, attached before the handler runs.
@@ -41,7 +43,6 @@ def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
     """Install the request layers (before any other middleware: they are the outermost)."""
     counted = metrics.install_metrics(app, multiprocess=multiprocess)
     tally = counted.tally
-    headers.install_server_header(app)
     timeout_s = app[CONFIG].store.timeout_s  # the request's store deadline (the app's config)
 
     @web.middleware
@@ -59,8 +60,9 @@ def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
                     await authn.identify(request)
                     response = await handler(request)
                 except web.HTTPException as exc:
-                    if exc.status < 400:
-                        raise  # redirects and the like are not errors
+                    if exc.status < 400:  # redirects and the like are not errors
+                        headers.apply_security_headers(request, exc)
+                        raise
                     response = problems.answer(request, exc)
                 except Exception as exc:
                     response = problems.answer(request, exc)
