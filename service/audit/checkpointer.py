@@ -5,12 +5,17 @@ a head it merely read from the database: a row someone wrote into the database d
 signed on its say-so. Nor does it sign its record once the chain no longer holds it as written:
 before signing, its tip (``audit.tip``) verifies the stored chain up to the head, and a spoiled
 tip signs nothing (the alarm was raised when it was spoiled). A checkpoint is due when this
-worker's newest record is ``N`` past the newest stored checkpoint (checked after a commit), or
-when a record of its own has gone uncovered for ``T`` seconds (a timer), and once more on
-shutdown, so a cleanly stopped service leaves its chain signed to the end. The write runs in
-the background after the commit: its failure is logged and retried at the next chance, and
-never fails the request whose record is already committed. Workers checkpointing the same
-record store it once (one per seq).
+worker's newest record is ``N`` past the newest stored checkpoint, or when a record of its own
+has gone uncovered for ``T`` seconds (a timer), and once more on shutdown, so a cleanly stopped
+service leaves its chain signed to the end.
+
+A group commit (``AuditLog``'s batches of reads' and refusals' records) asks while it holds the
+head's lock, its tip having vouched for the head it extends (``due``, ``sign``): a checkpoint
+due then is signed and stored in that transaction, and commits or not with the records. Every
+other commit (a run's own transaction, a sealed batch, PostgreSQL's optimistic appends) is
+checked after it committed (``committed``): the checkpoint is then written in the background,
+its failure logged and retried at the next chance, never failing the request whose record is
+already committed. Workers checkpointing the same record store it once (one per seq).
 """
 
 from __future__ import annotations
@@ -45,6 +50,34 @@ class Checkpointer:
         self._covered = 0  # the newest seq a stored checkpoint is known to cover
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+
+    def due(self, seq: int) -> bool:
+        """Whether record ``seq``, which this worker is committing in a group commit, is due a
+        checkpoint by the count (``store.base.CheckpointSigner``, asked under the head's lock
+        after the tip vouched for the head it extends)."""
+        return seq - self._covered >= self.every_records
+
+    def sign(self, seq: int, head_hash: str, covered: int) -> AuditCheckpoint | None:
+        """The checkpoint of record ``seq`` for the group commit that is committing it, unless
+        the newest stored checkpoint (of record ``covered``, read under the same lock) leaves
+        none due. Stored in that transaction: written (``checkpointed``) or not with it."""
+        self._covered = max(self._covered, covered)
+        if seq - self._covered < self.every_records:
+            return None
+        try:
+            return sign(self.keys.signing_key(), seq, head_hash, clock.now())
+        except Exception:  # never fails the commit: the records go without it (``committed``)
+            log.exception("audit checkpoint not signed in the group commit")
+            return None
+
+    def refused(self, checkpoint: AuditCheckpoint, error: StoreError) -> None:
+        """The store refused the checkpoint ``sign`` made (the records committed without it):
+        logged as a background write's failure is; the next one covers the records."""
+        _not_written(error)
+
+    def checkpointed(self, checkpoint: AuditCheckpoint) -> None:
+        """A checkpoint ``sign`` made was committed with the records it covers."""
+        self._covered = max(self._covered, checkpoint.seq)
 
     def committed(self, record: AuditRecord) -> None:
         """A record this worker committed; starts a checkpoint when ``N`` records are uncovered."""
@@ -101,8 +134,7 @@ class Checkpointer:
         try:
             await self.checkpoint(clock.now(), force=force)
         except StoreError as exc:
-            log.warning("audit checkpoint not written (store error); the next one covers the "
-                        "records", extra={"fields": {"error": type(exc).__name__}})
+            _not_written(exc)
             return False
         except Exception:
             log.exception("audit checkpoint not written")
@@ -120,6 +152,11 @@ class Checkpointer:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
         await self._quietly(force=True)
+
+
+def _not_written(error: StoreError) -> None:
+    log.warning("audit checkpoint not written (store error); the next one covers the records",
+                extra={"fields": {"error": type(error).__name__}})
 
 
 @contextlib.asynccontextmanager

@@ -48,7 +48,9 @@ from ..store.base import (
     AUDIT_GENESIS_HASH,
     AuditCheckpoint,
     AuditRecord,
+    CheckpointSigner,
     Store,
+    StoreError,
     StoreUnavailable,
     Tx,
 )
@@ -79,10 +81,34 @@ _T = TypeVar("_T")
 _Member = tuple[dict[str, Any], "asyncio.Future[AuditRecord]", float]
 
 
-class CommitObserver(Protocol):
-    """Told of every record this worker committed (the checkpointer)."""
+class CommitObserver(CheckpointSigner, Protocol):
+    """Told of every record this worker committed, and asked by its group commits for a
+    checkpoint of the head they move to (the checkpointer)."""
 
     def committed(self, record: AuditRecord) -> None: ...
+    def checkpointed(self, checkpoint: AuditCheckpoint) -> None: ...
+
+
+class _BatchSigner:
+    """The observer as one group commit's ``CheckpointSigner``: keeps what it signed, which
+    the batch tells the observer of once it committed."""
+
+    __slots__ = ("observer", "signed")
+
+    def __init__(self, observer: CommitObserver) -> None:
+        self.observer = observer
+        self.signed: AuditCheckpoint | None = None
+
+    def due(self, seq: int) -> bool:
+        return self.observer.due(seq)
+
+    def sign(self, seq: int, head_hash: str, covered: int) -> AuditCheckpoint | None:
+        self.signed = self.observer.sign(seq, head_hash, covered)
+        return self.signed
+
+    def refused(self, checkpoint: AuditCheckpoint, error: StoreError) -> None:
+        self.signed = None
+        self.observer.refused(checkpoint, error)
 
 
 class AuditLog:
@@ -105,6 +131,8 @@ class AuditLog:
         # Staging id -> its settler, in arrival order; one sealer task works through them.
         self._unsealed: dict[int, asyncio.Future[AuditRecord | None]] = {}
         self._sealer: asyncio.Task[None] | None = None
+        # The sink's writes of checkpoints group commits stored (held until done).
+        self._mirroring: set[asyncio.Task[None]] = set()
         # One future per staging whose statement (a run's whole call, on PostgreSQL) is out.
         self._staging: set[asyncio.Future[None]] = set()
         #: Set by the checkpointer of a serving worker; tools and tests leave it None.
@@ -264,10 +292,11 @@ class AuditLog:
         while self._pending:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             self._committing = batch
+            signer = _BatchSigner(self.observer) if self.observer is not None else None
             try:
                 await self._ready()
                 records = await self.store.append_audit_many([e for e, _, _ in batch], seal,
-                                                             guard=self.tip)
+                                                             guard=self.tip, checkpoint=signer)
             except Exception as exc:
                 for _, future, _ in batch:
                     if not future.done():
@@ -276,9 +305,20 @@ class AuditLog:
             finally:
                 self._committing = []
             self.tip.advance(records)
+            checkpoint = None
+            if signer is not None and signer.signed is not None:  # committed with the batch
+                checkpoint = signer.signed
+                signer.observer.checkpointed(checkpoint)
             for (_, future, _), record in zip(batch, records, strict=True):
                 if not future.done():
                     future.set_result(record)
+            if checkpoint is not None and self.jsonl_path is not None:
+                # Not awaited here, where the next batch waits: after the runs the batch
+                # answered, which mirror its records as they resume.
+                task = asyncio.create_task(self.mirror_checkpoint(checkpoint),
+                                           context=detached())
+                self._mirroring.add(task)
+                task.add_done_callback(self._mirroring.discard)
 
     async def mirror(self, record: AuditRecord) -> None:
         """After commit: copy the record to the JSON-lines sink (best effort: the store is the

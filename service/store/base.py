@@ -35,6 +35,7 @@ __all__ = [
     "AuditRecord",
     "ChainGuard",
     "CheckedEntry",
+    "CheckpointSigner",
     "Conflict",
     "DeliveryRecord",
     "EventRecord",
@@ -84,6 +85,26 @@ class Seal(Protocol):
     def __call__(self, seq: int, prev_hash: str, entry: dict[str, Any],
                  text: str | None = None) -> str: ...
 
+
+
+class CheckpointSigner(Protocol):
+    """Signs a checkpoint of the head an append moves the chain to, in the append's own
+    transaction, when one is due (``audit.checkpointer``). Asked under the head's lock, after
+    the ``ChainGuard`` vouched for the head the append extends: what it signs is a record its
+    worker is committing, chained onto a verified head, and it commits (or not) with it."""
+
+    def due(self, seq: int) -> bool:
+        """Whether record ``seq`` is due a checkpoint by this worker's count (nothing slow)."""
+        ...
+
+    def sign(self, seq: int, head_hash: str, covered: int) -> AuditCheckpoint | None:
+        """The checkpoint of record ``seq`` (hash ``head_hash``), unless the newest stored
+        checkpoint, of record ``covered`` (0: none), leaves none due."""
+        ...
+
+    def refused(self, checkpoint: AuditCheckpoint, error: StoreError) -> None:
+        """The store refused to store ``checkpoint`` (rolled back alone: the records go on)."""
+        ...
 
 
 class ChainGuard(Protocol):
@@ -640,8 +661,12 @@ class AuditOps(Protocol):
     # ``guard``: asked before the head is extended (``ChainGuard``); what it raises rolls back.
     async def append_audit(self, entry: dict[str, Any], seal: Seal, *,
                            guard: ChainGuard | None = None) -> AuditRecord: ...
+    # ``checkpoint``: asked once the records are linked, in the same transaction
+    # (``CheckpointSigner``); a checkpoint it signs is stored with them. Appends that commit
+    # on their own without a transaction (PostgreSQL's optimistic path) do not ask it.
     async def append_audit_many(
-        self, entries: Sequence[dict[str, Any]], seal: Seal, *, guard: ChainGuard | None = None
+        self, entries: Sequence[dict[str, Any]], seal: Seal, *, guard: ChainGuard | None = None,
+        checkpoint: CheckpointSigner | None = None,
     ) -> list[AuditRecord]: ...
     # ``decoded=False``: each record's stored text only (``entry`` left empty), as the tip checks
     # records (``audit.record.verify(stored_text=True)``): no JSON decoding of records it hashes.

@@ -21,6 +21,7 @@ from ..base import (
     AuditRecord,
     ChainGuard,
     CheckedEntry,
+    CheckpointSigner,
     Seal,
     StaleStart,
     StoreError,
@@ -95,6 +96,13 @@ _SWAP = (
 )
 
 
+_ADD_CHECKPOINT = (
+    "INSERT INTO audit_checkpoints (seq, head_hash, at, kid, sig) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (seq) DO NOTHING RETURNING seq"
+)
+_NEWEST_CHECKPOINT = "SELECT COALESCE(MAX(seq), 0) AS seq FROM audit_checkpoints"
+
+
 class AuditSql(Unit):
     """``base.AuditOps`` over the ``audit_log``, ``audit_head`` and ``audit_staged`` tables."""
 
@@ -105,7 +113,8 @@ class AuditSql(Unit):
         return (await self.append_audit_many([entry], seal, guard=guard))[0]
 
     async def append_audit_many(
-        self, entries: Sequence[dict[str, Any]], seal: Seal, *, guard: ChainGuard | None = None
+        self, entries: Sequence[dict[str, Any]], seal: Seal, *, guard: ChainGuard | None = None,
+        checkpoint: CheckpointSigner | None = None,
     ) -> list[AuditRecord]:
         if not entries:
             return []
@@ -129,7 +138,10 @@ class AuditSql(Unit):
             if head is None:
                 raise StoreError("audit head row missing")
             await _vouch(q, (int(head["seq"]), str(head["hash"])), guard)
-            return await _link(q, int(head["seq"]), str(head["hash"]), stored, seal)
+            records = await _link(q, int(head["seq"]), str(head["hash"]), stored, seal)
+            if checkpoint is not None:
+                await _checkpoint_in(q, records[-1], checkpoint)
+            return records
 
     async def stage_audit(self, entry: dict[str, Any], at: float) -> int:
         async with self._unit(write=True) as q:
@@ -209,11 +221,8 @@ class AuditSql(Unit):
 
     async def add_audit_checkpoint(self, checkpoint: AuditCheckpoint) -> bool:
         async with self._unit(write=True) as q:
-            row = await q.one(
-                "INSERT INTO audit_checkpoints (seq, head_hash, at, kid, sig) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (seq) DO NOTHING RETURNING seq",
-                checkpoint.seq, checkpoint.head_hash, checkpoint.at, checkpoint.kid, checkpoint.sig,
-            )  # fmt: skip
+            row = await q.one(_ADD_CHECKPOINT, checkpoint.seq, checkpoint.head_hash,
+                              checkpoint.at, checkpoint.kid, checkpoint.sig)
         return row is not None
 
     async def audit_checkpoints(
@@ -385,6 +394,30 @@ async def _link(
         await q.exec_many(_INSERT, rows)
     await q.exec(_HEAD, end, prev_hash)
     return records
+
+
+async def _checkpoint_in(q: Query, last: AuditRecord, signer: CheckpointSigner) -> None:
+    """The checkpoint of ``last``, the head this transaction moves the chain to, stored in it
+    when ``signer`` says one is due: first by its own count, then against the newest stored
+    checkpoint (another worker's may cover it), read under the same lock. Every ``N`` records
+    of a group commit thus cost a few statements of its transaction, not a transaction of their
+    own with the head read and the chain verified again (``audit.checkpointer``). A checkpoint
+    the store refuses is rolled back alone and reported to ``signer``: the records commit."""
+    if not signer.due(last.seq):
+        return
+    row = await q.one(_NEWEST_CHECKPOINT)
+    checkpoint = signer.sign(last.seq, last.hash, int(row["seq"]) if row is not None else 0)
+    if checkpoint is None:
+        return
+    # Its own savepoint: a checkpoint the store refuses never takes the records down with it.
+    await q.exec("SAVEPOINT audit_checkpoint")
+    try:
+        await q.one(_ADD_CHECKPOINT, checkpoint.seq, checkpoint.head_hash, checkpoint.at,
+                    checkpoint.kid, checkpoint.sig)
+    except StoreError as exc:
+        await q.exec("ROLLBACK TO SAVEPOINT audit_checkpoint")
+        signer.refused(checkpoint, exc)
+    await q.exec("RELEASE SAVEPOINT audit_checkpoint")
 
 
 def _stored(row: Row) -> AuditRecord:
