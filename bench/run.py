@@ -3,6 +3,8 @@
 Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--kics DIR] [--out FILE]
 
 1. bench/http_bench.py    HTTP load: service vs a bare aiohttp app, SQLite/PostgreSQL, 1/2 workers
+   bench/read_inproc.py   the authorized read's CPU in-process, service vs the reference peer
+                          (no HTTP; steadier than the HTTP rows), with a cProfile of the service
 2. bench/ticket_bench.py  ticket create -> approve -> consume, store level and HTTP
 3. bench/decision_bench.py  per-decision policy latency (its own output, included verbatim)
 4. bench/shadow_bench.py  live-path latency with and without shadow evaluation (fixed rate and
@@ -62,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     http_md = http_bench.markdown(http_doc)
     print(http_md, flush=True)
 
+    inproc_args = ["--rounds", "2", "--reads", "6400"] if args.quick else []
+    inproc = h.run_reaped([sys.executable, str(BENCH / "read_inproc.py"), *inproc_args,
+                           *([] if args.no_profile else ["--profile"])], timeout=900, cwd=h.REPO)
+    inproc_md = (inproc.stdout if inproc.returncode == 0 else "\n".join([
+        "## Authorized read in-process (`bench/read_inproc.py`)", "", "```",
+        (inproc.stdout + inproc.stderr).strip()[-4000:], "```", ""]))
+    print(inproc_md, flush=True)
+
     ticket_doc = ticket_bench.run(ticket_bench.options(common))
     ticket_md = ticket_bench.markdown(ticket_doc)
     print(ticket_md, flush=True)
@@ -113,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "make bench                            # this file (about 13-15 minutes)",
         ".venv/bin/python bench/run.py --quick # smoke run",
         ".venv/bin/python bench/http_bench.py --help; .venv/bin/python bench/ticket_bench.py --help",
+        ".venv/bin/python bench/read_inproc.py --profile  # the read's CPU in-process (~1 min)",
         "```", "",
         f"This run: `{invocation}`. PostgreSQL: `$CONTROLPLANE_BENCH_PG_DSN` (default "
         "`postgresql://postgres@127.0.0.1:5432/test`), a fresh schema per service, dropped after.",
@@ -120,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     out = Path(args.out)
     kept = _hand_written(out.read_text() if out.exists() else "")
-    out.write_text("\n".join(header) + "\n" + http_md + "\n" + ticket_md + "\n"
-                   + audit_md + "\n" + decision_md + "\n" + shadow_md + "\n"
+    out.write_text("\n".join(header) + "\n" + http_md + "\n" + inproc_md + "\n" + ticket_md
+                   + "\n" + audit_md + "\n" + decision_md + "\n" + shadow_md + "\n"
                    + compose_md + (("\n" + external_md) if external_md else "") + kept)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

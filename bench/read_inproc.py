@@ -1,0 +1,272 @@
+"""The authorized read's CPU in-process: the service's app against the reference peer's, no HTTP.
+
+Run: python bench/read_inproc.py [--rounds R] [--reads N] [--profile]
+
+Each target is the real application (``create_app``, started as ``cpctl serve`` starts it, on
+its default event loop, with its logging, GC settings and audit checkpoints; the peer
+``peer_read.py`` as its own workers run it with ``--uvloop --log batched``), in a process of its
+own, handed ``GET /api/v1/databases`` requests 64 at a time through ``Application._handle``:
+routing, middleware, the whole chain, the audit record committed on the store's thread, the
+response object. Not the HTTP parsing and writing, which is aiohttp's for both (the HTTP rows of
+``http_bench.py`` hold it). CPU is the process's, all threads, per read; the targets alternate
+round by round and the medians are reported with their ratio.
+
+Why: on this shared machine the HTTP figures of one target move by 10-25% between bursts a few
+seconds apart; these move by a few percent, so a change of a few microseconds a read shows here
+(``--profile``: cProfile of the service's event loop thread, by own time) before it can over
+HTTP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness as h  # noqa: E402
+
+IN_FLIGHT = 64
+WARMUP_READS = 3200
+
+
+class _Transport:
+    """A connection's transport as a request reads it (peer and local addresses)."""
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 40000), "sockname": ("127.0.0.1", 8080)}.get(
+            name, default)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Protocol:
+    max_field_size = max_line_length = 8190
+    max_headers = 128
+    ssl_context = None
+    peername = ("127.0.0.1", 40000)
+    sockname = ("127.0.0.1", 8080)
+
+    def __init__(self) -> None:
+        self.transport = _Transport()
+
+
+class _Writer:
+    transport = None
+
+
+def _request(app: Any, token: str) -> Any:
+    """A request as aiohttp's protocol makes one, with plain objects for the connection (the
+    test utilities' mocks would cost more than some of what is measured)."""
+    from aiohttp.test_utils import make_mocked_request
+
+    protocol = _Protocol()
+    return make_mocked_request("GET", "/api/v1/databases",
+                               headers={"Authorization": f"Bearer {token}"}, app=app,
+                               protocol=protocol, transport=protocol.transport, writer=_Writer())
+
+
+async def _measure(app: Any, token: str, reads: int, profile: bool) -> dict[str, Any]:
+    template = _request(app, token)
+
+    async def one() -> None:
+        response = await app._handle(template.clone())
+        if response.status != 200:
+            raise RuntimeError(f"the read answered {response.status}")
+
+    async def batch(n: int) -> None:
+        for _ in range(n // IN_FLIGHT):
+            await asyncio.gather(*[one() for _ in range(IN_FLIGHT)])
+
+    await batch(WARMUP_READS)
+    n = reads // IN_FLIGHT * IN_FLIGHT
+    started = time.process_time()
+    await batch(n)
+    result: dict[str, Any] = {"us_per_read": 1e6 * (time.process_time() - started) / n}
+    if profile:
+        import cProfile
+        import io
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        await batch(n)
+        profiler.disable()
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
+        result["profile"] = out.getvalue().replace(f"{REPO}/", "")
+    return result
+
+
+def _freeze_gc() -> None:
+    """As a serving worker does once started (``service/cli/serve.py``)."""
+    from service.cli.serve import YOUNG_GC_THRESHOLD
+
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_GC_THRESHOLD, older, oldest)
+
+
+async def _service(reads: int, profile: bool) -> dict[str, Any]:
+    from aiohttp import web
+
+    from service import clock, logs
+    from service import config as config_mod
+    from service.app import create_app
+    from service.authn.sessions import AUTHENTICATOR
+
+    config = config_mod.load_from_process(None, overrides={})
+    logs.configure(config.logging.level, config.logging.mask_fields)
+    runner = web.AppRunner(create_app(config))
+    await runner.setup()
+    try:
+        app = runner.app
+        issued = await app[AUTHENTICATOR].login_password(
+            "carol", h.PASSWORDS["carol"], "127.0.0.1", clock.now())
+        _freeze_gc()
+        return await _measure(app, issued.access_token, reads, profile)
+    finally:
+        await runner.cleanup()
+
+
+async def _peer(state: Path, token: str, reads: int) -> dict[str, Any]:
+    import logging
+
+    from aiohttp import web
+
+    spec = importlib.util.spec_from_file_location("peer_read", h.PEER_READ)
+    assert spec is not None and spec.loader is not None
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    handler = peer.Batched()  # as its workers run with --log batched
+    handler.setFormatter(peer.JsonLines())
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
+    runner = web.AppRunner(peer.make_app(state, REPO))
+    await runner.setup()
+    try:
+        _freeze_gc()
+        return await _measure(runner.app, token, reads, False)
+    finally:
+        await runner.cleanup()
+
+
+def _child(args: argparse.Namespace) -> int:
+    """One target, one round, in this process: its figures as JSON on stdout."""
+    import uvloop
+
+    run: Callable[[], Awaitable[dict[str, Any]]]
+    if args.child == "service":
+        def run() -> Awaitable[dict[str, Any]]:
+            return _service(args.reads, args.profile)
+    else:
+        def run() -> Awaitable[dict[str, Any]]:
+            return _peer(Path(args.state), args.token, args.reads)
+    result = uvloop.run(run())
+    print(json.dumps(result))
+    return 0
+
+
+def _round(target: str, reads: int, tmp: Path, peer: tuple[Path, str] | None,
+           profile: bool = False) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", target, "--reads", str(reads)]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+    if target == "service":
+        state = Path(tempfile.mkdtemp(prefix="state-", dir=tmp))
+        state.chmod(0o700)
+        environ["CONTROLPLANE_STATE_DIR"] = str(state)
+        command += ["--profile"] if profile else []
+    else:
+        assert peer is not None
+        command += ["--state", str(peer[0]), "--token", peer[1]]
+    done = h.run_reaped(command, timeout=600, cwd=REPO, env=environ)
+    if done.returncode != 0:
+        raise RuntimeError(f"{target}: exit {done.returncode}: {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def run(rounds: int, reads: int, *, profile: bool = False) -> dict[str, Any]:
+    """``rounds`` alternated rounds of each target; the medians and their ratio."""
+    with h.temp_dir("read-inproc-") as tmp_name:
+        tmp = Path(tmp_name)
+        peer = None
+        if h.PEER_READ.exists():
+            state = tmp / "peer"
+            token = subprocess.run([sys.executable, str(h.PEER_READ), "--init", str(state)],
+                                   cwd=REPO, capture_output=True, text=True, check=True,
+                                   timeout=120).stdout.strip().splitlines()[-1]
+            peer = (state, token)
+        figures: dict[str, list[float]] = {"service": [], **({"peer": []} if peer else {})}
+        order = list(figures)
+        for i in range(rounds):
+            for target in (order if i % 2 == 0 else order[::-1]):
+                figures[target].append(_round(target, reads, tmp, peer)["us_per_read"])
+        doc: dict[str, Any] = {"rounds": rounds, "reads": reads, "in_flight": IN_FLIGHT,
+                               "us_per_read": figures,
+                               "median": {k: statistics.median(v) for k, v in figures.items()}}
+        if peer:
+            doc["ratio"] = doc["median"]["service"] / doc["median"]["peer"]
+        if profile:
+            doc["profile"] = _round("service", reads, tmp, None, profile=True)["profile"]
+        return doc
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = ["## Authorized read in-process (`bench/read_inproc.py`)", "",
+             f"`GET /api/v1/databases` handed to each application {doc['in_flight']} at a time, "
+             f"{doc['reads']:,} reads a round, {doc['rounds']} rounds alternated, each round a "
+             "fresh process; CPU of all its threads per read, no HTTP parsing or writing. "
+             "Medians.", "",
+             "| target | CPU us/read (median) | rounds |", "|---|---:|---|"]
+    for target, values in doc["us_per_read"].items():
+        lines.append(f"| {target} | {doc['median'][target]:.1f} | "
+                     + ", ".join(f"{v:.1f}" for v in values) + " |")
+    if "ratio" in doc:
+        lines += ["", f"Service / peer: **{doc['ratio']:.2f}x**."]
+    if "profile" in doc:
+        lines += ["", "cProfile of the service's event loop thread (own time):", "", "```",
+                  doc["profile"].strip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--reads", type=int, default=25_600)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--json", help="write the results document here")
+    parser.add_argument("--markdown", help="write the Markdown section here")
+    parser.add_argument("--child", choices=("service", "peer"), help=argparse.SUPPRESS)
+    parser.add_argument("--state", help=argparse.SUPPRESS)
+    parser.add_argument("--token", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return _child(args)
+    doc = run(args.rounds, args.reads, profile=args.profile)
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    section = markdown(doc)
+    if args.markdown:
+        Path(args.markdown).write_text(section)
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
