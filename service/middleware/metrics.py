@@ -25,6 +25,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from ..audit.log import AUDIT
 from ..authz.activations import ActivationRefused
 from ..authz.engine import ENGINE
+from ..authz.reload import POLICY_FOLLOWER
 from ..store.base import Store
 from ..storelink import STORE
 
@@ -514,6 +515,14 @@ async def scrape(app: web.Application) -> bytes:
     a second, one bounded read each; ``controlplane_store_up`` 0 when any failed) pending
     approvals and the audit head."""
     metrics = app[METRICS]
+    follower = app.get(POLICY_FOLLOWER)
+    if follower is not None:
+        # As the status reads it at this moment, not as the end of the last sync left it: a
+        # revision installs on a thread, and between its switch and the sync's listeners a
+        # scrape would contradict the status read just before it.
+        active = follower.active
+        metrics.converged(active.revision_id if active else None, follower.converged)
+        metrics.load_state("store", follower.load_ok)
     gauges = ScrapeGauges.create()
     engine = app.get(ENGINE)
     if engine is not None and engine.revision is not None:

@@ -6,8 +6,12 @@ import asyncio
 import re
 import shutil
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from service.audit.log import AUDIT
 from service.authz.engine import ENGINE
+from service.authz.reload import POLICY_FOLLOWER
 from service.middleware import metrics as metrics_module
 from service.middleware.metrics import (
     APPROVAL_OUTCOMES,
@@ -172,6 +176,30 @@ async def test_the_load_gauge_stays_0_while_the_policy_is_rejected(make_client, 
     (policies / "authz.rego").write_text(good + "\n# fixed\n")
     assert (await asyncio.to_thread(engine.reload)).ok
     assert await load_ok() == 1.0
+
+
+async def test_the_store_follower_gauges_are_read_as_the_status_reads_them(make_client, tmp_path):
+    """With ``policies.source: store``, a scrape reads the follower's state when it is made, as
+    the status does: not the value the last sync's listeners left, which lags a revision that
+    installed on a thread (a status saying ``ready`` and a scrape just after it saying the
+    policy is not loaded, seen under load)."""
+    public, key = tmp_path / "signing.pub.pem", tmp_path / "activation.pem"
+    public.write_bytes(Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    key.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    client = await make_client({"policies": {"source": "store", "store": {
+        "trusted_keys": [str(public)], "activation_key": str(key)}}})
+    app = client.server.app
+    follower = app[POLICY_FOLLOWER]
+    assert follower is not None and follower.load_ok  # nothing activated: the directory serves
+    # What a listener left, behind the state it describes.
+    app[METRICS].load_state("store", False)
+    app[METRICS].converged("sha256:gone", False)
+    families = await scrape(client)
+    assert value(families, "controlplane_policy_load_ok", source="store") == 1.0
+    assert value(families, "controlplane_policy_store_converged") == 1.0
 
 
 async def test_a_request_writes_no_instrument_until_the_worker_flushes_its_tally(
