@@ -28,9 +28,10 @@ from collections.abc import AsyncIterator
 from .. import clock
 from ..config import AuditConfig
 from ..deadline import detached
+from ..repeats import log_failure
 from ..store.base import AuditCheckpoint, AuditRecord, StoreError
 from .checkpoint import sign
-from .keys import AuditKeys
+from .keys import AuditKeyError, AuditKeys
 from .log import AuditLog
 from .tip import AuditTampered
 
@@ -66,8 +67,10 @@ class Checkpointer:
             return None
         try:
             return sign(self.keys.signing_key(), seq, head_hash, clock.now())
-        except Exception:  # never fails the commit: the records go without it (``committed``)
-            log.exception("audit checkpoint not signed in the group commit")
+        except Exception as exc:  # never fails the commit: the records go without it
+            # Asked again by every batch while it is due: one line per cause per interval.
+            log_failure(log, "audit checkpoint not signed in a group commit", exc,
+                        event="audit.checkpoint_unsigned", expected=(AuditKeyError,))
             return None
 
     def refused(self, checkpoint: AuditCheckpoint, error: StoreError) -> None:
@@ -155,8 +158,10 @@ class Checkpointer:
 
 
 def _not_written(error: StoreError) -> None:
-    log.warning("audit checkpoint not written (store error); the next one covers the records",
-                extra={"fields": {"error": type(error).__name__}})
+    # Every batch (or commit) while one is due tries again: one line per cause per interval.
+    log_failure(log, "audit checkpoint not written (store error); the next one covers the "
+                "records", error, event="audit.checkpoint_not_written", expected=(StoreError,),
+                level=logging.WARNING)
 
 
 @contextlib.asynccontextmanager
