@@ -15,6 +15,13 @@ Why: on this shared machine the HTTP figures of one target move by 10-25% betwee
 seconds apart; these move by a few percent, so a change of a few microseconds a read shows here
 (``--profile``: cProfile of the service's event loop thread, by own time) before it can over
 HTTP.
+
+``--parts``: what each part of the service's read costs, as the read without it (the part
+knocked out in the process, everything else as served) against the whole read, in the same
+rounds: ``authn`` (token, session row, principal: the principal of the first read is given to
+every later one), ``authz`` (the cached decision: the first read's decision is given again),
+``audit`` (the record's preparation, its group commit and mirror: answered at once, nothing
+written). A knock-out is a measurement only: the reads it serves are not what the service does.
 """
 
 from __future__ import annotations
@@ -113,6 +120,58 @@ async def _measure(app: Any, token: str, reads: int, profile: bool) -> dict[str,
     return result
 
 
+#: The parts ``--parts`` knocks out, and what each is.
+PARTS = {
+    "authn": "AuthN: token, session row, principal (middleware.authn.identify)",
+    "authz": "AuthZ: the cached decision (chain._decide)",
+    "audit": "Audit: the record's preparation, group commit and mirror (AuditLog.append)",
+}
+
+
+def _knock_out(part: str) -> None:
+    """Replace ``part`` of the read with an answer given at once (the first read's, for AuthN
+    and AuthZ): for ``--parts`` only."""
+    if part == "authn":
+        from service.authn.principal import PRINCIPAL
+        from service.middleware import authn
+
+        identify = authn.identify
+        first: list[Any] = []
+
+        async def given(request: Any) -> None:
+            if not first:
+                await identify(request)
+                first.append(request[PRINCIPAL])
+            request[PRINCIPAL] = first[0]
+
+        authn.identify = given  # type: ignore[assignment]
+    elif part == "authz":
+        from service import chain
+
+        decide = chain._decide
+        decided: list[Any] = []
+
+        def again(*args: Any, **kwargs: Any) -> Any:
+            if not decided:
+                decided.append(decide(*args, **kwargs))
+            return decided[0]
+
+        chain._decide = again
+    elif part == "audit":
+        from service.audit.log import AuditLog
+        from service.store.base import AuditRecord
+
+        record = AuditRecord(1, "sha256:" + "0" * 64, "sha256:" + "1" * 64, {})
+
+        async def appended(self: Any, entry: Any, tx: Any = None) -> AuditRecord:
+            return record
+
+        AuditLog.append = appended  # type: ignore[method-assign]
+        AuditLog.mirror_soon = lambda self, records: None  # type: ignore[method-assign]
+    else:
+        raise ValueError(f"unknown part {part!r}")
+
+
 def _freeze_gc() -> None:
     """As a serving worker does once started (``service/cli/serve.py``)."""
     from service.cli.serve import YOUNG_GC_THRESHOLD
@@ -172,6 +231,8 @@ def _child(args: argparse.Namespace) -> int:
     import uvloop
 
     run: Callable[[], Awaitable[dict[str, Any]]]
+    if args.knock_out:
+        _knock_out(args.knock_out)
     if args.child == "service":
         def run() -> Awaitable[dict[str, Any]]:
             return _service(args.reads, args.profile)
@@ -184,8 +245,9 @@ def _child(args: argparse.Namespace) -> int:
 
 
 def _round(target: str, reads: int, tmp: Path, peer: tuple[Path, str] | None,
-           profile: bool = False) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--child", target, "--reads", str(reads)]
+           profile: bool = False, knock_out: str | None = None) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", target, "--reads", str(reads),
+               *(["--knock-out", knock_out] if knock_out else [])]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
     if target == "service":
         state = Path(tempfile.mkdtemp(prefix="state-", dir=tmp))
@@ -201,8 +263,10 @@ def _round(target: str, reads: int, tmp: Path, peer: tuple[Path, str] | None,
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def run(rounds: int, reads: int, *, profile: bool = False) -> dict[str, Any]:
-    """``rounds`` alternated rounds of each target; the medians and their ratio."""
+def run(rounds: int, reads: int, *, profile: bool = False, parts: bool = False
+        ) -> dict[str, Any]:
+    """``rounds`` alternated rounds of each target (with ``parts``, of the service without each
+    part too); the medians and their ratio."""
     with h.temp_dir("read-inproc-") as tmp_name:
         tmp = Path(tmp_name)
         peer = None
@@ -213,15 +277,22 @@ def run(rounds: int, reads: int, *, profile: bool = False) -> dict[str, Any]:
                                    timeout=120).stdout.strip().splitlines()[-1]
             peer = (state, token)
         figures: dict[str, list[float]] = {"service": [], **({"peer": []} if peer else {})}
-        order = list(figures)
+        without = {f"service without {part}": part for part in (PARTS if parts else ())}
+        order = [*figures, *without]
+        figures.update({name: [] for name in without})
         for i in range(rounds):
-            for target in (order if i % 2 == 0 else order[::-1]):
-                figures[target].append(_round(target, reads, tmp, peer)["us_per_read"])
+            for name in (order if i % 2 == 0 else order[::-1]):
+                target = "service" if name in without else name
+                figures[name].append(_round(target, reads, tmp, peer,
+                                            knock_out=without.get(name))["us_per_read"])
         doc: dict[str, Any] = {"rounds": rounds, "reads": reads, "in_flight": IN_FLIGHT,
                                "us_per_read": figures,
                                "median": {k: statistics.median(v) for k, v in figures.items()}}
         if peer:
             doc["ratio"] = doc["median"]["service"] / doc["median"]["peer"]
+        if parts:
+            doc["parts"] = {part: doc["median"]["service"] - doc["median"][name]
+                            for name, part in without.items()}
         if profile:
             doc["profile"] = _round("service", reads, tmp, None, profile=True)["profile"]
         return doc
@@ -239,6 +310,11 @@ def markdown(doc: dict[str, Any]) -> str:
                      + ", ".join(f"{v:.1f}" for v in values) + " |")
     if "ratio" in doc:
         lines += ["", f"Service / peer: **{doc['ratio']:.2f}x**."]
+    if "parts" in doc:
+        lines += ["", "What each part of the service's read costs: the read against the read "
+                  "with the part knocked out (answered at once), medians of the same rounds:", "",
+                  "| part | CPU us/read |", "|---|---:|"]
+        lines += [f"| {PARTS[part]} | {cost:.1f} |" for part, cost in doc["parts"].items()]
     if "profile" in doc:
         lines += ["", "cProfile of the service's event loop thread (own time):", "", "```",
                   doc["profile"].strip(), "```"]
@@ -250,15 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--reads", type=int, default=25_600)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--parts", action="store_true",
+                        help="also the service with each part knocked out (see the module)")
     parser.add_argument("--json", help="write the results document here")
     parser.add_argument("--markdown", help="write the Markdown section here")
     parser.add_argument("--child", choices=("service", "peer"), help=argparse.SUPPRESS)
+    parser.add_argument("--knock-out", choices=tuple(PARTS), help=argparse.SUPPRESS)
     parser.add_argument("--state", help=argparse.SUPPRESS)
     parser.add_argument("--token", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return _child(args)
-    doc = run(args.rounds, args.reads, profile=args.profile)
+    doc = run(args.rounds, args.reads, profile=args.profile, parts=args.parts)
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2))
     section = markdown(doc)

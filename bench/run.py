@@ -4,7 +4,8 @@ Run: python bench/run.py [--quick] [--no-postgres] [--no-profile] [--kics DIR] [
 
 1. bench/http_bench.py    HTTP load: service vs a bare aiohttp app, SQLite/PostgreSQL, 1/2 workers
    bench/read_inproc.py   the authorized read's CPU in-process, service vs the reference peer
-                          (no HTTP; steadier than the HTTP rows), with a cProfile of the service
+                          (no HTTP; steadier than the HTTP rows), what each part of the
+                          service's read costs (AuthN, AuthZ, audit), a cProfile of the service
 2. bench/ticket_bench.py  ticket create -> approve -> consume, store level and HTTP
 3. bench/decision_bench.py  per-decision policy latency (its own output, included verbatim)
 4. bench/shadow_bench.py  live-path latency with and without shadow evaluation (fixed rate and
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
     inproc_args = ["--rounds", "2", "--reads", "6400"] if args.quick else []
     inproc = h.run_reaped([sys.executable, str(BENCH / "read_inproc.py"), *inproc_args,
-                           *([] if args.no_profile else ["--profile"])], timeout=900, cwd=h.REPO)
+                           "--parts", *([] if args.no_profile else ["--profile"])],
+                          timeout=1200, cwd=h.REPO)
     inproc_md = (inproc.stdout if inproc.returncode == 0 else "\n".join([
         "## Authorized read in-process (`bench/read_inproc.py`)", "", "```",
         (inproc.stdout + inproc.stderr).strip()[-4000:], "```", ""]))
