@@ -500,13 +500,19 @@ PEER_READ = Path(os.environ.get("CONTROLPLANE_BENCH_PEER",
                                 str(REPO.parent / "shared" / "reference" / "peer_read.py")))
 
 
+def peer_init(state: Path) -> str:
+    """``peer_read.py --init``: its state (key, database, a session) made in ``state``; the
+    token it printed."""
+    return subprocess.run([sys.executable, str(PEER_READ), "--init", str(state)], cwd=REPO,
+                          capture_output=True, text=True, check=True, timeout=120,
+                          ).stdout.strip().splitlines()[-1]
+
+
 @contextlib.contextmanager
 def peer(workers: int, tmp: Path, *extra: str) -> Iterator[tuple[Server, str]]:
     """``peer_read.py`` serving GET /api/v1/databases on ``workers`` processes, and its token."""
     state = tmp / f"peer-{workers}-{time.monotonic_ns()}"
-    token = subprocess.run([sys.executable, str(PEER_READ), "--init", str(state)], cwd=REPO,
-                           capture_output=True, text=True, check=True, timeout=120,
-                           ).stdout.strip().splitlines()[-1]
+    token = peer_init(state)
     port = free_port()
     log_path = tmp / f"peer-{workers}.log"
     with open(log_path, "ab") as log:

@@ -33,7 +33,6 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -272,10 +271,7 @@ def run(rounds: int, reads: int, *, profile: bool = False, parts: bool = False
         peer = None
         if h.PEER_READ.exists():
             state = tmp / "peer"
-            token = subprocess.run([sys.executable, str(h.PEER_READ), "--init", str(state)],
-                                   cwd=REPO, capture_output=True, text=True, check=True,
-                                   timeout=120).stdout.strip().splitlines()[-1]
-            peer = (state, token)
+            peer = (state, h.peer_init(state))
         figures: dict[str, list[float]] = {"service": [], **({"peer": []} if peer else {})}
         without = {f"service without {part}": part for part in (PARTS if parts else ())}
         order = [*figures, *without]
