@@ -36,6 +36,7 @@ import logging
 import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -150,13 +151,15 @@ class AuditLog:
     def store(self) -> Store:
         return self._store()
 
-    async def append(self, entry: dict[str, Any], tx: Tx | None = None) -> AuditRecord:
+    async def append(self, entry: dict[str, Any], tx: Tx | None = None,
+                     known: AbstractSet[str] = frozenset()) -> AuditRecord:
         """Seal and append ``entry`` (scrubbed of credentials): in ``tx`` when given, else in the
-        next group commit. Returns once the record is committed; raises what the commit raised."""
+        next group commit. Returns once the record is committed; raises what the commit raised.
+        ``known``: the members the caller vouches for (``record.prepare``)."""
         if tx is not None:
             await self._ready()
             # The transaction may still roll back: the tip moves once it is committed (mirror).
-            return await tx.append_audit(prepare(entry), seal, guard=self.tip.pending())
+            return await tx.append_audit(prepare(entry, known), seal, guard=self.tip.pending())
         loop = asyncio.get_running_loop()
         future: asyncio.Future[AuditRecord] = loop.create_future()
         # Bounded by the store's deadline (or what is left of the request's): a stalled commit
@@ -164,7 +167,7 @@ class AuditLog:
         # timer watches every waiting caller (``_expire``), not one per caller: the commit is
         # shared, and a timer each was ~5% of an authorized read's CPU.
         deadline = self._call_deadline()
-        self._pending.append((prepare(entry), future, deadline))
+        self._pending.append((prepare(entry, known), future, deadline))
         if deadline < math.inf and (self._watchdog is None or deadline < self._watchdog.when()):
             self._watch(loop, deadline)
         if self._flusher is None or self._flusher.done():
@@ -208,13 +211,14 @@ class AuditLog:
         """Whether runs' transactions stage their records (``stage``) instead of appending."""
         return bool(getattr(self.store, "stages_audit", False))
 
-    async def stage(self, entry: dict[str, Any], tx: Tx) -> int:
+    async def stage(self, entry: dict[str, Any], tx: Tx,
+                    known: AbstractSet[str] = frozenset()) -> int:
         """Stage ``entry`` (scrubbed) in ``tx``: it commits with ``tx`` but is not chained yet.
-        Returns its staging id, for ``settle`` once ``tx`` committed."""
+        Returns its staging id, for ``settle`` once ``tx`` committed. ``known``: as ``append``'s."""
         out: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._staging.add(out)
         try:
-            return await tx.stage_audit(prepare(entry), clock.now())
+            return await tx.stage_audit(prepare(entry, known), clock.now())
         finally:
             self._staging.discard(out)
             out.set_result(None)

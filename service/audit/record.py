@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,7 @@ def _scrub(value: Any) -> Any:
     return value
 
 
-def prepare(entry: dict[str, Any]) -> dict[str, Any]:
+def prepare(entry: dict[str, Any], known: AbstractSet[str] = frozenset()) -> dict[str, Any]:
     """``scrub(entry)``, with its stored text made and checked in the same walk where the entry
     holds only JSON's own types (a ``CheckedEntry``: the store takes its text and canonical
     flag instead of walking the entry twice more, for its bounds and for the canonical check).
@@ -101,9 +102,23 @@ def prepare(entry: dict[str, Any]) -> dict[str, Any]:
     The one walk decides exactly what ``store.sql.dump_json`` and ``canonical.is_canonical``
     would of the scrubbed copy; anything else (another type, a value out of bounds, a text
     that is not plain UTF-8 or too large) gets the plain ``scrub``, so the store checks it, and
-    refuses it, as before (``tests/audit/test_prepare.py`` holds the two equal)."""
+    refuses it, as before (``tests/audit/test_prepare.py`` holds the two equal).
+
+    ``known``: top-level members whose values the caller made itself of what the walk would
+    pass as they are and call plain (the chain's own members, ``audit.recording.OWN``):
+    strings, booleans, None, integers within ``MAX_JSON_INTEGER``, and dicts and lists of them
+    no deeper than ``MAX_JSON_DEPTH``, no secret-named key at any depth, no float. They are
+    copied, not walked (their strings are still checked in the text, as every other string
+    is); every other member is walked. On the authorized read every member is the chain's,
+    and the walk was two thirds of this function."""
     try:
-        copy, plain = _checked_copy(entry, 1)
+        walked = entry.keys() - known if known else None
+        if walked is None:
+            copy, plain = _checked_copy(entry, 1)
+        elif walked:
+            copy, plain = _checked_members(entry, walked)
+        else:
+            copy, plain = dict(entry), True
     except _Unusual:
         return scrub(entry)
     text = jsontext.compact_sorted(copy)
@@ -148,6 +163,21 @@ def _checked_copy(value: dict[str, Any], depth: int) -> tuple[dict[str, Any], bo
         else:
             out[k], fits = _checked_item(v, depth + 1)
             plain = plain and fits
+    return out, plain
+
+
+def _checked_members(entry: dict[str, Any], walked: AbstractSet[Any]) -> tuple[dict[str, Any], bool]:
+    """``_checked_copy(entry, 1)`` where only the members ``walked`` are checked (``prepare``'s
+    ``known``: the others are taken as they are), in ``entry``'s order."""
+    out: dict[str, Any] = {}
+    plain = True
+    for k, v in entry.items():
+        if k in walked:
+            checked, fits = _checked_copy({k: v}, 1)
+            out.update(checked)
+            plain = plain and fits
+        else:
+            out[k] = v
     return out, plain
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from collections.abc import Set as AbstractSet
 from typing import Any, Literal, overload
 
 from .. import clock
@@ -94,10 +95,14 @@ class Recording:
         """Append the record of a run that executed (in ``tx`` when given: it commits with it)."""
         self.entry.update(outcome.audit, outcome="executed", status=outcome.status)
         self._outcome = outcome
+        # The Execute step's members (and a status that is not a plain one) are walked.
+        known = OWN if not outcome.audit else OWN.difference(outcome.audit)
+        if not (type(outcome.status) is int and 100 <= outcome.status <= 999):
+            known = known - {"status"}
         if tx is not None and self._audit.stages:
-            self._staged = await _append(self._audit, self.entry, tx, stage=True)
+            self._staged = await _append(self._audit, self.entry, tx, stage=True, known=known)
         else:
-            self._record = await _append(self._audit, self.entry, tx)
+            self._record = await _append(self._audit, self.entry, tx, known=known)
 
     async def refused(self, exc: Exception) -> Problem:
         """The run raised ``exc``: its record written as a refusal or failure (see
@@ -124,6 +129,16 @@ class Recording:
         self.entry.pop("ticket_consumed", None)  # rolled back with the transaction
         self._staged = None  # so was a staged record
         self._record = await _append(self._audit, self.entry, None, wait_s)
+
+
+#: The members the chain itself writes into a run's entry, each from a typed source: strings
+#: (the time, the correlation id, the request's method and path, the target's env and hash,
+#: the catalogue's names, the decision's id, reasons and revision, a ticket id from a checked
+#: header), the principal's three members, a boolean and an HTTP status. ``record.prepare``
+#: copies them without walking them (``known``); what the Execute step adds is walked.
+OWN = frozenset({"at", "correlation_id", "principal", "action", "method", "path", "env",
+                 "resource_hash", "resource_kind", "decision", "policy_revision", "ticket_id",
+                 "ticket_consumed", "outcome", "status"})
 
 
 def begin(audit: AuditLog, principal: Principal, action: Action, *, correlation_id: str,
@@ -314,12 +329,13 @@ def _write_failed(msg: str, exc: StoreError, entry: dict[str, Any]) -> None:
 
 @overload
 async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx, *,
-                  stage: Literal[True]) -> int: ...
+                  stage: Literal[True], known: AbstractSet[str] = ...) -> int: ...
 @overload
 async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
-                  wait_s: float | None = None) -> AuditRecord: ...
+                  wait_s: float | None = None, *, known: AbstractSet[str] = ...) -> AuditRecord: ...
 async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
-                  wait_s: float | None = None, *, stage: bool = False) -> AuditRecord | int:
+                  wait_s: float | None = None, *, stage: bool = False,
+                  known: AbstractSet[str] = frozenset()) -> AuditRecord | int:
     """Append (or, with ``stage``, stage in ``tx``) the run's record; if it cannot be written,
     the run fails (a mutation rolls back).
 
@@ -329,9 +345,9 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
     """
     try:
         if stage and tx is not None:
-            return await audit.stage(entry, tx)
+            return await audit.stage(entry, tx, known)
         if wait_s is None:
-            return await audit.append(entry, tx)
+            return await audit.append(entry, tx, known)
         try:
             async with asyncio.timeout(wait_s):
                 return await audit.append(entry, tx)

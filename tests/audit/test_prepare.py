@@ -88,3 +88,32 @@ def test_a_record_seals_the_same_from_a_checked_entry_as_from_the_plain_one(entr
     plain = _chain(0, AUDIT_GENESIS_HASH, [(dump_json(scrub(entry)), scrub(entry))], seal)[0]
     assert checked == plain and checked.text == plain.text
     assert type(checked.entry) is dict  # the record holds a plain dict, never the carrier
+
+
+# ``known`` members as their contract says (``prepare``): strings of any code point, booleans,
+# None, integers within the bounds, and dicts (keys that name no secret) and lists of them.
+_KNOWN_NAMES = ["at", "principal", "decision", "status", "path"]
+_KNOWN_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), _TEXT,
+              st.integers(min_value=-limits.MAX_JSON_INTEGER, max_value=limits.MAX_JSON_INTEGER)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from(["subject_id", "reasons", "x", "é"]),
+                                            inner, max_size=3)),
+    max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(_KNOWN_NAMES), _KNOWN_VALUES, max_size=5), _ENTRIES)
+@example({"path": "\x00"}, {})
+@example({"path": "\ud800", "status": 200}, {"token": "t"})
+@example({"principal": {"subject_id": "é" * 10}}, {"status": 1.5})
+def test_known_members_are_copied_as_the_walk_would_pass_them(known_members, others):
+    """What ``known`` skips is exactly what the walk would have passed as it is: the same
+    entry, text and canonical verdict either way (the other members, walked, may override)."""
+    entry = {**known_members, **others}
+    known = frozenset(known_members) - frozenset(others)
+    walked, copied = prepare(entry), prepare(entry, known)
+    assert type(copied) is type(walked) and copied == walked
+    assert list(copied) == list(walked)  # the entry's order, as the mirror writes it
+    if type(walked) is CheckedEntry:
+        assert copied.text == walked.text and copied.canonical == walked.canonical
