@@ -122,7 +122,7 @@ async def _measure(app: Any, token: str, reads: int, profile: bool) -> dict[str,
 #: The parts ``--parts`` knocks out, and what each is.
 PARTS = {
     "authn": "AuthN: token, session row, principal (middleware.authn.identify)",
-    "authz": "AuthZ: the cached decision (chain._decide)",
+    "authz": "AuthZ: the cached decision (chain.decide_run)",
     "audit": "Audit: the record's preparation, group commit and mirror (AuditLog.append)",
 }
 
@@ -147,15 +147,15 @@ def _knock_out(part: str) -> None:
     elif part == "authz":
         from service import chain
 
-        decide = chain._decide
+        decide_run = chain.decide_run
         decided: list[Any] = []
 
         def again(*args: Any, **kwargs: Any) -> Any:
             if not decided:
-                decided.append(decide(*args, **kwargs))
+                decided.append(decide_run(*args, **kwargs))
             return decided[0]
 
-        chain._decide = again
+        chain.decide_run = again  # type: ignore[assignment]
     elif part == "audit":
         from service.audit.log import AuditLog
         from service.store.base import AuditRecord

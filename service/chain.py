@@ -36,8 +36,8 @@ from .audit.recording import begin
 from .authn.principal import PRINCIPAL
 from .authn.require import require
 from .authz import actions
-from .authz.decide import decide
-from .authz.engine import ENGINE, audited
+from .authz.decide import decide_run
+from .authz.engine import ENGINE
 from .body import read_json
 from .config import CONFIG
 from .errors import PolicyDenied
@@ -50,10 +50,6 @@ __all__ = ["Outcome", "Protection", "Run", "Target", "Write", "protected", "prot
 
 R = TypeVar("R", bound=Run)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-#: The chain's decision, logged by its audit record only (built once, not per request).
-_decide = audited(decide)
 
 
 async def run(request: web.Request, spec: Protection, execute: Callable[[Any], Awaitable[Outcome]]
@@ -87,13 +83,11 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
             rec.principal(principal)
         rec.target(target, action)
         started = time.perf_counter()
-        decision = _decide(  # logged by its audit record only                    # 2 AuthZ
-            engine, config.environments,
-            principal.to_input(now, config.authn.step_up_window_s), action, target,
-            {"method": request.method, "path": request.path,
-             "command_hash": redeem.command_hash(request.headers)},
-            observed=True, correlation_id=cid, at=now,
-        )
+        decision = decide_run(  # logged by its audit record only                 # 2 AuthZ
+            engine, config.environments, principal, action, target,
+            method=request.method, path=request.path,
+            command_hash=redeem.command_hash(request.headers), now=now,
+            step_up_window_s=config.authn.step_up_window_s, correlation_id=cid)
         metrics.decided(decision.decision, decision.cached,
                                      time.perf_counter() - started)
         rec.decided(decision)

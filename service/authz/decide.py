@@ -8,14 +8,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import clock
+from ..authn.principal import Principal
 from ..config import Environments
-from ..run import Target
+from ..run import AS_SENT, Target
 from .actions import Action
 from .decision import Decision, enforce_production_rule
-from .engine import PolicyEngine
+from .engine import AUDITED, PolicyEngine
 from .input import STRIPPED_CONTEXT_FIELDS, build_input
 
-__all__ = ["Observer", "decide", "observe"]
+__all__ = ["Observer", "decide", "decide_run", "observe"]
 
 log = logging.getLogger("controlplane.authz")
 
@@ -41,6 +42,57 @@ def observe(engine: PolicyEngine, observer: Observer) -> Callable[[], None]:
     return remove
 
 
+def decide_run(
+    engine: PolicyEngine,
+    environments: Environments,
+    principal: Principal,
+    action: Action,
+    target: Target,
+    *,
+    method: str,
+    path: str,
+    command_hash: str | None,
+    now: float,
+    step_up_window_s: float,
+    correlation_id: str,
+) -> Decision:
+    """The chain's AuthZ: ``decide`` (observed, its decision logged by the run's audit record
+    only) on ``principal`` doing ``action`` to ``target`` with the request's context.
+
+    Where the input document is a function of the facts it is built from alone (no step-up,
+    whose age moves with the clock; the resource as sent, which the target's hash names; no
+    attributes), those facts key the engine's ``recall``: a question the serving revision has
+    answered is answered again without building the input or evaluating (a new decision id,
+    counted as a cache hit), and the production rule is re-asserted on it as ``decide`` does.
+    The observers still see the whole input document of every decision."""
+    facts = None
+    if principal.step_up_at is None and not target.attributes and target.value is AS_SENT:
+        facts = (principal.subject_id, principal.kind, principal.session_id,
+                 principal.auth_time, principal.authn_method, principal.idp_groups,
+                 action.name, target.id, target.hash, target.env, target.owner,
+                 method, path, command_hash)
+        recalled = engine.recall(facts)
+        if recalled is not None:
+            decision = enforce_production_rule(
+                recalled, ticketed=action.needs_ticket_in_production,
+                production=environments.is_production(target.env))
+            observers = _observers.get(engine, ())
+            if observers:
+                _tell(observers, build_input(
+                    principal.to_input(now, step_up_window_s), action.name,
+                    target.policy_resource(action), target.env,
+                    {"method": method, "path": path, "command_hash": command_hash,
+                     "correlation_id": correlation_id, "time": clock.iso(now)}), decision)
+            return decision
+    token = AUDITED.set(True)
+    try:
+        return decide(engine, environments, principal.to_input(now, step_up_window_s), action,
+                      target, {"method": method, "path": path, "command_hash": command_hash},
+                      observed=True, correlation_id=correlation_id, at=now, facts=facts)
+    finally:
+        AUDITED.reset(token)
+
+
 def decide(
     engine: PolicyEngine,
     environments: Environments,
@@ -52,6 +104,7 @@ def decide(
     observed: bool = False,
     correlation_id: str | None = None,
     at: float | None = None,
+    facts: tuple[Any, ...] | None = None,
 ) -> Decision:
     """The policy's decision on ``principal`` (its input form) doing ``action`` to ``target``.
 
@@ -65,7 +118,7 @@ def decide(
     never sees (``STRIPPED_CONTEXT_FIELDS``), given apart from ``context``, which then holds
     none of them. The engine is given the input as the policy sees it, with nothing to strip
     (one copy of it less per request, and no time formatted), and the observers the whole
-    document with both fields in its context.
+    document with both fields in its context. ``facts``: the engine's (``decide_run``).
     """
     input_doc = build_input(
         principal, action.name, target.policy_resource(action), target.env, context
@@ -74,7 +127,8 @@ def decide(
     if apart and not _GIVEN_APART.isdisjoint(context):
         raise ValueError("the context holds a field given apart (correlation_id, time)")
     decision = enforce_production_rule(
-        engine.decide(input_doc, stripped=True) if apart else engine.decide(input_doc),
+        engine.decide(input_doc, stripped=True, facts=facts) if apart
+        else engine.decide(input_doc, facts=facts),
         ticketed=action.needs_ticket_in_production,
         production=environments.is_production(target.env),
     )
@@ -82,9 +136,14 @@ def decide(
     if observers and apart:
         input_doc = {**input_doc, "context": {
             **input_doc["context"], "correlation_id": correlation_id, "time": clock.iso(at)}}
+    _tell(observers, input_doc, decision)
+    return decision
+
+
+def _tell(observers: tuple[Observer, ...], input_doc: Mapping[str, Any],
+          decision: Decision) -> None:
     for observer in observers:
         try:
             observer(input_doc, decision)
         except Exception:  # an observer never changes or fails a decision
             log.exception("decision observer failed")
-    return decision

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
 
@@ -67,25 +67,11 @@ __all__ = [
 decision_log = logging.getLogger("controlplane.decisions")
 log = logging.getLogger(__name__)
 
-_D = TypeVar("_D")
 
-#: Set while the chain decides (``audited``): the run's audit record holds that
+#: Set while the chain decides (``decide.decide_run``): the run's audit record holds that
 #: decision (id, result, reasons, revision, correlation id, principal, action, env, resource
 #: hash), so no ``controlplane.decisions`` line repeats it.
-_AUDITED: contextvars.ContextVar[bool] = contextvars.ContextVar("audited_decision", default=False)
-
-
-def audited(decide: Callable[..., _D]) -> Callable[..., _D]:
-    """``decide`` whose decisions the caller's audit record holds: not logged as lines."""
-
-    def call(*args: Any, **kwargs: Any) -> _D:
-        token = _AUDITED.set(True)
-        try:
-            return decide(*args, **kwargs)
-        finally:
-            _AUDITED.reset(token)
-
-    return call
+AUDITED: contextvars.ContextVar[bool] = contextvars.ContextVar("audited_decision", default=False)
 
 #: env -> is production. Envs missing from the mapping are treated as production (fail safe).
 DEFAULT_ENVIRONMENTS: Mapping[str, bool] = MappingProxyType(
@@ -129,6 +115,9 @@ class _Revision:
     loaded_at: float
     cache: OrderedDict[str | tuple[Any, ...], Decision] = field(default_factory=OrderedDict)
     cache_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Decisions of this revision by the facts their caller built the input from (``decide``'s
+    #: ``facts``, ``recall``), oldest first: a caller that has them needs no input document.
+    recalled: dict[tuple[Any, ...], Decision] = field(default_factory=dict)
     explain_bundle: rego.Bundle | None = None
     #: The input paths this revision may read (``inputrefs``); None: it may read all of it.
     refs: inputrefs.InputRefs = field(default_factory=lambda: inputrefs.InputRefs(None))
@@ -312,18 +301,22 @@ class PolicyEngine:
         current = self._current
         return current is None or subject_id in current.projection.subjects
 
-    def decide(self, input_doc: Mapping[str, Any], *, stripped: bool = False) -> Decision:
+    def decide(self, input_doc: Mapping[str, Any], *, stripped: bool = False,
+               facts: tuple[Any, ...] | None = None) -> Decision:
         """One decision; never raises for a bad policy or input (fails closed to deny).
 
         ``stripped``: ``input_doc`` holds nothing ``input.strip`` removes (the chain's input,
-        built so): it is what the policy sees as it is, and not copied again."""
+        built so): it is what the policy sees as it is, and not copied again.
+        ``facts``: a hashable key for everything ``input_doc`` was built from, in the caller's
+        own terms (``decide.decide_run``): a decision the cache would keep is also kept under
+        it, so ``recall(facts)`` answers the same question again without the input."""
         started = time.perf_counter_ns()
         decision_id = f"{self._id_prefix}-{next(self._ids):x}"
         current = self._current
         revision = current.id if current else ""
         error: str | None = None
         try:
-            decision, error = self._evaluate(current, input_doc, decision_id, stripped)
+            decision, error = self._evaluate(current, input_doc, decision_id, stripped, facts)
         except Exception as exc:  # fail closed on anything unexpected, never propagate
             decision = deny(POLICY_ERROR, revision, decision_id)
             error = exc.__class__.__name__
@@ -338,12 +331,26 @@ class PolicyEngine:
                 revision,
                 error,
             )
-        if self.log_decisions and not _AUDITED.get() and decision_log.isEnabledFor(logging.INFO):
+        if self.log_decisions and not AUDITED.get() and decision_log.isEnabledFor(logging.INFO):
             self._log(input_doc, decision, duration_us)
         return decision
 
+    def recall(self, facts: tuple[Any, ...]) -> Decision | None:
+        """The decision the serving revision made for ``facts`` (``decide``'s), with an id of
+        its own and counted as a cache hit; None when it made none (or it was evicted)."""
+        current = self._current
+        hit = current.recalled.get(facts) if current is not None else None
+        if hit is None:
+            return None
+        counts = self._counts
+        counts["cache_hit"] += 1
+        counts[hit.decision] += 1
+        return Decision(hit.decision, hit.reasons, hit.approval, hit.revision,
+                        f"{self._id_prefix}-{next(self._ids):x}", True)
+
     def _evaluate(
-        self, current: _Revision | None, input_doc: Any, decision_id: str, stripped: bool = False
+        self, current: _Revision | None, input_doc: Any, decision_id: str, stripped: bool = False,
+        facts: tuple[Any, ...] | None = None,
     ) -> tuple[Decision, str | None]:
         # ``input_doc`` is typed Any on purpose: callers outside the service (the CLI, tests)
         # pass whatever they read, and anything that is not an object fails closed here.
@@ -372,6 +379,8 @@ class PolicyEngine:
                     current.cache.move_to_end(key)
             if hit is not None:
                 self._counts["cache_hit"] += 1
+                if facts is not None:
+                    self._recall_as(current, facts, hit)
                 return Decision(
                     hit.decision, hit.reasons, hit.approval, hit.revision, decision_id, True
                 ), None
@@ -393,7 +402,18 @@ class PolicyEngine:
                 current.cache[key] = decision
                 if len(current.cache) > self.cache_size:
                     current.cache.popitem(last=False)
+            if facts is not None:
+                self._recall_as(current, facts, decision)
         return decision, None
+
+    def _recall_as(self, current: _Revision, facts: tuple[Any, ...], decision: Decision) -> None:
+        """Keep ``decision`` (one the cache keeps) for ``recall(facts)``, within the cache's
+        size (the oldest goes first)."""
+        with current.cache_lock:
+            recalled = current.recalled
+            recalled[facts] = decision
+            if len(recalled) > self.cache_size:
+                del recalled[next(iter(recalled))]
 
     def _enforce(self, decision: Decision, action: actions.Action, env: str) -> Decision:
         upgraded = enforce_production_rule(

@@ -15,7 +15,7 @@ import pytest
 
 from service.authn.principal import Principal
 from service.authz import actions
-from service.authz.decide import decide, observe
+from service.authz.decide import decide, decide_run, observe
 from service.authz.decision import POLICY_ERROR, PRODUCTION_UPGRADE, Decision
 from service.authz.engine import PolicyEngine, default_policies_dir
 from service.config import Environments
@@ -31,11 +31,25 @@ CONTEXT = {"correlation_id": "corr-1", "method": "POST", "path": "/api/v1/instal
            "command_hash": None, "time": "2027-01-15T08:00:00.000Z"}
 
 
+def principal(subject: str, *, stepped_up: bool = True, **fields: Any) -> Principal:
+    """``subject`` with a password session, stepped up a minute ago (or never)."""
+    return Principal(**{"subject_id": subject, "kind": "human", "session_id": "s1",
+                        "auth_time": NOW - 600, "authn_method": "password",
+                        "step_up_at": NOW - 60 if stepped_up else None, **fields})
+
+
 def person(subject: str, *, stepped_up: bool = True) -> dict[str, Any]:
-    """``subject``'s policy input: a password session, stepped up a minute ago (or never)."""
-    return Principal(subject_id=subject, kind="human", session_id="s1", auth_time=NOW - 600,
-                     authn_method="password",
-                     step_up_at=NOW - 60 if stepped_up else None).to_input(NOW, WINDOW_S)
+    """``subject``'s policy input (``principal``)."""
+    return principal(subject, stepped_up=stepped_up).to_input(NOW, WINDOW_S)
+
+
+def run(engine: PolicyEngine, who: Principal, action: actions.Action, target: Target,
+        now: float = NOW, **context: Any) -> Decision:
+    """The chain's decision (``decide_run``) with ``CONTEXT``'s request fields."""
+    return decide_run(engine, ENVIRONMENTS, who, action, target, now=now,
+                      step_up_window_s=WINDOW_S, correlation_id="corr-1",
+                      **{"method": CONTEXT["method"], "path": CONTEXT["path"],
+                         "command_hash": None, **context})
 
 
 def on(env: str) -> Target:
@@ -90,8 +104,11 @@ class EngineWithoutTheProductionRule(PolicyEngine):
     a decision that did not come from ``PolicyEngine.decide`` could be. The stage must still
     turn a production allow of a ticketed action into ``require_approval``."""
 
-    def decide(self, input_doc: Mapping[str, Any]) -> Decision:
+    def decide(self, input_doc: Mapping[str, Any], **_: Any) -> Decision:
         return Decision("allow", ("everything",), revision="unguarded")
+
+    def recall(self, facts: tuple[Any, ...]) -> Decision | None:
+        return Decision("allow", ("everything",), revision="unguarded", cached=True)
 
 
 @pytest.mark.parametrize(("action", "env", "expected"), [
@@ -101,11 +118,13 @@ class EngineWithoutTheProductionRule(PolicyEngine):
 ])
 def test_a_production_allow_is_upgraded_whatever_the_engine_answered(action, env, expected):
     unguarded = EngineWithoutTheProductionRule(Path("unused"), ENVIRONMENTS)
-    decision = decide(unguarded, ENVIRONMENTS, person("alice"), action, on(env), CONTEXT)
-    assert decision.decision == expected
-    if expected == "require_approval":
-        assert decision.reasons == ("everything", PRODUCTION_UPGRADE)
-        assert decision.approval["step_up"] is True
+    decided = decide(unguarded, ENVIRONMENTS, person("alice"), action, on(env), CONTEXT)
+    recalled = run(unguarded, principal("alice", stepped_up=False), action, on(env))  # recall
+    for decision in (decided, recalled):
+        assert decision.decision == expected
+        if expected == "require_approval":
+            assert decision.reasons == ("everything", PRODUCTION_UPGRADE)
+            assert decision.approval["step_up"] is True
 
 
 def test_observers_see_the_requests_decisions_only_and_cannot_change_or_fail_them(engine, caplog):
@@ -172,3 +191,71 @@ def test_fields_given_apart_reach_the_observers_and_never_the_policy(engine):
     with pytest.raises(ValueError):  # a field both given apart and in the context
         decide(engine, ENVIRONMENTS, person("alice"), INSTALL, on("dev"), CONTEXT,
                correlation_id="corr-2")
+
+
+def test_the_chains_decision_is_recalled_by_the_facts_of_its_input_and_only_by_them(tmp_path):
+    """``decide_run`` answers a question the serving revision answered (a new id, a cache hit)
+    without building the input; any fact the input is built from asks again, and so does a
+    new revision, a step-up (its age moves with the clock) or a summarised resource."""
+    engine = PolicyEngine(default_policies_dir(), ENVIRONMENTS)
+    assert engine.load().ok
+    carol = principal("carol", stepped_up=False)
+    first = run(engine, carol, LIST, Target.collection("databases", "prod"))
+    again = run(engine, carol, LIST, Target.collection("databases", "prod"))
+    assert (first.decision, first.cached) == ("allow", False)
+    assert (again.decision, again.reasons, again.revision, again.cached) == (
+        first.decision, first.reasons, first.revision, True)
+    assert again.decision_id != first.decision_id
+    status = engine.status()
+    assert status["cache"]["hits"] == 1 and status["decisions"]["allow"] == 2
+    asked = []
+    evaluate = engine._evaluate
+    engine._evaluate = lambda *a, **k: asked.append(a) or evaluate(*a, **k)  # type: ignore[method-assign]
+    for other in (principal("carol", stepped_up=False, session_id="s2"),
+                  principal("carol", stepped_up=False, authn_method="oidc"),
+                  principal("carol", stepped_up=False, auth_time=NOW - 1)):
+        run(engine, other, LIST, Target.collection("databases", "prod"))
+    run(engine, carol, LIST, Target.collection("databases", "dev"))
+    run(engine, carol, LIST, Target.collection("storage", "prod"))
+    run(engine, carol, LIST, Target({"collection": "databases"}, "prod", owner="bob"))
+    run(engine, carol, INSTALL, Target.collection("databases", "prod"))
+    run(engine, carol, LIST, Target.collection("databases", "prod"), path="/elsewhere")
+    run(engine, carol, LIST, Target.collection("databases", "prod"), method="HEAD")
+    run(engine, carol, LIST, Target.collection("databases", "prod"), command_hash="sha256:1")
+    assert len(asked) == 10
+    for _ in range(2):  # never recalled: each asks the engine every time
+        run(engine, principal("alice"), LIST, Target.collection("databases", "prod"))
+        run(engine, carol, LIST, Target({"collection": "databases"}, "prod",
+                                        attributes={"tier": "gold"}))
+        run(engine, carol, LIST, Target({"x": 1}, "prod", value={"x": "summary"}))
+    assert len(asked) == 16
+
+
+def test_a_new_revision_forgets_what_was_recalled(tmp_path):
+    root = tmp_path / "policies"
+    root.mkdir()
+    rule = ('package controlplane.authz\nimport rego.v1\n'
+            'decision := {{"decision": "{0}", "reasons": ["r"], "approval": {{}}}}\n')
+    (root / "authz.rego").write_text(rule.format("allow"))
+    engine = PolicyEngine(root, ENVIRONMENTS, vet_in_subprocess=False)
+    assert engine.load().ok
+    carol = principal("carol", stepped_up=False)
+    assert run(engine, carol, LIST, on("dev")).decision == "allow"
+    assert run(engine, carol, LIST, on("dev")).cached
+    (root / "authz.rego").write_text(rule.format("deny"))
+    assert engine.reload().changed
+    assert run(engine, carol, LIST, on("dev")).decision == "deny"
+
+
+def test_observers_see_every_decision_of_the_chain_recalled_or_not(engine):
+    seen: list[Mapping[str, Any]] = []
+    remove = observe(engine, lambda doc, decision: seen.append(doc))
+    try:
+        carol = principal("carol", stepped_up=False)
+        decisions = [run(engine, carol, LIST, on("dev")) for _ in range(2)]
+    finally:
+        remove()
+    assert decisions[1].cached and len(seen) == 2
+    assert seen[0] == seen[1]  # the same whole document, its context's two fields included
+    assert seen[1]["context"]["correlation_id"] == "corr-1"
+    assert seen[1]["context"]["time"] == "2027-01-15T08:00:00.000Z"
