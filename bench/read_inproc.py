@@ -121,7 +121,7 @@ async def _measure(app: Any, token: str, reads: int, profile: bool) -> dict[str,
 
 #: The parts ``--parts`` knocks out, and what each is.
 PARTS = {
-    "authn": "AuthN: token, session row, principal (middleware.authn.identify)",
+    "authn": "AuthN: token, session row, principal (middleware.authn.identify_now)",
     "authz": "AuthZ: the cached decision (chain.decide_run)",
     "audit": "Audit: the record's preparation, group commit and mirror (AuditLog.append)",
 }
@@ -134,16 +134,18 @@ def _knock_out(part: str) -> None:
         from service.authn.principal import PRINCIPAL
         from service.middleware import authn
 
-        identify = authn.identify
+        identify_now = authn.identify_now
         first: list[Any] = []
 
-        async def given(request: Any) -> None:
+        def given(request: Any) -> bool:
             if not first:
-                await identify(request)
+                if not identify_now(request):
+                    raise RuntimeError("the read's caller was not identified at once")
                 first.append(request[PRINCIPAL])
             request[PRINCIPAL] = first[0]
+            return True
 
-        authn.identify = given  # type: ignore[assignment]
+        authn.identify_now = given
     elif part == "authz":
         from service import chain
 

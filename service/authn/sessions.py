@@ -55,7 +55,7 @@ from .errors import (
     Throttled,
     UnknownKey,
 )
-from .identities import IdentityDirectory
+from .identities import Identity, IdentityDirectory
 from .identities import load as load_identities
 from .keyring import ALG, KeyRing
 from .principal import KINDS, Principal
@@ -90,6 +90,20 @@ class Bearer(NamedTuple):
     session_id: str
     #: Issued after the session's step-up (``acr``).
     stepped: bool
+
+
+def _principal(subject: str, kind: str, session: SessionRecord, stepped: bool,
+               groups: tuple[str, ...]) -> Principal:
+    """The principal of ``session``, checked live and its subject's (``session_principal``)."""
+    return Principal(
+        subject_id=subject,
+        kind=kind,  # type: ignore[arg-type]  # one of KINDS (``_own``)
+        session_id=session.id,
+        auth_time=session.auth_time,
+        authn_method=session.authn_method,
+        step_up_at=session.step_up_at if stepped else None,
+        idp_groups=groups,
+    )
 
 
 #: ``session_principal``'s ``found`` when the caller read no session row: it reads it.
@@ -254,6 +268,25 @@ class Authenticator:
         return await self.session_principal(bearer.subject, bearer.kind, bearer.session_id,
                                             stepped=bearer.stepped, now=now)
 
+    def authenticate_bearer_now(self, token: str, now: float) -> Principal | None:
+        """``authenticate_bearer`` without waiting, where nothing needs a wait: the token's key
+        is known, the store reads the session row at once (``Store.session_now``) and the
+        session carries no federation's groups (read apart). None: await
+        ``authenticate_bearer``. Raises what it raises."""
+        try:
+            bearer = self._bearer(token, now)
+        except UnknownKey:
+            return None
+        identity = self._identity(bearer.subject, bearer.kind)
+        found = self.store.session_now(bearer.session_id)
+        if found is None:
+            return None
+        session = self._active(bearer.session_id, now, found[0])
+        self._own(identity, bearer.subject, bearer.kind, session)
+        if session.authn_method == METHOD_OIDC:
+            return None
+        return _principal(bearer.subject, bearer.kind, session, bearer.stepped, ())
+
     async def verify_bearer(self, token: str, now: float) -> Bearer:
         """A bearer access token's signature and claims, checked; not its session (that is
         ``session_principal``). Raises an ``InvalidToken`` subclass."""
@@ -285,10 +318,30 @@ class Authenticator:
         live and its own. ``stepped``: the credential was issued after the session's step-up.
         ``found``: the session row as the caller read it just now (``Store.get_run_read``), or
         None when it read none; read here when not given. Raises an ``InvalidToken`` subclass."""
+        identity = self._identity(subject, kind)
+        session = await self._active_session(session_id, now, found)
+        self._own(identity, subject, kind, session)
+        groups: tuple[str, ...] = ()
+        if session.authn_method == METHOD_OIDC:
+            # (also for a person an explicit link signed in as a local subject)
+            facts = await self.store.get_federated_session(session.id)
+            if facts is not None:
+                # A group belongs to the provider that asserted it: ``corp:sre``.
+                groups = tuple(f"{facts.provider}:{g}" for g in facts.groups)
+        return _principal(subject, kind, session, stepped, groups)
+
+    def _identity(self, subject: str, kind: str) -> Identity | None:
+        """The identities file's entry of ``subject``; raises ``SubjectDisabled`` for one
+        disabled or of another kind."""
         identity = self.identities.get(subject)
         if identity is not None and (identity.disabled or identity.kind != kind):
             raise SubjectDisabled()
-        session = await self._active_session(session_id, now, found)
+        return identity
+
+    @staticmethod
+    def _own(identity: Identity | None, subject: str, kind: str, session: SessionRecord) -> None:
+        """Raises unless the live ``session`` belongs to ``subject`` (of ``kind``, with
+        ``identity``, its entry in the identities file) who presented a credential naming it."""
         if session.subject_id != subject or session.kind != kind:
             raise SessionInactive()
         if kind not in KINDS:  # tokens and sessions only carry these; anything else fails closed
@@ -297,22 +350,6 @@ class Authenticator:
         # else without one is refused.
         if identity is None and session.authn_method not in FEDERATED_METHODS:
             raise SubjectDisabled()
-        groups: tuple[str, ...] = ()
-        if session.authn_method == METHOD_OIDC:
-            # (also for a person an explicit link signed in as a local subject)
-            facts = await self.store.get_federated_session(session.id)
-            if facts is not None:
-                # A group belongs to the provider that asserted it: ``corp:sre``.
-                groups = tuple(f"{facts.provider}:{g}" for g in facts.groups)
-        return Principal(
-            subject_id=subject,
-            kind=kind,
-            session_id=session.id,
-            auth_time=session.auth_time,
-            authn_method=session.authn_method,
-            step_up_at=session.step_up_at if stepped else None,
-            idp_groups=groups,
-        )
 
     async def step_up(
         self, principal: Principal, otp: str, now: float, client_addr: str | None = None
@@ -490,7 +527,12 @@ class Authenticator:
 
     async def _active_session(self, session_id: str, now: float,
                               found: SessionRecord | None = UNREAD) -> SessionRecord:
-        session = await self.store.get_session(session_id) if found is UNREAD else found
+        return self._active(session_id, now, await self.store.get_session(session_id)
+                            if found is UNREAD else found)
+
+    @staticmethod
+    def _active(session_id: str, now: float, session: SessionRecord | None) -> SessionRecord:
+        """``session``, the row read for ``session_id``, when it is live at ``now``."""
         if session is None or session.id != session_id:
             raise SessionInactive()
         if session.revoked_at is not None:

@@ -8,9 +8,9 @@ noting its error code); 401s, 403s and step-up challenges come from the chain, a
 (status, health, login) are served to anonymous callers as usual. The console's forms carry
 their CSRF token, which the console checks (``consolesession``).
 
-``request[PRINCIPAL]`` is written here only: once per request by ``identify`` (a step of the
-request layers, ``middleware.layers``), and again by ``step_up_console`` when the request itself
-steps its console session up.
+``request[PRINCIPAL]`` is written here only: once per request by ``identify_now`` (a step of
+the request layers, ``middleware.layers``) or, where that needs a wait, ``identify``, and again
+by ``step_up_console`` when the request itself steps its console session up.
 
 Where every read is a round trip (PostgreSQL, ``Store.reads_round_trip``), a bearer request to a
 chain route that presents an approval ticket has its token verified here and its session read
@@ -55,10 +55,37 @@ def bearer_token(request: web.Request) -> str | None:
     return token.strip()
 
 
+def _identify_now(request: web.Request) -> bool:
+    """``_identify`` where it needs no wait: no credential, no store to check one with, or a
+    bearer token whose session the store reads at once (``authenticate_bearer_now``). False:
+    ``_identify`` must be awaited (the console's cookie, a deferred session, a read that
+    waits). Raises ``StoreUnavailable`` when the credential cannot be checked."""
+    if request.path.startswith(consolesession.CONSOLE_PREFIX):
+        return False
+    token = bearer_token(request)
+    if token is None:
+        return True
+    app = request.app  # a property that looks through the match info: read once
+    if not app[STORE].configured:
+        request[AUTHN_ERROR] = "authentication_unavailable"
+        return True
+    if TICKET_HEADER in request.headers and _defers(request, app):
+        return False
+    try:
+        principal = app[AUTHENTICATOR].authenticate_bearer_now(token, clock.now())
+    except InvalidToken as exc:
+        request[AUTHN_ERROR] = exc.code
+        return True
+    if principal is None:
+        return False
+    request[PRINCIPAL] = principal
+    return True
+
+
 async def _identify(request: web.Request) -> None:
-    """Attach who is calling: the console cookie's session under ``/console/``, else the
-    bearer token's principal. Raises ``StoreUnavailable`` when the credential cannot be
-    checked."""
+    """Attach who is calling, where ``_identify_now`` could not: the console cookie's session
+    under ``/console/``, else the bearer token's principal (or, for a session the chain reads,
+    the verified token). Raises ``StoreUnavailable`` when the credential cannot be checked."""
     if request.path.startswith(consolesession.CONSOLE_PREFIX):
         request[CONSOLE_SESSION] = None
         if request.app[STORE].configured:
@@ -68,18 +95,17 @@ async def _identify(request: web.Request) -> None:
                 request[PRINCIPAL] = found.principal
         return
     token = bearer_token(request)
-    app = request.app  # a property that looks through the match info: read once
-    if token is not None and app[STORE].configured:
-        authenticator = app[AUTHENTICATOR]
-        try:
-            if TICKET_HEADER in request.headers and _defers(request, app):
-                request[DEFERRED] = await authenticator.verify_bearer(token, clock.now())
-            else:
-                request[PRINCIPAL] = await authenticator.authenticate_bearer(token, clock.now())
-        except InvalidToken as exc:
-            request[AUTHN_ERROR] = exc.code
-    elif token is not None:
-        request[AUTHN_ERROR] = "authentication_unavailable"
+    app = request.app
+    if token is None or not app[STORE].configured:
+        return  # (``_identify_now`` answers these)
+    authenticator = app[AUTHENTICATOR]
+    try:
+        if TICKET_HEADER in request.headers and _defers(request, app):
+            request[DEFERRED] = await authenticator.verify_bearer(token, clock.now())
+        else:
+            request[PRINCIPAL] = await authenticator.authenticate_bearer(token, clock.now())
+    except InvalidToken as exc:
+        request[AUTHN_ERROR] = exc.code
 
 
 def _defers(request: web.Request, app: web.Application) -> bool:
@@ -146,18 +172,35 @@ async def step_up_console(request: web.Request, found: ConsoleSession,
     return stepped, value
 
 
-async def identify(request: web.Request) -> None:
-    """Attach who is calling (``PRINCIPAL``, ``ANONYMOUS`` without a credential); raises the
-    503 problem when the credential cannot be checked on a route that is not public."""
+def identify_now(request: web.Request) -> bool:
+    """Attach who is calling (``PRINCIPAL``, ``ANONYMOUS`` without a credential) where that
+    needs no wait: True when done; False when ``identify`` must be awaited. Raises the 503
+    problem when the credential cannot be checked on a route that is not public.
+
+    The authorized read on SQLite identifies its caller here: six coroutines fewer than
+    ``identify`` (each created, run and finished on every request without ever waiting)."""
     request[PRINCIPAL] = ANONYMOUS
+    try:
+        return _identify_now(request)
+    except StoreUnavailable as exc:
+        _refuse_unchecked(request, exc)
+        return True
+
+
+async def identify(request: web.Request) -> None:
+    """``identify_now`` for a request it could not answer (it was tried first)."""
     try:
         await _identify(request)
     except StoreUnavailable as exc:
-        # Revocation cannot be checked: never answer as bad credentials (a 401 would make
-        # clients drop a valid token). A public route (health, status, login) serves the
-        # caller anonymously and says why; any other route is refused now, as an outage
-        # (503 store_unavailable, Retry-After).
-        _unavailable(exc)
-        if not getattr(request.match_info.handler, "public", False):
-            raise to_problem(exc) from None
-        request[AUTHN_ERROR] = "store_unavailable"
+        _refuse_unchecked(request, exc)
+
+
+def _refuse_unchecked(request: web.Request, exc: StoreUnavailable) -> None:
+    # Revocation cannot be checked: never answer as bad credentials (a 401 would make
+    # clients drop a valid token). A public route (health, status, login) serves the
+    # caller anonymously and says why; any other route is refused now, as an outage
+    # (503 store_unavailable, Retry-After).
+    _unavailable(exc)
+    if not getattr(request.match_info.handler, "public", False):
+        raise to_problem(exc) from None
+    request[AUTHN_ERROR] = "store_unavailable"

@@ -57,7 +57,8 @@ def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
         try:
             with deadline.budget(timeout_s):
                 try:
-                    await authn.identify(request)
+                    if not authn.identify_now(request):
+                        await authn.identify(request)
                     response = await handler(request)
                 except web.HTTPException as exc:
                     if exc.status < 400:  # redirects and the like are not errors
