@@ -63,12 +63,18 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
     # Stage 5 spans the run: every exit path leaves one record (``audit.recording``): the
     # ``except`` below for a run that raised, ``close`` for one that returned. Not a context
     # manager: two coroutines fewer on every request.
-    rec = begin(app[AUDIT], request[PRINCIPAL], action, correlation_id=cid,
+    principal = request[PRINCIPAL]
+    rec = begin(app[AUDIT], principal, action, correlation_id=cid,
                 method=request.method, path=request.path, now=now)
     try:
-        bearer, read = request.get(DEFERRED), None
+        # A request whose session the chain reads is anonymous until then (``confirm``); an
+        # identified one has neither key (each ``request.get`` of a missing key raises and
+        # catches a KeyError).
+        bearer = None if principal.is_authenticated else request.get(DEFERRED)
+        read = None
         if bearer is None:
-            principal = require(request[PRINCIPAL], request.get(AUTHN_ERROR))       # 1 AuthN
+            if not principal.is_authenticated:
+                require(principal, request.get(AUTHN_ERROR))  # raises 401           # 1 AuthN
             body = await read_json(request, spec.body_schema) if spec.body_schema else None
             target = await spec.target(request, body)
         else:  # the session is read with the ticket and task the run reads (``confirm``)
