@@ -7,9 +7,11 @@ its default event loop, with its logging, GC settings and audit checkpoints; the
 ``peer_read.py`` as its own workers run it with ``--uvloop --log batched``), in a process of its
 own, handed ``GET /api/v1/databases`` requests 64 at a time through ``Application._handle``:
 routing, middleware, the whole chain, the audit record committed on the store's thread, the
-response object. Not the HTTP parsing and writing, which is aiohttp's for both (the HTTP rows of
-``http_bench.py`` hold it). CPU is the process's, all threads, per read; the targets alternate
-round by round and the medians are reported with their ratio.
+response object, and the service's access line, which aiohttp's protocol asks its access logger
+for once a response is written (the peer writes its one line from its handler). Not the HTTP
+parsing and writing, which is aiohttp's for both (the HTTP rows of ``http_bench.py`` hold
+it). CPU is the process's, all threads, per read; the targets alternate round by round and
+the medians are reported with their ratio.
 
 Why: on this shared machine the HTTP figures of one target move by 10-25% between bursts a few
 seconds apart; these move by a few percent, so a change of a few microseconds a read shows here
@@ -87,13 +89,19 @@ def _request(app: Any, token: str) -> Any:
                                protocol=protocol, transport=protocol.transport, writer=_Writer())
 
 
-async def _measure(app: Any, token: str, reads: int, profile: bool) -> dict[str, Any]:
+async def _measure(app: Any, token: str, reads: int, profile: bool,
+                   access: Any = None) -> dict[str, Any]:
     template = _request(app, token)
+    loop = asyncio.get_running_loop()
 
     async def one() -> None:
-        response = await app._handle(template.clone())
+        started = loop.time()
+        request = template.clone()
+        response = await app._handle(request)
         if response.status != 200:
             raise RuntimeError(f"the read answered {response.status}")
+        if access is not None:  # as aiohttp's protocol does once the response is written
+            access.log(request, response, loop.time() - started)
 
     async def batch(n: int) -> None:
         for _ in range(n // IN_FLIGHT):
@@ -200,7 +208,14 @@ async def _service(reads: int, profile: bool) -> dict[str, Any]:
         issued = await app[AUTHENTICATOR].login_password(
             "carol", h.PASSWORDS["carol"], "127.0.0.1", clock.now())
         _freeze_gc()
-        return await _measure(app, issued.access_token, reads, profile)
+        access = None
+        if config.logging.access_log:  # the access logger ``cpctl serve`` gives aiohttp
+            import logging
+
+            from service.accesslog import AccessLogger
+
+            access = AccessLogger(logging.getLogger("controlplane.access"), "")
+        return await _measure(app, issued.access_token, reads, profile, access)
     finally:
         await runner.cleanup()
 
