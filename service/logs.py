@@ -209,6 +209,8 @@ class JSONFormatter(logging.Formatter):
     def __init__(self, mask_fields: Iterable[str] = ()):
         super().__init__()
         self._names = {n.lower() for n in mask_fields}
+        #: The field names masked besides the secret ones (lower case).
+        self.masks = frozenset(self._names)
 
     def format(self, record: logging.LogRecord) -> str:
         cid = getattr(record, "correlation_id", None) or correlation_id_var.get()
@@ -265,6 +267,10 @@ def direct_handler(logger: logging.Logger, level: int) -> BatchedStreamHandler |
 
 #: Compact lines; what JSON has no type for is written as its scrubbed text.
 _ENCODE = jsontext.encoder_with_default(lambda v: scrub(str(v)))
+
+#: ``JSONFormatter``'s encoding of a line's document, for a caller that made the document
+#: itself, every string in it scrubbed (the access log).
+encode_line = _ENCODE
 
 
 class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]

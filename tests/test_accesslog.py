@@ -140,10 +140,20 @@ def test_cpctl_serve_writes_one_json_access_line_with_the_clients_id(tmp_path: P
 
 
 
-def test_the_direct_access_line_is_the_line_its_record_would_give():
+@pytest.mark.parametrize("masks", [[], ["route"], ["principal"]], ids=["made", "masked-route",
+                                                                   "masked-principal"])
+@pytest.mark.parametrize(("method", "cid", "principal"), [
+    ("GET", "cid-1 Bearer eyJhbGciOi.xyz", None),  # scrubbed either way
+    ("GET", "0b8e2c1e-1e1e-4a4a-8b8b-123456789abc", "carol"),
+    ("PATCH", None, "password=hunter2"),
+    ("eyJhbGciOi.eyJzdWIi.c2ln", "", "carol"),
+], ids=["secret-cid", "principal", "secret-subject", "odd-method"])
+def test_the_direct_access_line_is_the_line_its_record_would_give(masks, method, cid, principal):
     """With the process's own handler alone on the way, the access logger formats and queues
-    its line itself (no LogRecord): the same JSON as the record's, masking and scrubbing
-    included; anything else on the way (a capture, a filter) gets the record."""
+    its line itself (no LogRecord): the same JSON as the record's, member for member and in
+    the same order, masking and scrubbing included, whether the line is made directly (no
+    field of it masked by name) or from its fields; anything else on the way (a capture, a
+    filter) gets the record."""
     import io
 
     from aiohttp import web
@@ -151,17 +161,29 @@ def test_the_direct_access_line_is_the_line_its_record_would_give():
 
     from service.accesslog import AccessLogger
     from service.appkeys import CORRELATION_ID
+    from service.authn.principal import PRINCIPAL, Principal
     from service.logs import BatchedStreamHandler, direct_handler
 
-    logger = logging.getLogger("tests.accesslog.direct")
+    # A logger of its own: pytest hands its capture to every non-propagating logger it finds.
+    logger = logging.getLogger(f"tests.accesslog.direct.{len(logging.root.manager.loggerDict)}")
     logger.propagate, logger.level = False, logging.INFO
     stream = io.StringIO()
     handler = BatchedStreamHandler(stream)
-    handler.setFormatter(JSONFormatter(mask_fields=["route"]))
+    handler.setFormatter(JSONFormatter(mask_fields=masks))
     logger.addHandler(handler)
-    request = make_mocked_request("GET", "/api/v1/databases?token=abc")
-    request[CORRELATION_ID] = "cid-1 Bearer eyJhbGciOi.xyz"  # scrubbed either way
-    response = web.Response(status=200, text="{}")
+    async def listing(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/api/v1/databases", listing)
+    request = make_mocked_request(method, "/api/v1/databases?token=abc", app=app)
+    # The route as aiohttp's router matches it (none for a method it does not serve).
+    request._match_info = asyncio.run(app.router.resolve(request))
+    if cid is not None:
+        request[CORRELATION_ID] = cid
+    if principal is not None:
+        request[PRINCIPAL] = Principal(principal, "human", "s1", 1.0, "password")
+    response = web.Response(status=200, text="{}", headers={"X-Correlation-ID": "from-edge"})
     try:
         assert direct_handler(logger, logging.INFO) is handler
         AccessLogger(logger, "").log(request, response, 0.0125)
@@ -177,6 +199,12 @@ def test_the_direct_access_line_is_the_line_its_record_would_give():
     assert abs(time.time() - time.mktime(time.strptime(direct["ts"][:19], "%Y-%m-%dT%H:%M:%S"))
                + time.timezone) < 5
     del direct["ts"], via_record["ts"]
-    assert direct == via_record
-    assert direct["route"] == "***" and "eyJ" not in direct["correlation_id"]
-    assert direct["msg"].startswith("GET ") and direct["status"] == 200
+    assert list(direct.items()) == list(via_record.items())
+    assert "eyJ" not in json.dumps(direct) and "hunter2" not in json.dumps(direct)
+    assert direct["msg"].startswith(f"{direct['method']} ") and direct["status"] == 200
+    if cid:  # the request's id, else the one on the response
+        assert direct["correlation_id"] not in (None, "from-edge")
+    else:
+        assert direct["correlation_id"] == "from-edge"
+    for name in masks:
+        assert direct.get(name, "***") == "***"
