@@ -24,6 +24,13 @@ rounds: ``authn`` (token, session row, principal: the principal of the first rea
 every later one), ``authz`` (the cached decision: the first read's decision is given again),
 ``audit`` (the record's preparation, its group commit and mirror: answered at once, nothing
 written). A knock-out is a measurement only: the reads it serves are not what the service does.
+
+``--against CHECKOUT``: this checkout's service against another checkout's (the commit before a
+change, in a worktree), both processes running at the same time every round: two processes that
+share a minute of a shared machine see the same noise, so their ratio moves 2-4% between rounds
+where rounds taken in turn move 10-25%. For judging a change of a few percent. Each checkout is
+measured by its own ``--child service`` (a checkout from before the access line was measured
+here, bb73ac3, leaves it out).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -172,7 +180,7 @@ def _knock_out(part: str) -> None:
 
         record = AuditRecord(1, "sha256:" + "0" * 64, "sha256:" + "1" * 64, {})
 
-        async def appended(self: Any, entry: Any, tx: Any = None) -> AuditRecord:
+        async def appended(self: Any, entry: Any, tx: Any = None, known: Any = None) -> AuditRecord:
             return record
 
         AuditLog.append = appended  # type: ignore[method-assign]
@@ -311,6 +319,53 @@ def run(rounds: int, reads: int, *, profile: bool = False, parts: bool = False
         return doc
 
 
+def against(rounds: int, reads: int, other: Path) -> dict[str, Any]:
+    """``--against``: this checkout's service against ``other``'s (another checkout of the
+    project), both started at the same time every round, so that both see the same minute of
+    a shared machine: the per-round ratio moves a few percent where rounds taken one after the
+    other move 10-25%. For judging a change of a few percent; not run by ``make bench``."""
+    checkouts = {"this": REPO, "other": other.resolve()}
+    with h.temp_dir("read-inproc-ab-") as tmp_name:
+        tmp = Path(tmp_name)
+        figures: dict[str, list[float]] = {name: [] for name in checkouts}
+        for _ in range(rounds):
+            running = {}
+            for name, checkout in checkouts.items():
+                state = Path(tempfile.mkdtemp(prefix="state-", dir=tmp))
+                state.chmod(0o700)
+                environ = {k: v for k, v in os.environ.items()
+                           if not k.startswith("CONTROLPLANE_")}
+                environ["CONTROLPLANE_STATE_DIR"] = str(state)
+                running[name] = h.spawn(
+                    [sys.executable, str(checkout / "bench" / "read_inproc.py"), "--child",
+                     "service", "--reads", str(reads)],
+                    cwd=checkout, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for name, proc in running.items():
+                out, err = proc.communicate(timeout=600)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"{name}: exit {proc.returncode}: {err.decode()[-2000:]}")
+                figures[name].append(json.loads(out.decode().strip().splitlines()[-1])
+                                     ["us_per_read"])
+        ratios = [a / b for a, b in zip(figures["this"], figures["other"], strict=True)]
+        return {"rounds": rounds, "reads": reads, "other": str(checkouts["other"]),
+                "us_per_read": figures,
+                "median": {k: statistics.median(v) for k, v in figures.items()},
+                "ratio": statistics.median(ratios), "ratios": ratios}
+
+
+def markdown_against(doc: dict[str, Any]) -> str:
+    lines = ["## Authorized read in-process, this checkout against another", "",
+             f"The service's read ({doc['reads']:,} a round), this checkout's and "
+             f"`{doc['other']}`'s at the same time, {doc['rounds']} rounds:", "",
+             "| checkout | CPU us/read (median) | rounds |", "|---|---:|---|"]
+    for name, values in doc["us_per_read"].items():
+        lines.append(f"| {name} | {doc['median'][name]:.1f} | "
+                     + ", ".join(f"{v:.1f}" for v in values) + " |")
+    lines += ["", f"This / other, the median of the rounds' ratios: **{doc['ratio']:.3f}** "
+              f"({min(doc['ratios']):.3f}-{max(doc['ratios']):.3f})."]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(doc: dict[str, Any]) -> str:
     lines = ["## Authorized read in-process (`bench/read_inproc.py`)", "",
              f"`GET /api/v1/databases` handed to each application {doc['in_flight']} at a time, "
@@ -341,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--parts", action="store_true",
                         help="also the service with each part knocked out (see the module)")
+    parser.add_argument("--against", metavar="CHECKOUT",
+                        help="measure this checkout's service against another checkout's, "
+                        "both running at the same time each round (see ``against``)")
     parser.add_argument("--json", help="write the results document here")
     parser.add_argument("--markdown", help="write the Markdown section here")
     parser.add_argument("--child", choices=("service", "peer"), help=argparse.SUPPRESS)
@@ -350,10 +408,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child:
         return _child(args)
-    doc = run(args.rounds, args.reads, profile=args.profile, parts=args.parts)
+    if args.against:
+        doc = against(args.rounds, args.reads, Path(args.against))
+        section = markdown_against(doc)
+    else:
+        doc = run(args.rounds, args.reads, profile=args.profile, parts=args.parts)
+        section = markdown(doc)
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2))
-    section = markdown(doc)
     if args.markdown:
         Path(args.markdown).write_text(section)
     print(section)
