@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from service.repeats import REPEATS
 from tests import contract_hooks
 from tests.auth import PASSWORDS
 from tests.servers import EdgeTestServer
+from tests.store import pg
 
 REPO = Path(__file__).resolve().parent.parent
 AUTHZ_TESTS = REPO / "tests" / "authz"
@@ -225,3 +226,15 @@ def make_client(aiohttp_client: Any, make_config: MakeConfig) -> MakeClient:
 @pytest.fixture
 async def client(make_client: MakeClient) -> TestClient:
     return await make_client()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def client_on_each_store(request: pytest.FixtureRequest,
+                               make_client: MakeClient) -> AsyncIterator[TestClient]:
+    """The real app on a SQLite file, then on a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        yield await make_client()
+        return
+    async with pg.temp_schema("cp_app") as (dsn, schema):
+        yield await make_client({"store": {"backend": "postgres",
+                                           "postgres": {"dsn": dsn, "schema": schema}}})

@@ -6,7 +6,6 @@ same principal in the audit record, and nothing consumed by a refused run."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,19 +13,13 @@ from aiohttp.test_utils import TestClient
 
 from tests.auth import bearer, login, step_up
 from tests.problems import assert_problem
-from tests.store import pg
 from tests.tickets import approved_ticket as approved_app_ticket
 from tests.tickets import audit_entries, installer_body, ticket_headers
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def client(request: pytest.FixtureRequest, make_client: Any) -> AsyncIterator[TestClient]:
-    if request.param == "sqlite":
-        yield await make_client()
-        return
-    async with pg.temp_schema("cp_deferred") as (dsn, schema):
-        yield await make_client({"store": {"backend": "postgres",
-                                           "postgres": {"dsn": dsn, "schema": schema}}})
+@pytest.fixture
+def client(client_on_each_store: TestClient) -> TestClient:
+    return client_on_each_store
 
 
 async def _ticket_state(client: TestClient, ticket: dict[str, Any]) -> str:

@@ -6,7 +6,6 @@ on their input; what the Execute step adds is still walked."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,18 +17,12 @@ from service.audit.recording import OWN
 from service.redaction import is_secret_field
 from service.store.base import CheckedEntry
 from tests.auth import bearer, login, step_up
-from tests.store import pg
 from tests.tickets import approved_ticket, installer_body, ticket_headers
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def client(request: pytest.FixtureRequest, make_client: Any) -> AsyncIterator[TestClient]:
-    if request.param == "sqlite":
-        yield await make_client()
-        return
-    async with pg.temp_schema("cp_known") as (dsn, schema):
-        yield await make_client({"store": {"backend": "postgres",
-                                           "postgres": {"dsn": dsn, "schema": schema}}})
+@pytest.fixture
+def client(client_on_each_store: TestClient) -> TestClient:
+    return client_on_each_store
 
 
 def test_no_member_the_chain_vouches_for_names_a_secret():
