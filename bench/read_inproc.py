@@ -153,13 +153,12 @@ def _knock_out(part: str) -> None:
         identify_now = authn.identify_now
         first: list[Any] = []
 
-        def given(request: Any) -> bool:
+        def given(request: Any) -> None:
             if not first:
-                if not identify_now(request):
+                if identify_now(request) is not None:
                     raise RuntimeError("the read's caller was not identified at once")
                 first.append(request[PRINCIPAL])
             request[PRINCIPAL] = first[0]
-            return True
 
         authn.identify_now = given
     elif part == "authz":

@@ -35,7 +35,7 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -268,11 +268,14 @@ class Authenticator:
         return await self.session_principal(bearer.subject, bearer.kind, bearer.session_id,
                                             stepped=bearer.stepped, now=now)
 
-    def authenticate_bearer_now(self, token: str, now: float) -> Principal | None:
-        """``authenticate_bearer`` without waiting, where nothing needs a wait: the token's key
-        is known, the store reads the session row at once (``Store.session_now``) and the
-        session carries no federation's groups (read apart). None: await
-        ``authenticate_bearer``. Raises what it raises."""
+    def authenticate_bearer_now(self, token: str, now: float
+                                ) -> Principal | Awaitable[Principal] | None:
+        """``authenticate_bearer`` as far as it goes without waiting: the principal where
+        nothing needs a wait (the token's key is known, the store reads the session row at once:
+        ``Store.session_now``); for a session opened through a federation, whose groups are read
+        apart, what is left to await (``session_principal`` of the row read and checked here);
+        None where the row cannot be read at once (await ``authenticate_bearer``). Raises what
+        it raises."""
         try:
             bearer = self._bearer(token, now)
         except UnknownKey:
@@ -284,7 +287,8 @@ class Authenticator:
         session = self._active(bearer.session_id, now, found[0])
         self._own(identity, bearer.subject, bearer.kind, session)
         if session.authn_method == METHOD_OIDC:
-            return None
+            return self.session_principal(bearer.subject, bearer.kind, bearer.session_id,
+                                          stepped=bearer.stepped, now=now, found=session)
         return _principal(bearer.subject, bearer.kind, session, bearer.stepped, ())
 
     async def verify_bearer(self, token: str, now: float) -> Bearer:

@@ -9,8 +9,8 @@ noting its error code); 401s, 403s and step-up challenges come from the chain, a
 their CSRF token, which the console checks (``consolesession``).
 
 ``request[PRINCIPAL]`` is written here only: once per request by ``identify_now`` (a step of
-the request layers, ``middleware.layers``) or, where that needs a wait, ``identify``, and again
-by ``step_up_console`` when the request itself steps its console session up.
+the request layers, ``middleware.layers``, which await what it leaves to await), and again by
+``step_up_console`` when the request itself steps its console session up.
 
 Where every read is a round trip (PostgreSQL, ``Store.reads_round_trip``), a bearer request to a
 chain route that presents an approval ticket has its token verified here and its session read
@@ -23,6 +23,7 @@ included (``chain.run``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 
 from aiohttp import web
 
@@ -55,37 +56,49 @@ def bearer_token(request: web.Request) -> str | None:
     return token.strip()
 
 
-def _identify_now(request: web.Request) -> bool:
-    """``_identify`` where it needs no wait: no credential, no store to check one with, or a
-    bearer token whose session the store reads at once (``authenticate_bearer_now``). False:
-    ``_identify`` must be awaited (the console's cookie, a deferred session, a read that
-    waits). Raises ``StoreUnavailable`` when the credential cannot be checked."""
+def _identify_now(request: web.Request) -> Awaitable[None] | None:
+    """``_identify`` as far as it goes without waiting: None once the caller is attached (or
+    their credential refused: no credential, no store to check one with, or a bearer token whose
+    session the store reads at once, ``authenticate_bearer_now``); else what is left to await
+    (the console's cookie, a deferred session, a read that waits, a federation's groups).
+    Raises ``StoreUnavailable`` when the credential cannot be checked."""
     if request.path.startswith(consolesession.CONSOLE_PREFIX):
-        return False
+        return _identify(request)
     token = bearer_token(request)
     if token is None:
-        return True
+        return None
     app = request.app  # a property that looks through the match info: read once
     if not app[STORE].configured:
         request[AUTHN_ERROR] = "authentication_unavailable"
-        return True
+        return None
     if TICKET_HEADER in request.headers and _defers(request, app):
-        return False
+        return _identify(request)
     try:
-        principal = app[AUTHENTICATOR].authenticate_bearer_now(token, clock.now())
+        found = app[AUTHENTICATOR].authenticate_bearer_now(token, clock.now())
     except InvalidToken as exc:
         request[AUTHN_ERROR] = exc.code
-        return True
-    if principal is None:
-        return False
-    request[PRINCIPAL] = principal
-    return True
+        return None
+    if found is None:
+        return _identify(request)
+    if isinstance(found, Principal):
+        request[PRINCIPAL] = found
+        return None
+    return _attach(request, found)
+
+
+async def _attach(request: web.Request, principal: Awaitable[Principal]) -> None:
+    """``request[PRINCIPAL]`` once ``principal`` (the rest of a bearer's check) is had."""
+    try:
+        request[PRINCIPAL] = await principal
+    except InvalidToken as exc:
+        request[AUTHN_ERROR] = exc.code
 
 
 async def _identify(request: web.Request) -> None:
-    """Attach who is calling, where ``_identify_now`` could not: the console cookie's session
-    under ``/console/``, else the bearer token's principal (or, for a session the chain reads,
-    the verified token). Raises ``StoreUnavailable`` when the credential cannot be checked."""
+    """Attach who is calling where ``_identify_now`` could not go on without a wait: the
+    console cookie's session under ``/console/``, else the bearer token's principal (or, for a
+    session the chain reads, the verified token). Raises ``StoreUnavailable`` when the
+    credential cannot be checked."""
     if request.path.startswith(consolesession.CONSOLE_PREFIX):
         request[CONSOLE_SESSION] = None
         if request.app[STORE].configured:
@@ -172,25 +185,26 @@ async def step_up_console(request: web.Request, found: ConsoleSession,
     return stepped, value
 
 
-def identify_now(request: web.Request) -> bool:
-    """Attach who is calling (``PRINCIPAL``, ``ANONYMOUS`` without a credential) where that
-    needs no wait: True when done; False when ``identify`` must be awaited. Raises the 503
-    problem when the credential cannot be checked on a route that is not public.
+def identify_now(request: web.Request) -> Awaitable[None] | None:
+    """Attach who is calling (``PRINCIPAL``, ``ANONYMOUS`` without a credential) as far as
+    that goes without waiting: None when done, else what is left to await (the request layers
+    await it). Raises (now or when awaited) the 503 problem when the credential cannot be
+    checked on a route that is not public.
 
-    The authorized read on SQLite identifies its caller here: six coroutines fewer than
-    ``identify`` (each created, run and finished on every request without ever waiting)."""
+    The authorized read on SQLite identifies its caller here without a coroutine: six fewer
+    than an awaited check (each created, run and finished on every request without waiting)."""
     request[PRINCIPAL] = ANONYMOUS
     try:
-        return _identify_now(request)
+        rest = _identify_now(request)
     except StoreUnavailable as exc:
         _refuse_unchecked(request, exc)
-        return True
+        return None
+    return None if rest is None else _checked(request, rest)
 
 
-async def identify(request: web.Request) -> None:
-    """``identify_now`` for a request it could not answer (it was tried first)."""
+async def _checked(request: web.Request, rest: Awaitable[None]) -> None:
     try:
-        await _identify(request)
+        await rest
     except StoreUnavailable as exc:
         _refuse_unchecked(request, exc)
 

@@ -57,8 +57,9 @@ def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
         try:
             with deadline.budget(timeout_s):
                 try:
-                    if not authn.identify_now(request):
-                        await authn.identify(request)
+                    pending = authn.identify_now(request)
+                    if pending is not None:
+                        await pending
                     response = await handler(request)
                 except web.HTTPException as exc:
                     if exc.status < 400:  # redirects and the like are not errors

@@ -1,7 +1,7 @@
 """AuthN answers a bearer request at once where nothing needs a wait (``authn.identify_now``):
 on SQLite the caller of a read is identified, and a revoked, unknown or malformed credential
-refused, without awaiting ``identify``; where a wait is needed (a session opened through a
-federation, whose groups are read apart) ``identify`` is awaited and answers as before."""
+refused, with nothing left to await; a session opened through a federation leaves only its
+groups to read (its token and row checked once) and keeps them."""
 
 from __future__ import annotations
 
@@ -21,15 +21,17 @@ from tests.problems import assert_problem
 
 @pytest.fixture
 def awaited(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths of the requests whose caller ``identify`` was awaited for."""
+    """The paths of the requests whose caller ``identify_now`` left something to await for."""
     paths: list[str] = []
-    identify = authn.identify
+    identify_now = authn.identify_now
 
-    async def spy(request: Any) -> None:
-        paths.append(request.path)
-        await identify(request)
+    def spy(request: Any) -> Any:
+        pending = identify_now(request)
+        if pending is not None:
+            paths.append(request.path)
+        return pending
 
-    monkeypatch.setattr(authn, "identify", spy)
+    monkeypatch.setattr(authn, "identify_now", spy)
     return paths
 
 
@@ -56,8 +58,19 @@ async def test_a_federated_session_is_awaited_for_its_groups(client, awaited):
     await store.put_federated_session(FederatedSession(session.id, "corp", "sub-1",
                                                        ("sre",), now))
     issued = await app[AUTHENTICATOR].token_for_session(session.id, now, stepped_up=False)
-    response = await client.get("/api/v1/authn/sessions/current",
-                                headers=bearer(issued.access_token))
+    checked: list[str] = []
+    reads = store.session_now
+
+    def read(id: str) -> Any:
+        checked.append(id)
+        return reads(id)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "session_now", read)
+        patch.setattr(store, "get_session", None)  # the row read at once serves to the end
+        response = await client.get("/api/v1/authn/sessions/current",
+                                    headers=bearer(issued.access_token))
     assert response.status == 200, await response.text()
     assert (await response.json())["idp_groups"] == ["corp:sre"]
     assert awaited == ["/api/v1/authn/sessions/current"]
+    assert checked == [session.id]  # its row read once (never again awaited), then its groups
