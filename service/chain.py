@@ -67,14 +67,14 @@ async def run(request: web.Request, spec: Protection, execute: Callable[[Any], A
     rec = begin(app[AUDIT], principal, action, correlation_id=cid,
                 method=request.method, path=request.path, now=now)
     try:
-        # A request whose session the chain reads is anonymous until then (``confirm``); an
-        # identified one has neither key (each ``request.get`` of a missing key raises and
-        # catches a KeyError).
-        bearer = None if principal.is_authenticated else request.get(DEFERRED)
-        read = None
+        bearer, read = None, None
+        if not principal.is_authenticated:                                          # 1 AuthN
+            # Anonymous, or a session the chain reads (``confirm``). An identified request has
+            # neither key: each ``request.get`` of a missing one raises and catches a KeyError.
+            bearer = request.get(DEFERRED)
+            if bearer is None:
+                require(principal, request.get(AUTHN_ERROR))  # raises 401
         if bearer is None:
-            if not principal.is_authenticated:
-                require(principal, request.get(AUTHN_ERROR))  # raises 401           # 1 AuthN
             body = await read_json(request, spec.body_schema) if spec.body_schema else None
             target = await spec.target(request, body)
         else:  # the session is read with the ticket and task the run reads (``confirm``)
