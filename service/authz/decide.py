@@ -64,26 +64,17 @@ def decide_run(
     attributes), those facts key the engine's ``recall``: a question the serving revision has
     answered is answered again without building the input or evaluating (a new decision id,
     counted as a cache hit), and the production rule is re-asserted on it as ``decide`` does.
-    The observers still see the whole input document of every decision."""
+    With observers (the decision log, shadow evaluation), which see every decision's whole
+    input document, every decision takes ``decide``."""
     facts = None
     if principal.step_up_at is None and not target.attributes and target.value is AS_SENT:
         facts = (principal.subject_id, principal.kind, principal.session_id,
                  principal.auth_time, principal.authn_method, principal.idp_groups,
                  action.name, target.id, target.hash, target.env, target.owner,
                  method, path, command_hash)
-        recalled = engine.recall(facts)
+        recalled = None if _observers.get(engine) else engine.recall(facts)
         if recalled is not None:
-            decision = enforce_production_rule(
-                recalled, ticketed=action.needs_ticket_in_production,
-                production=environments.is_production(target.env))
-            observers = _observers.get(engine, ())
-            if observers:
-                _tell(observers, build_input(
-                    principal.to_input(now, step_up_window_s), action.name,
-                    target.policy_resource(action), target.env,
-                    {"method": method, "path": path, "command_hash": command_hash,
-                     "correlation_id": correlation_id, "time": clock.iso(now)}), decision)
-            return decision
+            return _production_rule(recalled, action, environments, target.env)
     token = AUDITED.set(True)
     try:
         return decide(engine, environments, principal.to_input(now, step_up_window_s), action,
@@ -126,24 +117,23 @@ def decide(
     apart = correlation_id is not None or at is not None
     if apart and not _GIVEN_APART.isdisjoint(context):
         raise ValueError("the context holds a field given apart (correlation_id, time)")
-    decision = enforce_production_rule(
+    decision = _production_rule(
         engine.decide(input_doc, stripped=True, facts=facts) if apart
-        else engine.decide(input_doc, facts=facts),
-        ticketed=action.needs_ticket_in_production,
-        production=environments.is_production(target.env),
-    )
+        else engine.decide(input_doc, facts=facts), action, environments, target.env)
     observers = _observers.get(engine, ()) if observed else ()
     if observers and apart:
         input_doc = {**input_doc, "context": {
             **input_doc["context"], "correlation_id": correlation_id, "time": clock.iso(at)}}
-    _tell(observers, input_doc, decision)
-    return decision
-
-
-def _tell(observers: tuple[Observer, ...], input_doc: Mapping[str, Any],
-          decision: Decision) -> None:
     for observer in observers:
         try:
             observer(input_doc, decision)
         except Exception:  # an observer never changes or fails a decision
             log.exception("decision observer failed")
+    return decision
+
+
+def _production_rule(decision: Decision, action: Action, environments: Environments,
+                     env: str) -> Decision:
+    """Hard rule 1 on ``decision`` of ``action`` in ``env`` (``enforce_production_rule``)."""
+    return enforce_production_rule(decision, ticketed=action.needs_ticket_in_production,
+                                   production=environments.is_production(env))

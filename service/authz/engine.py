@@ -73,6 +73,12 @@ log = logging.getLogger(__name__)
 #: hash), so no ``controlplane.decisions`` line repeats it.
 AUDITED: contextvars.ContextVar[bool] = contextvars.ContextVar("audited_decision", default=False)
 
+def _again(cached: Decision, decision_id: str) -> Decision:
+    """A cached decision given again: the same answer under a decision id of its own."""
+    return Decision(cached.decision, cached.reasons, cached.approval, cached.revision,
+                    decision_id, True)
+
+
 #: env -> is production. Envs missing from the mapping are treated as production (fail safe).
 DEFAULT_ENVIRONMENTS: Mapping[str, bool] = MappingProxyType(
     {"dev": False, "staging": False, "prod": True}
@@ -311,7 +317,7 @@ class PolicyEngine:
         own terms (``decide.decide_run``): a decision the cache would keep is also kept under
         it, so ``recall(facts)`` answers the same question again without the input."""
         started = time.perf_counter_ns()
-        decision_id = f"{self._id_prefix}-{next(self._ids):x}"
+        decision_id = self._new_id()
         current = self._current
         revision = current.id if current else ""
         error: str | None = None
@@ -345,8 +351,10 @@ class PolicyEngine:
         counts = self._counts
         counts["cache_hit"] += 1
         counts[hit.decision] += 1
-        return Decision(hit.decision, hit.reasons, hit.approval, hit.revision,
-                        f"{self._id_prefix}-{next(self._ids):x}", True)
+        return _again(hit, self._new_id())
+
+    def _new_id(self) -> str:
+        return f"{self._id_prefix}-{next(self._ids):x}"
 
     def _evaluate(
         self, current: _Revision | None, input_doc: Any, decision_id: str, stripped: bool = False,
@@ -381,9 +389,7 @@ class PolicyEngine:
                 self._counts["cache_hit"] += 1
                 if facts is not None:
                     self._recall_as(current, facts, hit)
-                return Decision(
-                    hit.decision, hit.reasons, hit.approval, hit.revision, decision_id, True
-                ), None
+                return _again(hit, decision_id), None
             self._counts["cache_miss"] += 1
         projected = _project(current.projection, policy_input)
         try:

@@ -247,7 +247,7 @@ def test_a_new_revision_forgets_what_was_recalled(tmp_path):
     assert run(engine, carol, LIST, on("dev")).decision == "deny"
 
 
-def test_observers_see_every_decision_of_the_chain_recalled_or_not(engine):
+def test_observers_see_every_decision_of_the_chain_with_its_whole_document(engine):
     seen: list[Mapping[str, Any]] = []
     remove = observe(engine, lambda doc, decision: seen.append(doc))
     try:
