@@ -960,5 +960,16 @@ def temp_dir(prefix: str) -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix=prefix)
 
 
+def report(doc: Any, text: str, json_path: str | None, markdown_path: str | None) -> int:
+    """A benchmark's results: the document to ``json_path`` and the Markdown section to
+    ``markdown_path`` when asked, the section printed; the exit status of its ``main``."""
+    if json_path:
+        Path(json_path).write_text(json.dumps(doc, indent=2, default=str))
+    if markdown_path:
+        Path(markdown_path).write_text(text)
+    print(text)
+    return 0
+
+
 def dumps(doc: Any) -> str:
     return json.dumps(doc, separators=(",", ":"))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import statistics
 import sys
@@ -339,13 +338,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     opts = options(argv)
     doc = run(opts)
-    text = markdown(doc)
-    if opts.json:
-        Path(opts.json).write_text(json.dumps(doc, indent=2))
-    if opts.markdown:
-        Path(opts.markdown).write_text(text)
-    print(text)
-    return 0
+    return h.report(doc, markdown(doc), opts.json, opts.markdown)
 
 
 if __name__ == "__main__":

@@ -413,12 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         doc = run(args.rounds, args.reads, profile=args.profile, parts=args.parts)
         section = markdown(doc)
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2))
-    if args.markdown:
-        Path(args.markdown).write_text(section)
-    print(section)
-    return 0
+    return h.report(doc, section, args.json, args.markdown)
 
 
 if __name__ == "__main__":

@@ -288,13 +288,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     opts = options(argv)
     doc = run(opts)
-    text = markdown(doc)
-    if opts.json:
-        Path(opts.json).write_text(json.dumps(doc, indent=2, default=str))
-    if opts.markdown:
-        Path(opts.markdown).write_text(text)
-    print(text)
-    return 0
+    return h.report(doc, markdown(doc), opts.json, opts.markdown)
 
 
 if __name__ == "__main__":
