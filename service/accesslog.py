@@ -29,7 +29,7 @@ from aiohttp.web_response import StreamResponse
 from . import clock
 from .appkeys import CORRELATION_ID
 from .authn.principal import PRINCIPAL
-from .logs import JSONFormatter, direct_handler, encode_line, scrub
+from .logs import MASK, JSONFormatter, direct_handler, encode_line, scrub
 from .middleware.correlation import HEADER as CORRELATION_HEADER
 
 __all__ = ["ACCESS_LOGGER", "AccessLogger", "access_fields"]
@@ -67,17 +67,18 @@ def access_fields(request: BaseRequest, response: StreamResponse, seconds: float
     return fields
 
 
-#: The fields of an access line a ``logging.mask_fields`` setting could name (``_line``).
+#: The fields of an access line a ``logging.mask_fields`` setting may mask (``_line``).
 _LINE_FIELDS = frozenset({"event", "correlation_id", "method", "route", "status", "duration_ms",
                           "bytes", "principal", "principal_kind"})
 
 
-def _line(logger: str, request: BaseRequest, response: StreamResponse, seconds: float) -> str:
+def _line(logger: str, request: BaseRequest, response: StreamResponse, seconds: float,
+          masks: frozenset[str]) -> str:
     """The line ``JSONFormatter.line`` writes for ``access_fields`` of this request, made
     without the fields' dict and the walk that masks it: the same members in the same order,
     each string scrubbed (those the caller controls: the correlation id, the method, the
-    principal), the rest as they are (``tests/test_accesslog.py`` holds the two equal). For
-    a formatter none of whose ``mask_fields`` names a member (``AccessLogger.log``)."""
+    principal), the fields the formatter's ``masks`` name masked, the rest as they are
+    (``tests/test_accesslog.py`` holds the two equal)."""
     cid = request.get(CORRELATION_ID) or response.headers.get(CORRELATION_HEADER)
     method, route, status = request.method, _route(request), response.status
     cid = scrub(str(cid)) if isinstance(cid, str) else cid
@@ -96,6 +97,9 @@ def _line(logger: str, request: BaseRequest, response: StreamResponse, seconds: 
     if principal is not None and principal.is_authenticated:
         doc["principal"] = scrub(principal.subject_id)
         doc["principal_kind"] = scrub(principal.kind)
+    if not masks.isdisjoint(_LINE_FIELDS):  # (none of them is secret by its name)
+        for name in masks & _LINE_FIELDS & doc.keys():
+            doc[name] = MASK
     return encode_line(doc)
 
 
@@ -106,16 +110,9 @@ class AccessLogger(AbstractAccessLogger):
     def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
         handler = direct_handler(self.logger, logging.INFO)
         if handler is not None:  # the line as the record would give it, without the record
-            formatter = cast(JSONFormatter, handler.formatter)
+            masks = cast(JSONFormatter, handler.formatter).masks
             try:
-                if formatter.masks.isdisjoint(_LINE_FIELDS):
-                    line = _line(self.logger.name, request, response, time)
-                else:
-                    fields = access_fields(request, response, time)
-                    line = formatter.line(
-                        wall_time(), "INFO", self.logger.name,
-                        f"{fields['method']} {fields['route'] or '-'} {fields['status']}",
-                        fields["correlation_id"], fields)
+                line = _line(self.logger.name, request, response, time, masks)
             except Exception:  # an access line must never break a response
                 self.logger.exception("could not build the access line")
                 return

@@ -224,11 +224,6 @@ class JSONFormatter(logging.Formatter):
             doc["stack"] = scrub(record.stack_info)
         return _ENCODE(doc)
 
-    def line(self, created: float, level: str, logger: str, msg: str, correlation_id: Any,
-             fields: dict[str, Any]) -> str:
-        """The line ``format`` writes for a record with these attributes and no traceback."""
-        return _ENCODE(self._doc(created, level, logger, msg, correlation_id, fields))
-
     def _doc(self, created: float, level: str, logger: str, msg: str, cid: Any,
              fields: Any) -> dict[str, Any]:
         doc: dict[str, Any] = {"ts": clock.iso(created), "level": level, "logger": logger,
