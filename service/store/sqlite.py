@@ -14,9 +14,10 @@ wrapping; the statements are in the ``sql`` package.
   ``SQLITE_BUSY`` regardless of the timeout), and read-check-write sequences are serialised
   across processes.
 * The session check of every request reads its session row again only when the file changed:
-  ``PRAGMA data_version`` on the inline reader moves with every commit of any other connection,
-  this process's writer and other processes' alike (``SqliteStore.get_session``), so a
-  revocation, a logout or a step-up is seen by the next request exactly as with a read.
+  the wal-index header (``_WalIndex``, else ``PRAGMA data_version`` on the inline reader) moves
+  with every commit of any connection, this process's writer and other processes' alike
+  (``SqliteStore.get_session``), so a revocation, a logout or a step-up is seen by the next
+  request exactly as with a read.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import mmap
 import os
 import queue
 import sqlite3
@@ -399,6 +401,9 @@ class _InlineConnection(_Connection):
     is cheaper than the hop. Only ever used for read transactions.
     """
 
+    _wal: _WalIndex | None = None
+    _wal_tried = False
+
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
             return fn(self._db)
@@ -427,6 +432,25 @@ class _InlineConnection(_Connection):
         finally:
             cursor.close()
 
+    def version(self) -> bytes | int:
+        """What changes with every commit to the file, of any connection of any process: the
+        WAL-index header (``_WalIndex``) where it reads consistent, else ``data_version``
+        (which also opens the WAL-index the header is read from: the first call always runs
+        it). Two calls answer equal only if nothing was committed in between."""
+        wal = self._wal
+        if wal is not None:
+            header = wal.header()
+            if header is not None:
+                return header
+        version = self.data_version()
+        if wal is None and not self._wal_tried:
+            # After a read of this connection: it holds the WAL-index open from now on.
+            self._wal_tried = True
+            self._wal = _WalIndex.open(self._db)
+            if self._wal is not None:
+                return self.version()  # read after: a later version (the row is read later still)
+        return version
+
     def fetch_now(self, sql: str, args: Sequence[Any]) -> Row | None:
         """The first row of ``sql`` (its own statement: a fresh snapshot), at once: an
         ``sqlite3.Row``, read by column name like the units' rows."""
@@ -444,7 +468,68 @@ class _InlineConnection(_Connection):
             self._db.execute("ROLLBACK").close()
 
     async def close(self) -> None:
+        if self._wal is not None:  # before the connection that keeps the file's size
+            self._wal.close()
+            self._wal = None
         self._db.close()
+
+
+class _WalIndex:
+    """The header of a WAL-mode database's wal-index (its ``-shm`` file), read from memory.
+
+    SQLite's "WAL-mode File Format" document (section 2.1) fixes it for the unix VFS: the file
+    starts with two copies of the 48-byte ``WalIndexHdr``; a writer rewrites both on every
+    commit, after the commit's frames are in the WAL (and synced), the second copy first; a
+    reader that finds the two equal holds a consistent header. Every commit changes it (its
+    ``iChange`` counter and ``mxFrame``; a WAL restart its salts), so an unchanged header means
+    no commit since: the same answer as ``PRAGMA data_version``, without a statement (~0.3 us
+    against ~3 us on the authorized read's session check).
+
+    Mapped only while this process's reader connection is open: an open connection keeps the
+    wal-index in use, and SQLite truncates the file only when no connection of any process
+    uses it (a mapped page past the end of a truncated file would be fatal to touch). None
+    where the file cannot be mapped (the caller reads ``data_version`` instead); a header that
+    is torn or not yet initialised reads as None too.
+    """
+
+    SIZE = 48
+
+    __slots__ = ("_map",)
+
+    def __init__(self, mapped: mmap.mmap) -> None:
+        self._map = mapped
+
+    @classmethod
+    def open(cls, db: sqlite3.Connection) -> _WalIndex | None:
+        try:
+            mode = str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+            if mode != "wal":
+                return None
+            row = db.execute("PRAGMA database_list").fetchone()
+            fd = os.open(str(row[2]) + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+        except (sqlite3.Error, OSError, TypeError):
+            return None
+        try:
+            if os.fstat(fd).st_size < 2 * cls.SIZE:
+                return None
+            found = cls(mmap.mmap(fd, 2 * cls.SIZE, mmap.MAP_SHARED, mmap.PROT_READ))
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)  # the mapping keeps the file
+        return found if found.header() is not None else None
+
+    def header(self) -> bytes | None:
+        """The current header, or None when its copies differ (a commit is writing it) or it
+        is not initialised (``isInit``, byte 12)."""
+        both = self._map[: 2 * self.SIZE]
+        first = both[: self.SIZE]
+        if first != both[self.SIZE:] or first[12] != 1:
+            return None
+        return first
+
+    def close(self) -> None:
+        self._map.close()
 
 
 #: A reader waits at most this long on a lock (only WAL recovery or a checkpoint can make it).
@@ -560,7 +645,7 @@ class SqliteStore(SqlStore):
         self._closed = False
         # Session rows read at the reader's ``data_version`` (``get_session``).
         self._sessions: dict[str, SessionRecord | None] = {}
-        self._sessions_version: int | None = None
+        self._sessions_version: bytes | int | None = None
         #: Waiting for the writer (another process's lock, the batch ahead) ends here.
         self.timeout_s = busy_timeout_s
 
@@ -603,19 +688,20 @@ class SqliteStore(SqlStore):
 
     def session_now(self, id: str) -> tuple[SessionRecord | None] | None:
         """The session row as a read now would find it, without waiting: from this worker's
-        copy while the file's ``data_version`` is the one it was read at (no connection of any
-        process has committed since: nothing can have changed it), else read again on the
-        inline reader. None when the inline reader cannot answer now (``get_session`` then
-        awaits the read).
+        copy while the file's version (``_InlineConnection.version``) is the one it was read at
+        (no connection of any process has committed since: nothing can have changed it), else
+        read again on the inline reader. None when the inline reader cannot answer now
+        (``get_session`` then awaits the read).
 
         Measured on the authorized read (in-process, SQLite, 32 in flight): the row's read costs
         ~20 us on the loop while commits keep coming (each resets the reader's page cache), the
-        version ~2 us. Every commit changes the version, so a copy serves only the requests
-        between two commits; that is most of them under load, when commits are grouped."""
+        version ~0.3 us read from the wal-index (~3 us as a ``PRAGMA data_version``). Every
+        commit changes the version, so a copy serves only the requests between two commits;
+        that is most of them under load, when commits are grouped."""
         if not self._inline_free():
             return None
         try:
-            version = self._reader.data_version()
+            version = self._reader.version()
         except sqlite3.Error:
             return None  # the awaited read answers as the store is
         if version != self._sessions_version:

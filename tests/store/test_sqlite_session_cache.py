@@ -128,3 +128,81 @@ async def test_a_row_read_again_counts_as_one_read_and_reports_the_store(tmp_pat
     finally:
         await worker.close()
         await other.close()
+
+
+async def test_the_version_is_read_from_the_wal_index_without_a_statement(tmp_path: Path) -> None:
+    """Once the reader has read, the version comes from the wal-index header in memory: a
+    check of an unchanged file runs no statement at all, and every commit (this worker's
+    writer, another worker's, a process outside the server) still moves it."""
+    path = str(tmp_path / "s.db")
+    worker, other = await SqliteStore.open(path), await SqliteStore.open(path)
+    try:
+        await other.create_session(_session("s1"))
+        assert await worker.get_session("s1") is not None
+        assert worker._reader._wal is not None
+        traced = _selects(worker)
+        for _ in range(3):
+            assert (await worker.get_session("s1")).revoked_at is None
+        assert traced == []  # neither the row nor PRAGMA data_version
+
+        before = worker._reader.version()
+        assert isinstance(before, bytes) and worker._reader.version() == before
+        await other.revoke_session("s1", 1_010.0)
+        moved = worker._reader.version()
+        assert moved != before
+        assert (await worker.get_session("s1")).revoked_at == 1_010.0
+        await worker.create_session(_session("s2"))  # this worker's own writer
+        assert worker._reader.version() != moved
+        assert (await worker.get_session("s2")).step_up_at is None
+        outsider = await asyncio.create_subprocess_exec(sys.executable, "-c", (
+            "import sqlite3, sys; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "db.execute(\"UPDATE sessions SET revoked_at = 1030.0 WHERE id = 's1'\")"), path)
+        assert await asyncio.wait_for(outsider.wait(), 30) == 0
+        assert (await worker.get_session("s1")).revoked_at == 1_030.0
+    finally:
+        await worker.close()
+        await other.close()
+    assert worker._reader._wal is None  # unmapped with its connection
+
+
+async def test_a_header_that_does_not_read_consistent_falls_back_to_data_version(
+    tmp_path: Path,
+) -> None:
+    """A header caught mid-write (its two copies differ) or unreadable is no version: the
+    statement answers, and the session is read again as after any change."""
+    path = str(tmp_path / "s.db")
+    worker, other = await SqliteStore.open(path), await SqliteStore.open(path)
+    try:
+        await other.create_session(_session("s1"))
+        assert await worker.get_session("s1") is not None
+        wal = worker._reader._wal
+        assert wal is not None
+        header = wal.header()
+        assert header is not None
+
+        class Torn:
+            def header(self) -> bytes | None:
+                return None
+
+            def close(self) -> None:
+                wal.close()
+
+        worker._reader._wal = Torn()  # type: ignore[assignment]
+        traced = _selects(worker)
+        await other.revoke_session("s1", 1_010.0)
+        assert (await worker.get_session("s1")).revoked_at == 1_010.0
+        assert traced[0] == "PRAGMA data_version" and traced[1].startswith("SELECT")
+    finally:
+        await worker.close()
+        await other.close()
+
+
+def test_a_database_not_in_wal_mode_has_no_wal_index(tmp_path: Path) -> None:
+    from service.store.sqlite import _WalIndex
+
+    db = sqlite3.connect(str(tmp_path / "plain.db"), isolation_level=None)
+    try:
+        db.execute("CREATE TABLE t (x)")
+        assert _WalIndex.open(db) is None
+    finally:
+        db.close()
