@@ -35,7 +35,7 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -108,6 +108,23 @@ def _principal(subject: str, kind: str, session: SessionRecord, stepped: bool,
 
 #: ``session_principal``'s ``found`` when the caller read no session row: it reads it.
 UNREAD: Any = object()
+
+
+def _bearer_of(claims: Mapping[str, Any]) -> Bearer:
+    # Step-up counts only on a token issued after it: an older token of the same session
+    # (perhaps copied before the step-up) stays un-stepped.
+    stepped = "acr" in claims and claims["acr"] == ACR_STEP_UP
+    return Bearer(claims["sub"], claims["kind"], claims["sid"], stepped)
+
+
+class _Derived(NamedTuple):
+    """A bearer token's last check (``Authenticator.authenticate_bearer_now``), kept with its
+    verified claims: the session record and identities entry it passed with, and the principal
+    it gave."""
+
+    session: SessionRecord
+    identity: Identity | None
+    principal: Principal
 
 
 class IssuedToken(NamedTuple):
@@ -277,9 +294,22 @@ class Authenticator:
         None where the row cannot be read at once (await ``authenticate_bearer``). Raises what
         it raises."""
         try:
-            bearer = self._bearer(token, now)
+            verified = self.tokens.verified(token, now)
         except UnknownKey:
             return None
+        last: _Derived | None = verified.derived
+        if last is not None:
+            # The token's last check holds while its session row is the very record it was
+            # (the store's copy is replaced after any commit: ``Store.session_now``), the
+            # session has not expired and the subject's entry in the identities file is the
+            # one it was (a reload replaces it): the same checks would give the same principal.
+            found = self.store.session_now(last.session.id)
+            if found is None:
+                return None
+            if (found[0] is last.session and now < last.session.expires_at
+                    and self.identities.get(last.principal.subject_id) is last.identity):
+                return last.principal
+        bearer = _bearer_of(verified.claims)
         identity = self._identity(bearer.subject, bearer.kind)
         found = self.store.session_now(bearer.session_id)
         if found is None:
@@ -289,7 +319,9 @@ class Authenticator:
         if session.authn_method == METHOD_OIDC:
             return self.session_principal(bearer.subject, bearer.kind, bearer.session_id,
                                           stepped=bearer.stepped, now=now, found=session)
-        return _principal(bearer.subject, bearer.kind, session, bearer.stepped, ())
+        principal = _principal(bearer.subject, bearer.kind, session, bearer.stepped, ())
+        verified.derived = _Derived(session, identity, principal)
+        return principal
 
     async def verify_bearer(self, token: str, now: float) -> Bearer:
         """A bearer access token's signature and claims, checked; not its session (that is
@@ -307,11 +339,7 @@ class Authenticator:
         return self._bearer(token, now)
 
     def _bearer(self, token: str, now: float) -> Bearer:
-        claims = self.tokens.verify(token, now)
-        # Step-up counts only on a token issued after it: an older token of the same session
-        # (perhaps copied before the step-up) stays un-stepped.
-        stepped = "acr" in claims and claims["acr"] == ACR_STEP_UP
-        return Bearer(claims["sub"], claims["kind"], claims["sid"], stepped)
+        return _bearer_of(self.tokens.verify(token, now))
 
     async def session_principal(
         self, subject: str, kind: str, session_id: str, *, stepped: bool, now: float,

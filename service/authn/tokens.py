@@ -252,6 +252,21 @@ def check_time(
 # -- access tokens -----------------------------------------------------------------------------
 
 
+class Verified:
+    """A verified token in ``AccessTokens``' cache: its claims, the window of ``now`` in which
+    their times hold without a check, and what the token's verifier last derived from them
+    (``derived``: ``Authenticator`` keeps the principal of its session there, checked again on
+    every use). Dropped with the entry (its ``exp``, the cache's bound)."""
+
+    __slots__ = ("claims", "derived", "valid_from", "valid_until")
+
+    def __init__(self, claims: Mapping[str, Any], valid_from: float, valid_until: float) -> None:
+        self.claims = claims
+        self.valid_from = valid_from
+        self.valid_until = valid_until
+        self.derived: Any = None
+
+
 class AccessTokens:
     """Issue and verify access tokens (``typ`` ``at+jwt``), with a bounded verified-token cache.
 
@@ -279,7 +294,7 @@ class AccessTokens:
         self.cache_size = cache_size
         # Verified claims, with the window in which ``check_time`` passes for them (what it
         # checks besides ``now`` never changes), so that a hit costs two comparisons.
-        self._cache: OrderedDict[bytes, tuple[Mapping[str, Any], float, float]] = OrderedDict()
+        self._cache: OrderedDict[bytes, Verified] = OrderedDict()
 
     def issue(
         self,
@@ -319,6 +334,10 @@ class AccessTokens:
 
     def verify(self, token: str, now: float) -> Mapping[str, Any]:
         """Verified, read-only claims of ``token``; raises an ``InvalidToken`` subclass."""
+        return self.verified(token, now).claims
+
+    def verified(self, token: str, now: float) -> Verified:
+        """``verify``, as the cache's entry for ``token`` (its claims, checked at ``now``)."""
         if not isinstance(token, str):
             raise TokenMalformed()
         if len(token) > MAX_TOKEN_BYTES:
@@ -326,23 +345,22 @@ class AccessTokens:
         cache_key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
         cached = self._cache.get(cache_key)
         if cached is not None:
-            claims, valid_from, valid_until = cached
-            if not valid_from <= now < valid_until:
+            if not cached.valid_from <= now < cached.valid_until:
                 try:
-                    self._check_time(claims, now)
+                    self._check_time(cached.claims, now)
                 except Exception:
                     self._cache.pop(cache_key, None)
                     raise
             self._cache.move_to_end(cache_key)
-            return claims
+            return cached
         claims = MappingProxyType(self._verify(token, now))  # its times checked at ``now``
         skew = self.clock_skew_s
-        self._cache[cache_key] = (
+        entry = self._cache[cache_key] = Verified(
             claims, max(claims.get("nbf", -math.inf), claims.get("iat", -math.inf)) - skew,
             claims["exp"] + skew)
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        return claims
+        return entry
 
     def _verify(self, token: str, now: float) -> dict[str, Any]:
         jws = parse(token, typ=ACCESS_TYP, require_kid=True)
