@@ -110,26 +110,47 @@ class Tip:
         """``ChainGuard.vouch``: the stored records between ``start`` (the tip ``since`` gave)
         and ``head`` link the two unchanged, or the tip is spoiled; the tip moves to the newer
         (without ``move``: ``head`` is only noted as verified, for ``advance``)."""
+        found = self.broken(start, head, records)
+        if found is not None:
+            self.spoil(*found)
+        if move:
+            self.vouched(start, head)
+        else:
+            self.note(start, head)
+
+    def note(self, start: Head, head: Head) -> None:
+        """``head``, verified from ``start`` inside a transaction not known to be committed:
+        noted for ``advance`` (see the module docstring), the tip not moved."""
+        if head[0] > start[0]:
+            self._vouched[head[0]] = head[1]
+
+    @staticmethod
+    def broken(start: Head, head: Head, records: Sequence[AuditRecord]) -> tuple[int, str] | None:
+        """``ChainGuard.broken``: ``vouch``'s check alone, changing nothing (a store may ask it
+        on its writer's thread): None when ``records`` link ``start`` and ``head`` unchanged,
+        else the first contradiction, (seq, reason)."""
         low, high = (start, head) if start[0] <= head[0] else (head, start)
         rest = list(records)
         if low[0] > 0:
             if not rest or rest[0].seq != low[0]:
-                self.spoil(low[0], "record_missing")
+                return low[0], "record_missing"
             if rest[0].hash != low[1]:
-                self.spoil(low[0], "record_changed")
+                return low[0], "record_changed"
             rest = rest[1:]
         _, broken = verify(rest, start=low, stored_text=True)
         if broken is not None:
-            self.spoil(broken.seq, broken.reason)
+            return broken.seq, broken.reason
         end = (rest[-1].seq, rest[-1].hash) if rest else low
         if end[0] != high[0]:
-            self.spoil(end[0] + 1, "record_missing")
+            return end[0] + 1, "record_missing"
         if end[1] != high[1]:
-            self.spoil(high[0], "record_changed")
-        if move:
-            self._move(high)
-        elif head[0] > start[0]:
-            self._vouched[head[0]] = head[1]
+            return high[0], "record_changed"
+        return None
+
+    def vouched(self, start: Head, head: Head) -> None:
+        """``ChainGuard.vouched``: ``broken`` found the records from ``start`` (a tip this
+        guard gave) to ``head`` unchanged, under the head's lock: the tip moves to the newer."""
+        self._move(head if head[0] >= start[0] else start)
 
     def noted(self, head: Head) -> Head | None:
         """The newest head verified inside a transaction (``vouch(move=False)``) that is newer
@@ -206,3 +227,9 @@ class _Pending:
             raise StaleStart(f"audit head {start[0]} was verified in a transaction that did not "
                              "commit")
         self._tip.vouch(start, head, records, move=False)
+
+    broken = staticmethod(Tip.broken)
+
+    def vouched(self, start: Head, head: Head) -> None:
+        """Noted, as ``vouch`` notes: the transaction may still roll back."""
+        self._tip.note(start, head)

@@ -127,6 +127,19 @@ class ChainGuard(Protocol):
         higher, in order. Raises (a ``StoreError``) unless they link the two unchanged."""
         ...
 
+    def broken(self, start: tuple[int, str], head: tuple[int, str],
+               records: Sequence[AuditRecord]) -> tuple[int, str] | None:
+        """``vouch``'s check alone, changing nothing and safe to ask from any thread (a store
+        may run a whole append on its writer's thread): None when ``records`` link ``start``
+        and ``head`` unchanged, else the first contradiction (seq, reason). The store then
+        writes nothing and asks ``vouch``, which raises."""
+        ...
+
+    def vouched(self, start: tuple[int, str], head: tuple[int, str]) -> None:
+        """After ``broken`` found nothing under the head's lock and the append committed: what
+        ``vouch`` would have done then (on the caller's thread)."""
+        ...
+
 
 AUDIT_GENESIS_HASH = "sha256:" + "0" * 64
 """``prev_hash`` of the first audit record."""

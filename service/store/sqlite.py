@@ -39,9 +39,18 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from ..deadline import call_deadline
-from .base import SessionRecord, StoreError, StoreUnavailable
+from ..deadline import call_deadline, charged
+from .base import (
+    AuditRecord,
+    ChainGuard,
+    CheckpointSigner,
+    Seal,
+    SessionRecord,
+    StoreError,
+    StoreUnavailable,
+)
 from .sql import Dialect, Row, SqlStore, dump_json, migrations, pending_migrations
+from .sql.audit import ChainBroken, append_locked
 from .sql.core import Query
 from .sql.sessions import BY_ID as SESSION_BY_ID
 from .sql.sessions import session_of
@@ -382,6 +391,36 @@ class _Connection:
         db = self._db
         self._thread.post(lambda: rollback(db))
 
+    async def locked(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` in a write transaction of its own, run whole on the connection's thread: the
+        writers' lock and BEGIN IMMEDIATE (waiting as ``begin``'s thread path does), ``fn``,
+        COMMIT; ROLLBACK when anything raises, the lock released either way. One hop where a
+        transaction's statements on the loop cost a unit, a batch and the COMMIT's hop. Only
+        while no transaction of this connection is open or opening
+        (``SqliteStore._writer_idle``): a batch that begins meanwhile queues its BEGIN behind."""
+        db = self._db
+        if self._lock_fd is None:
+            self._lock_fd = os.open(_lock_path(db), os.O_RDWR | os.O_CREAT, 0o600)
+        lock_fd = self._lock_fd
+
+        def run(db: sqlite3.Connection) -> T:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            try:
+                db.execute("BEGIN IMMEDIATE").close()
+                try:
+                    result = fn(db)
+                    db.execute("COMMIT").close()
+                except BaseException:
+                    if db.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            db.execute("ROLLBACK").close()
+                    raise
+                return result
+            finally:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+        return await self._call(run)
+
     async def close(self) -> None:
         try:
             await self._call(lambda db: db.close())
@@ -680,6 +719,45 @@ class SqliteStore(SqlStore):
         """Whether a single read may run on the inline reader now (``_InlineRead``)."""
         return not self._closed and not self._reader_lock.locked()
 
+    def _writer_idle(self) -> bool:
+        """Whether no write transaction of this process is open or opening (``_Connection.locked``
+        may run)."""
+        batch = self._batch
+        return not self._closed and (batch is None or batch.committed.done())
+
+    async def append_audit_many(
+        self, entries: Sequence[dict[str, Any]], seal: Seal, *, guard: ChainGuard | None = None,
+        checkpoint: CheckpointSigner | None = None,
+    ) -> list[AuditRecord]:
+        """A group commit of audit records (``AuditLog``) while the writer is idle: the whole
+        transaction as one call on the writer's thread (``append_locked``), where the generic
+        unit costs the loop ~90 us a commit in statements, savepoints, a batch and the COMMIT's
+        hop (measured: 8 records, 150 us of the loop and 125 of the thread against 26 and 135;
+        under the read load of two workers a commit holds ~10 records). Otherwise, and for a
+        guard that gives no start to read from, the generic path (which joins the open batch).
+        The guard and the checkpointer are told on the loop what the thread found."""
+        start = None if guard is None else guard.reads_from()
+        if not entries or (guard is not None and start is None) or not self._writer_idle():
+            return await super().append_audit_many(entries, seal, guard=guard,
+                                                   checkpoint=checkpoint)
+        if guard is not None and start is not None:
+            guard.since(start)  # its own start: raises only where it vouches for nothing
+        if self.on_transaction is not None:
+            self.on_transaction(True)
+        try:
+            with charged(), self._observed(True):
+                records, vouched = await self._writer.locked(
+                    lambda db: append_locked(_Statements(db), entries, seal, guard, start,
+                                             checkpoint))
+        except ChainBroken as broken:
+            assert guard is not None
+            guard.vouch(broken.start, broken.head, broken.records)  # raises: it is spoiled
+            raise
+        if vouched is not None:
+            assert guard is not None and start is not None
+            guard.vouched(start, vouched)
+        return records
+
     async def get_session(self, id: str) -> SessionRecord | None:
         """The session row as a read now would find it (``session_now``), awaited where it
         cannot be read at once."""
@@ -822,6 +900,28 @@ class SqliteStore(SqlStore):
         await self._writer.close()
         async with self._reader_lock:
             await self._reader.close()
+
+
+class _Statements:
+    """``sql.audit.Statements`` over a connection on its own thread: each statement at once,
+    its rows as dicts, its errors as ``StoreError``."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def rows(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
+        try:
+            return _rows(self._db.execute(sql, tuple(args)))
+        except sqlite3.Error as exc:
+            raise _wrap(exc) from exc
+
+    def many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        try:
+            self._db.executemany(sql, [tuple(r) for r in rows]).close()
+        except sqlite3.Error as exc:
+            raise _wrap(exc) from exc
 
 
 class _InlineRead:
