@@ -271,7 +271,8 @@ class AccessTokens:
     """Issue and verify access tokens (``typ`` ``at+jwt``), with a bounded verified-token cache.
 
     The cache holds verified claims until ``exp`` (an LRU of ``cache_size`` entries); it saves
-    the signature check only. Session state is never cached: revocation is seen at once.
+    the signature check. What the verifier derived from them (``Verified.derived``) serves only
+    while the session row the store holds now is the one it checked: revocation is seen at once.
     """
 
     def __init__(
