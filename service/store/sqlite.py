@@ -31,6 +31,7 @@ import mmap
 import os
 import queue
 import sqlite3
+import sys
 import threading
 import time
 import weakref
@@ -391,13 +392,15 @@ class _Connection:
         db = self._db
         self._thread.post(lambda: rollback(db))
 
-    async def locked(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def locked(self, fn: Callable[[sqlite3.Connection], T],
+                     committed: Callable[[], object] | None = None) -> T:
         """``fn`` in a write transaction of its own, run whole on the connection's thread: the
         writers' lock and BEGIN IMMEDIATE (waiting as ``begin``'s thread path does), ``fn``,
-        COMMIT; ROLLBACK when anything raises, the lock released either way. One hop where a
-        transaction's statements on the loop cost a unit, a batch and the COMMIT's hop. Only
-        while no transaction of this connection is open or opening
-        (``SqliteStore._writer_idle``): a batch that begins meanwhile queues its BEGIN behind."""
+        COMMIT, then ``committed()`` (still under the writers' lock); ROLLBACK when anything
+        raises, the lock released either way. One hop where a transaction's statements on the
+        loop cost a unit, a batch and the COMMIT's hop. Only while no transaction of this
+        connection is open or opening (``SqliteStore._writer_idle``): a batch that begins
+        meanwhile queues its BEGIN behind."""
         db = self._db
         if self._lock_fd is None:
             self._lock_fd = os.open(_lock_path(db), os.O_RDWR | os.O_CREAT, 0o600)
@@ -410,6 +413,8 @@ class _Connection:
                 try:
                     result = fn(db)
                     db.execute("COMMIT").close()
+                    if committed is not None:
+                        committed()
                 except BaseException:
                     if db.in_transaction:
                         with contextlib.suppress(sqlite3.Error):
@@ -566,6 +571,14 @@ class _WalIndex:
         if first != both[self.SIZE:] or first[12] != 1:
             return None
         return first
+
+    @staticmethod
+    def commits(before: bytes, after: bytes) -> int:
+        """How many transactions committed from header ``before`` to ``after``: their
+        ``iChange`` counters (bytes 8-11, native order), which every commit moves by one and
+        nothing else moves (modulo 2**32)."""
+        return (int.from_bytes(after[8:12], sys.byteorder)
+                - int.from_bytes(before[8:12], sys.byteorder)) % 2**32
 
     def close(self) -> None:
         self._map.close()
@@ -744,19 +757,39 @@ class SqliteStore(SqlStore):
             guard.since(start)  # its own start: raises only where it vouches for nothing
         if self.on_transaction is not None:
             self.on_transaction(True)
+        wal = self._reader._wal
+        versions: list[bytes | None] = []  # the file's version as it began, once committed
+
+        def append(db: sqlite3.Connection) -> tuple[list[AuditRecord], tuple[int, str] | None]:
+            if wal is not None:  # the write lock held: no commit but this one until COMMIT
+                versions.append(wal.header())
+            return append_locked(_Statements(db), entries, seal, guard, start, checkpoint)
+
         try:
             with charged(), self._observed(True):
                 records, vouched = await self._writer.locked(
-                    lambda db: append_locked(_Statements(db), entries, seal, guard, start,
-                                             checkpoint))
+                    append, None if wal is None else lambda: versions.append(wal.header()))
         except ChainBroken as broken:
             assert guard is not None
             guard.vouch(broken.start, broken.head, broken.records)  # raises: it is spoiled
             raise
+        if len(versions) == 2:
+            self._carry_sessions(versions[0], versions[1])
         if vouched is not None:
             assert guard is not None and start is not None
             guard.vouched(start, vouched)
         return records
+
+    def _carry_sessions(self, before: bytes | None, after: bytes | None) -> None:
+        """After this worker's own audit commit (``append_audit_many``, which writes no session
+        row), from version ``before`` (read as it began, under the write lock) to ``after``
+        (read once committed): the session copies read at ``before`` hold at ``after`` when that
+        commit is the only one between the two (the header's commit counter moved by exactly
+        one). Saves the rows' reads after every group commit of the worker's own reads (~20 us
+        each: every commit resets the reader's page cache); any other commit still drops them."""
+        if (before is not None and after is not None and self._sessions_version == before
+                and _WalIndex.commits(before, after) == 1):
+            self._sessions_version = after
 
     async def get_session(self, id: str) -> SessionRecord | None:
         """The session row as a read now would find it (``session_now``), awaited where it

@@ -32,9 +32,9 @@ def _locked_calls(store: SqliteStore) -> list[int]:
     seen: list[int] = []
     locked = store._writer.locked
 
-    async def counted(fn):  # type: ignore[no-untyped-def]
+    async def counted(fn, committed=None):  # type: ignore[no-untyped-def]
         seen.append(1)
-        return await locked(fn)
+        return await locked(fn, committed)
 
     store._writer.locked = counted  # type: ignore[method-assign]
     return seen

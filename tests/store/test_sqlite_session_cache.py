@@ -206,3 +206,69 @@ def test_a_database_not_in_wal_mode_has_no_wal_index(tmp_path: Path) -> None:
         assert _WalIndex.open(db) is None
     finally:
         db.close()
+
+
+async def test_the_workers_own_audit_commit_keeps_its_session_copies(tmp_path: Path) -> None:
+    """A group commit of this worker's audit records writes no session row: the copies read
+    before it still hold after it, and are not read again; any other commit in between (here:
+    another worker's revocation) drops them as before."""
+    from service.audit.log import AuditLog
+
+    path = str(tmp_path / "s.db")
+    worker, other = await SqliteStore.open(path), await SqliteStore.open(path)
+    try:
+        log = AuditLog(worker)
+        log.tip.start()
+        await other.create_session(_session("s1"))
+        assert await worker.get_session("s1") is not None
+        traced = _selects(worker)
+        copy = await worker.get_session("s1")
+        await log.append({"action": "databases.list", "outcome": "executed"})
+        assert await worker.get_session("s1") is copy
+        assert traced == []  # neither the row nor the version statement
+
+        # Another worker commits first: the next own commit carries nothing over.
+        await other.revoke_session("s1", 1_010.0)
+        await log.append({"action": "databases.list", "outcome": "executed"})
+        assert (await worker.get_session("s1")).revoked_at == 1_010.0
+        assert any(s.startswith("SELECT") for s in traced)
+    finally:
+        await worker.close()
+        await other.close()
+
+
+def test_the_commit_counter_is_read_from_the_header() -> None:
+    """``_WalIndex.commits``: the difference of the headers' ``iChange`` (native byte order),
+    modulo 2**32; one commit is the only case that carries session copies over."""
+    from service.store.sqlite import _WalIndex
+
+    def header(change: int, frames: int) -> bytes:
+        return (bytes(8) + change.to_bytes(4, sys.byteorder) + bytes(4)
+                + frames.to_bytes(4, sys.byteorder) + bytes(28))
+
+    assert _WalIndex.commits(header(7, 10), header(8, 14)) == 1
+    assert _WalIndex.commits(header(7, 10), header(9, 20)) == 2
+    assert _WalIndex.commits(header(7, 10), header(7, 0)) == 0  # a WAL restart alone
+    assert _WalIndex.commits(header(2**32 - 1, 10), header(0, 12)) == 1
+
+
+async def test_copies_are_carried_over_one_commit_only(tmp_path: Path) -> None:
+    """Another connection's commit between this worker's COMMIT and its read of the header
+    makes the count two: nothing is carried over."""
+    from service.store.sqlite import _WalIndex
+
+    store = await SqliteStore.open(str(tmp_path / "s.db"))
+    try:
+        def header(change: int) -> bytes:
+            return bytes(8) + change.to_bytes(4, sys.byteorder) + bytes(36)
+
+        assert _WalIndex.commits(header(7), header(9)) == 2
+        store._sessions_version = header(7)
+        store._carry_sessions(header(7), header(9))
+        assert store._sessions_version == header(7)
+        store._carry_sessions(header(6), header(7))  # not the version the copies were read at
+        assert store._sessions_version == header(7)
+        store._carry_sessions(header(7), header(8))
+        assert store._sessions_version == header(8)
+    finally:
+        await store.close()
