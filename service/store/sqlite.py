@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -436,7 +436,29 @@ class _Connection:
                 self._lock_fd = None
 
 
-class _InlineConnection(_Connection):
+class _ConnectionNow(_Connection):
+    """A connection used on the thread that calls it: every statement runs at once, and its
+    coroutines never suspend (``_now`` drives them on the writer's thread)."""
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return fn(self._db)
+        except sqlite3.Error as exc:
+            raise _wrap(exc) from exc
+
+
+def _now(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The result of a coroutine that never suspends (``_ConnectionNow``'s statements), run to
+    its end here, on the caller's thread."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    coroutine.close()
+    raise RuntimeError("a statement waited where none may")
+
+
+class _InlineConnection(_ConnectionNow):
     """A read-only connection used on the event loop's own thread.
 
     Measured: a read transaction through a worker thread costs three thread hops (~120 us and
@@ -447,12 +469,6 @@ class _InlineConnection(_Connection):
 
     _wal: _WalIndex | None = None
     _wal_tried = False
-
-    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        try:
-            return fn(self._db)
-        except sqlite3.Error as exc:
-            raise _wrap(exc) from exc
 
     @classmethod
     async def open_inline(cls, path: str, setup_busy_timeout_s: float) -> _InlineConnection:
@@ -757,17 +773,18 @@ class SqliteStore(SqlStore):
             guard.since(start)  # its own start: raises only where it vouches for nothing
         if self.on_transaction is not None:
             self.on_transaction(True)
-        wal = self._reader._wal
+        wal, writer = self._reader._wal, self._writer
         versions: list[bytes | None] = []  # the file's version as it began, once committed
 
         def append(db: sqlite3.Connection) -> tuple[list[AuditRecord], tuple[int, str] | None]:
             if wal is not None:  # the write lock held: no commit but this one until COMMIT
                 versions.append(wal.header())
-            return append_locked(_Statements(db), entries, seal, guard, start, checkpoint)
+            q = Query(_ConnectionNow(db, writer._thread), DIALECT)
+            return _now(append_locked(q, entries, seal, guard, start, checkpoint))
 
         try:
             with charged(), self._observed(True):
-                records, vouched = await self._writer.locked(
+                records, vouched = await writer.locked(
                     append, None if wal is None else lambda: versions.append(wal.header()))
         except ChainBroken as broken:
             assert guard is not None
@@ -933,28 +950,6 @@ class SqliteStore(SqlStore):
         await self._writer.close()
         async with self._reader_lock:
             await self._reader.close()
-
-
-class _Statements:
-    """``sql.audit.Statements`` over a connection on its own thread: each statement at once,
-    its rows as dicts, its errors as ``StoreError``."""
-
-    __slots__ = ("_db",)
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def rows(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
-        try:
-            return _rows(self._db.execute(sql, tuple(args)))
-        except sqlite3.Error as exc:
-            raise _wrap(exc) from exc
-
-    def many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        try:
-            self._db.executemany(sql, [tuple(r) for r in rows]).close()
-        except sqlite3.Error as exc:
-            raise _wrap(exc) from exc
 
 
 class _InlineRead:

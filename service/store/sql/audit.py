@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from ... import canonical
 from ..base import (
@@ -28,7 +28,7 @@ from ..base import (
 )
 from .core import MAX_LIST_LIMIT, Dialect, Query, Row, Unit, dump_json
 
-__all__ = ["AuditSql", "ChainBroken", "Statements", "append_locked"]
+__all__ = ["AuditSql", "ChainBroken", "append_locked"]
 
 _INSERT = "INSERT INTO audit_log (seq, prev_hash, hash, entry) VALUES (?, ?, ?, ?)"
 _HEAD = "UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1"
@@ -423,17 +423,6 @@ async def _checkpoint_in(q: Query, last: AuditRecord, signer: CheckpointSigner) 
     await q.exec("RELEASE SAVEPOINT audit_checkpoint")
 
 
-class Statements(Protocol):
-    """A connection whose statements run at once, in the caller's thread (SQLite's writer on
-    its own thread): errors raised as ``StoreError``."""
-
-    def rows(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
-        ...
-
-    def many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        ...
-
-
 class ChainBroken(StoreError):
     """``append_locked`` found the records from the guard's start to the head changed: nothing
     was written; the caller hands them to the guard's ``vouch`` (which raises)."""
@@ -444,50 +433,37 @@ class ChainBroken(StoreError):
         self.start, self.head, self.records = start, head, records
 
 
-def append_locked(db: Statements, entries: Sequence[dict[str, Any]], seal: Seal,
-                  guard: ChainGuard | None, start: tuple[int, str] | None,
-                  checkpoint: CheckpointSigner | None
-                  ) -> tuple[list[AuditRecord], tuple[int, str] | None]:
+async def append_locked(q: Query, entries: Sequence[dict[str, Any]], seal: Seal,
+                        guard: ChainGuard | None, start: tuple[int, str] | None,
+                        checkpoint: CheckpointSigner | None
+                        ) -> tuple[list[AuditRecord], tuple[int, str] | None]:
     """``append_audit_many`` inside a transaction that holds the head's lock already (SQLite:
-    its caller's BEGIN IMMEDIATE), every statement run at once: a whole group commit as one
-    call on the writer's thread. Returns the records and, when the head was not ``start``, the
-    head the guard is to be told it verified (``ChainGuard.vouched``, on the caller's thread).
+    its caller's BEGIN IMMEDIATE), on a connection whose statements never suspend: a whole group
+    commit as one call on the writer's thread (``SqliteStore.append_audit_many`` drives it there).
+    Returns the records and, when the head was not ``start``, the head the guard is to be told
+    it verified (``ChainGuard.vouched``, on the caller's thread).
 
     ``start``: the guard's ``reads_from``, read by the caller. Here the guard is only asked
-    ``broken`` (changing nothing, safe on this thread): on a contradiction nothing is written
-    and ``ChainBroken`` carries what was read. ``checkpoint`` is asked as ``_checkpoint_in``
-    asks it (its ``due`` reads a count; ``sign`` and ``refused`` are safe on any thread)."""
-    stored = [(dump_json(e), e) for e in entries]
-    found = db.rows(_READ_HEAD)
-    if not found:
+    ``broken`` (changing nothing, safe on that thread): on a contradiction nothing is written
+    and ``ChainBroken`` carries what was read. The records and the checkpoint due are written as
+    every other append writes them (``_link``, ``_checkpoint_in``: the checkpointer's ``due``
+    reads a count; its ``sign`` and ``refused`` are safe on any thread)."""
+    found = await q.one(_READ_HEAD)
+    if found is None:
         raise StoreError("audit head row missing")
-    head = (int(found[0]["seq"]), str(found[0]["hash"]))
+    head = (int(found["seq"]), str(found["hash"]))
     vouched = None
     if guard is not None and head != start:
         if start is None:
             raise StoreError("audit tip not started")
-        since = [_stored(r) for r in db.rows(_SINCE, (min(start[0], head[0]),
-                                                       max(start[0], head[0])))]
+        since = [_stored(r) for r in await q.all(_SINCE, min(start[0], head[0]),
+                                                 max(start[0], head[0]))]
         if guard.broken(start, head, since) is not None:
             raise ChainBroken(start, head, since)
         vouched = head
-    records = _chain(head[0], head[1], stored, seal)
-    last = records[-1]
-    db.many(_INSERT, [(r.seq, r.prev_hash, r.hash, r.text) for r in records])
-    db.rows(_HEAD, (last.seq, last.hash))
-    if checkpoint is not None and checkpoint.due(last.seq):
-        newest = db.rows(_NEWEST_CHECKPOINT)
-        signed = checkpoint.sign(last.seq, last.hash, int(newest[0]["seq"]) if newest else 0)
-        if signed is not None:
-            # Its own savepoint: a checkpoint the store refuses never takes the records down.
-            db.rows("SAVEPOINT audit_checkpoint")
-            try:
-                db.rows(_ADD_CHECKPOINT, (signed.seq, signed.head_hash, signed.at, signed.kid,
-                                          signed.sig))
-            except StoreError as exc:
-                db.rows("ROLLBACK TO SAVEPOINT audit_checkpoint")
-                checkpoint.refused(signed, exc)
-            db.rows("RELEASE SAVEPOINT audit_checkpoint")
+    records = await _link(q, head[0], head[1], [(dump_json(e), e) for e in entries], seal)
+    if checkpoint is not None:
+        await _checkpoint_in(q, records[-1], checkpoint)
     return records, vouched
 
 
