@@ -298,6 +298,7 @@ class Authenticator:
         except UnknownKey:
             return None
         last: _Derived | None = verified.derived
+        found = None
         if last is not None:
             # The token's last check holds while its session row is the very record it was
             # (the store's copy is replaced after any commit: ``Store.session_now``), the
@@ -311,9 +312,10 @@ class Authenticator:
                 return last.principal
         bearer = _bearer_of(verified.claims)
         identity = self._identity(bearer.subject, bearer.kind)
-        found = self.store.session_now(bearer.session_id)
-        if found is None:
-            return None
+        if found is None:  # (the token's session: the row read above when there was one)
+            found = self.store.session_now(bearer.session_id)
+            if found is None:
+                return None
         session = self._active(bearer.session_id, now, found[0])
         self._own(identity, bearer.subject, bearer.kind, session)
         if session.authn_method == METHOD_OIDC:

@@ -51,8 +51,20 @@ async def test_a_token_read_again_is_not_checked_again_while_nothing_changed(cli
     other = await login(client, "alice")
     await store.revoke_session(auth.tokens.verify(other, now)["sid"], now)
     before = len(checks)
-    assert auth.authenticate_bearer_now(carol, now) == first
+    reads: list[str] = []
+    session_now = store.session_now
+
+    def counted(id: str) -> Any:
+        reads.append(id)
+        return session_now(id)
+
+    store.session_now = counted  # type: ignore[method-assign]
+    try:
+        assert auth.authenticate_bearer_now(carol, now) == first
+    finally:
+        del store.session_now
     assert len(checks) == before + 1
+    assert reads == [first.session_id]  # checked again in full on the row read once
 
 
 async def test_a_revocation_is_seen_by_the_next_request(client, checks):
