@@ -74,9 +74,14 @@ log = logging.getLogger(__name__)
 AUDITED: contextvars.ContextVar[bool] = contextvars.ContextVar("audited_decision", default=False)
 
 def _again(cached: Decision, decision_id: str) -> Decision:
-    """A cached decision given again: the same answer under a decision id of its own."""
-    return Decision(cached.decision, cached.reasons, cached.approval, cached.revision,
-                    decision_id, True)
+    """A cached decision given again: the same answer under a decision id of its own.
+
+    ``Decision(cached.decision, ..., decision_id, True)``, filled in directly: every cached
+    decision makes one, and a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__`` (~2x the cost; ``tests/authz/test_decide.py`` holds the two equal)."""
+    again = object.__new__(Decision)
+    again.__dict__.update(cached.__dict__, decision_id=decision_id, cached=True)
+    return again
 
 
 #: env -> is production. Envs missing from the mapping are treated as production (fail safe).

@@ -28,6 +28,7 @@ import time
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from multidict import istr
 
 from .. import deadline
 from ..appkeys import CORRELATION_ID
@@ -37,6 +38,9 @@ from . import authn, headers, metrics, problems
 from .correlation import HEADER, correlation_id_for
 
 __all__ = ["setup_layers"]
+
+#: ``HEADER`` as the response's multidict keeps it without folding its case on every request.
+_HEADER = istr(HEADER)
 
 
 def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
@@ -70,7 +74,7 @@ def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
                     response = problems.answer(request, exc)
             if not response.prepared:  # streamed responses set their headers before preparing
                 headers.apply_security_headers(request, response)
-                response.headers[HEADER] = cid
+                response.headers[_HEADER] = cid
             status = response.status
             return response
         except web.HTTPException as exc:

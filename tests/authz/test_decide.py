@@ -259,3 +259,45 @@ def test_observers_see_every_decision_of_the_chain_with_its_whole_document(engin
     assert seen[0] == seen[1]  # the same whole document, its context's two fields included
     assert seen[1]["context"]["correlation_id"] == "corr-1"
     assert seen[1]["context"]["time"] == "2027-01-15T08:00:00.000Z"
+
+
+def test_a_recalled_decision_is_the_decision_made_again_under_its_own_id():
+    """``engine._again`` fills a ``Decision`` in without its ``__init__``: it must be the very
+    decision ``Decision(...)`` makes, field for field and equal."""
+    from types import MappingProxyType
+
+    from service.authz.engine import _again
+
+    for cached in (Decision("allow", ("r1",), revision="rev", decision_id="d-1"),
+                   Decision("require_approval", ("r", PRODUCTION_UPGRADE),
+                            MappingProxyType({"quorum": 2}), "rev", "d-2", False)):
+        again = _again(cached, "d-9")
+        made = Decision(cached.decision, cached.reasons, cached.approval, cached.revision,
+                        "d-9", True)
+        assert type(again) is Decision and vars(again) == vars(made) and again == made
+        assert list(vars(again)) == list(vars(made))  # the fields' order too (its repr)
+        assert repr(again) == repr(made)
+        assert vars(cached)["decision_id"] != "d-9" and not cached.cached  # untouched
+        with pytest.raises(AttributeError):
+            again.decision = "deny"  # type: ignore[misc]
+
+
+def test_a_collections_target_is_the_target_its_fields_make():
+    """``Target.collection`` fills a ``Target`` in without its ``__init__``: the same fields
+    and defaults as ``Target({"collection": name}, env)``, its hash the resource's, and a
+    resource of its own for every request."""
+    from dataclasses import fields
+
+    from service.approvals.binding import resource_hash
+
+    one, other = Target.collection("databases", "prod"), Target.collection("databases", "prod")
+    made = Target({"collection": "databases"}, "prod")
+    for f in fields(Target):
+        assert getattr(one, f.name) == getattr(made, f.name), f.name
+    assert one == made and one.hash == made.hash == resource_hash({"collection": "databases"})
+    assert vars(one) == vars(made)  # every field on the instance, as ``__init__`` puts it
+    assert one.resource is not other.resource
+    assert Target.collection("storage", "dev").policy_resource(LIST) == Target(
+        {"collection": "storage"}, "dev").policy_resource(LIST)
+    with pytest.raises(AttributeError):
+        one.env = "dev"  # type: ignore[misc]
