@@ -83,7 +83,9 @@ class Checkpointer:
         self._covered = max(self._covered, checkpoint.seq)
 
     def committed(self, record: AuditRecord) -> None:
-        """A record this worker committed; starts a checkpoint when ``N`` records are uncovered."""
+        """The newest record of a commit of this worker (the records before it in the commit
+        need no telling: only the newest is kept and counted from); starts a checkpoint when
+        ``N`` records are uncovered."""
         if self._latest is None or record.seq > self._latest.seq:
             self._latest = record
         if record.seq - self._covered >= self.every_records and (

@@ -83,8 +83,9 @@ _Member = tuple[dict[str, Any], "asyncio.Future[AuditRecord]", float]
 
 
 class CommitObserver(CheckpointSigner, Protocol):
-    """Told of every record this worker committed, and asked by its group commits for a
-    checkpoint of the head they move to (the checkpointer)."""
+    """Told of the newest record of each commit of this worker (``committed``: what it counts
+    needs no other), and asked by its group commits for a checkpoint of the head they move to
+    (the checkpointer)."""
 
     def committed(self, record: AuditRecord) -> None: ...
     def checkpointed(self, checkpoint: AuditCheckpoint) -> None: ...
@@ -308,11 +309,15 @@ class AuditLog:
                 continue
             finally:
                 self._committing = []
+            # The tip and the checkpointer are told of the batch here, once (``mirror_soon``
+            # with ``told``: the runs it answers do not tell them again, record by record).
             self.tip.advance(records)
             checkpoint = None
             if signer is not None and signer.signed is not None:  # committed with the batch
                 checkpoint = signer.signed
                 signer.observer.checkpointed(checkpoint)
+            if self.observer is not None and records:
+                self.observer.committed(records[-1])  # (the batch is in chain order)
             for (_, future, _), record in zip(batch, records, strict=True):
                 if not future.done():
                     future.set_result(record)
@@ -335,16 +340,18 @@ class AuditLog:
         if sink is not None:
             await sink
 
-    def mirror_soon(self, records: Sequence[AuditRecord]) -> Awaitable[None] | None:
-        """``mirror_many`` up to the sink's write: the tip and the checkpointer are told now;
-        returns the write to await, None when no sink is configured (so the chain's read, which
-        mirrors every run, makes no coroutine for it)."""
+    def mirror_soon(self, records: Sequence[AuditRecord], *, told: bool = False
+                    ) -> Awaitable[None] | None:
+        """``mirror_many`` up to the sink's write: the tip and the checkpointer are told now
+        (``told``: they were, records a group commit of ``append`` wrote); returns the write to
+        await, None when no sink is configured (so the chain's read, which mirrors every run,
+        makes no coroutine for it)."""
         if not records:
             return None
-        self.tip.advance(records)
-        if self.observer is not None:
-            for record in records:
-                self.observer.committed(record)
+        if not told:
+            self.tip.advance(records)
+            if self.observer is not None:
+                self.observer.committed(max(records, key=_seq))
         if self.jsonl_path is None:  # (no copy of every entry for a sink not configured)
             return None
         return self._sink(*(
@@ -592,6 +599,10 @@ class AuditLog:
 
 #: The audit log over the store.
 AUDIT: web.AppKey[AuditLog] = web.AppKey("audit")
+
+
+def _seq(record: AuditRecord) -> int:
+    return record.seq
 
 
 def _nothing() -> None:

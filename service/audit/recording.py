@@ -66,6 +66,7 @@ class Recording:
         #: The ticket events of this run, set once it committed (``approval.ticket_*``).
         self.ticket_events: tuple[str, ...] = ()
         self._outcome: Outcome | None = None  # what the run executed, until it committed
+        self._told = False  # the tip and the checkpointer know its record (``close``)
 
     def principal(self, principal: Principal) -> None:
         """Who the run is for, once its session was checked in the chain (``chain.run``)."""
@@ -103,6 +104,7 @@ class Recording:
             self._staged = await _append(self._audit, self.entry, tx, stage=True, known=known)
         else:
             self._record = await _append(self._audit, self.entry, tx, known=known)
+            self._told = tx is None  # its group commit told the tip and the checkpointer
 
     async def refused(self, exc: Exception) -> Problem:
         """The run raised ``exc``: its record written as a refusal or failure (see
@@ -121,7 +123,7 @@ class Recording:
         if self._staged is not None:
             return settle_committed(self._audit, self._staged, self.entry)  # the sealer mirrors
         assert self._record is not None
-        return self._audit.mirror_soon((self._record,))
+        return self._audit.mirror_soon((self._record,), told=self._told)
 
     async def _failed(self, problem: Problem, wait_s: float | None) -> None:
         self.entry.update(outcome=_outcome_name(problem), status=problem.status,

@@ -170,14 +170,25 @@ class Tip:
 
     def advance(self, records: Sequence[AuditRecord]) -> None:
         """Records this worker committed, in chain order: the tip moves along those that link
-        onto it or onto a head verified from it (each was chained onto a head vouched for)."""
+        onto it or onto a head verified from it (each was chained onto a head vouched for).
+        It is walked along the records and moved once, to the last that links (a group commit
+        brings a batch of records, each linked onto the one before)."""
+        known = self._known
+        if known is None:
+            return
+        seq, digest = known
+        vouched = self._vouched
         for record in records:
-            known = self._known
-            if known is None or record.seq <= known[0]:
+            if record.seq <= seq:
                 continue
-            if (record.seq == known[0] + 1 and record.prev_hash == known[1]) or (
-                    self._vouched.get(record.seq - 1) == record.prev_hash):
-                self._move((record.seq, record.hash))
+            if record.seq == seq + 1 and record.prev_hash == digest:
+                seq, digest = record.seq, record.hash
+            elif vouched and vouched.get(record.seq - 1) == record.prev_hash and (
+                    record.seq != seq + 1 or seq == known[0]):
+                # (as when moved record by record: a move forgets the heads vouched up to it)
+                seq, digest = record.seq, record.hash
+        if seq > known[0]:
+            self._move((seq, digest))
 
     def spoil(self, seq: int, reason: str) -> NoReturn:
         """Record a contradiction at ``seq``: raise the alarm once, refuse from now on."""
@@ -190,8 +201,9 @@ class Tip:
         # Concurrent appends of this worker may have moved the tip further meanwhile.
         if self._known is None or head[0] > self._known[0]:
             self._known = head
-            for seq in [s for s in self._vouched if s <= head[0]]:
-                del self._vouched[seq]
+            if self._vouched:
+                for seq in [s for s in self._vouched if s <= head[0]]:
+                    del self._vouched[seq]
 
 
 class _Pending:
