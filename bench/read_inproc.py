@@ -1,6 +1,6 @@
 """The authorized read's CPU in-process: the service's app against the reference peer's, no HTTP.
 
-Run: python bench/read_inproc.py [--rounds R] [--reads N] [--profile]
+Run: python bench/read_inproc.py [--rounds R] [--reads N] [--profile] [--opcodes]
 
 Each target is the real application (``create_app``, started as ``cpctl serve`` starts it, on
 its default event loop, with its logging, GC settings and audit checkpoints; the peer
@@ -24,6 +24,12 @@ rounds: ``authn`` (token, session row, principal: the principal of the first rea
 every later one), ``authz`` (the cached decision: the first read's decision is given again),
 ``audit`` (the record's preparation, its group commit and mirror: answered at once, nothing
 written). A knock-out is a measurement only: the reads it serves are not what the service does.
+
+``--opcodes``: the bytecode instructions each target's event loop thread executes per read,
+counted (``sys.settrace`` with opcode events, over a few hundred reads after the warm-up), not
+timed: the same figure on a quiet or a busy machine, where the CPU figures move 10-25% between
+runs. Both targets run the same harness (the request's clone, ``asyncio.gather``: about 230 of
+them). Python code only: what C code a bytecode calls (a multidict, orjson, SQLite) counts one.
 
 ``--against CHECKOUT``: this checkout's service against another checkout's (the commit before a
 change, in a worktree), both processes running at the same time every round: two processes that
@@ -97,8 +103,60 @@ def _request(app: Any, token: str) -> Any:
                                protocol=protocol, transport=protocol.transport, writer=_Writer())
 
 
+#: Reads whose bytecodes ``--opcodes`` counts (after the warm-up); every read of the harness is
+#: the same, so a few hundred give the figure exactly.
+COUNTED_READS = 640
+
+
+def _count_opcodes(run_reads: Callable[[], Awaitable[None]], reads: int
+                   ) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """``run_reads`` (``reads`` reads) with every bytecode this thread executes counted, per
+    function: the total and the top functions, per read."""
+    async def counted() -> dict[str, Any]:
+        counts: dict[tuple[str, int, str], int] = {}
+
+        def per_opcode(frame: Any, event: str, arg: Any) -> Any:
+            if event == "opcode":
+                code = frame.f_code
+                key = (code.co_filename, code.co_firstlineno, code.co_name)
+                counts[key] = counts.get(key, 0) + 1
+            return per_opcode
+
+        def per_call(frame: Any, event: str, arg: Any) -> Any:
+            frame.f_trace_opcodes, frame.f_trace_lines = True, False
+            return per_opcode
+
+        sys.settrace(per_call)
+        try:
+            await run_reads()
+        finally:
+            sys.settrace(None)
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:OPCODES_TOP]
+        return {"opcodes_per_read": sum(counts.values()) / reads,
+                "opcodes_top": [(_where(*key), n / reads) for key, n in top]}
+
+    return counted
+
+
+#: Functions ``--opcodes`` names, the most executed first.
+OPCODES_TOP = 25
+
+
+def _where(filename: str, line: int, name: str) -> str:
+    for marker in ("/site-packages/", "/lib/python3."):
+        if marker in filename:
+            filename = filename.split(marker, 1)[1]
+            if marker == "/lib/python3.":
+                filename = filename.split("/", 1)[-1]
+            break
+    filename = filename.replace(f"{REPO}/", "").replace(f"{REPO.parent}/", "../")
+    if filename == "<string>":  # dataclasses' generated methods share one name
+        return f"<dataclass {name}>"
+    return f"{filename}:{line}({name})"
+
+
 async def _measure(app: Any, token: str, reads: int, profile: bool,
-                   access: Any = None) -> dict[str, Any]:
+                   access: Any = None, opcodes: bool = False) -> dict[str, Any]:
     template = _request(app, token)
     loop = asyncio.get_running_loop()
 
@@ -116,6 +174,8 @@ async def _measure(app: Any, token: str, reads: int, profile: bool,
             await asyncio.gather(*[one() for _ in range(IN_FLIGHT)])
 
     await batch(WARMUP_READS)
+    if opcodes:
+        return await _count_opcodes(lambda: batch(COUNTED_READS), COUNTED_READS)()
     n = reads // IN_FLIGHT * IN_FLIGHT
     started = time.process_time()
     await batch(n)
@@ -198,7 +258,7 @@ def _freeze_gc() -> None:
     gc.set_threshold(YOUNG_GC_THRESHOLD, older, oldest)
 
 
-async def _service(reads: int, profile: bool) -> dict[str, Any]:
+async def _service(reads: int, profile: bool, opcodes: bool = False) -> dict[str, Any]:
     from aiohttp import web
 
     from service import clock, logs
@@ -222,12 +282,12 @@ async def _service(reads: int, profile: bool) -> dict[str, Any]:
             from service.accesslog import AccessLogger
 
             access = AccessLogger(logging.getLogger("controlplane.access"), "")
-        return await _measure(app, issued.access_token, reads, profile, access)
+        return await _measure(app, issued.access_token, reads, profile, access, opcodes)
     finally:
         await runner.cleanup()
 
 
-async def _peer(state: Path, token: str, reads: int) -> dict[str, Any]:
+async def _peer(state: Path, token: str, reads: int, opcodes: bool = False) -> dict[str, Any]:
     import logging
 
     from aiohttp import web
@@ -244,7 +304,7 @@ async def _peer(state: Path, token: str, reads: int) -> dict[str, Any]:
     await runner.setup()
     try:
         _freeze_gc()
-        return await _measure(runner.app, token, reads, False)
+        return await _measure(runner.app, token, reads, False, opcodes=opcodes)
     finally:
         await runner.cleanup()
 
@@ -258,19 +318,21 @@ def _child(args: argparse.Namespace) -> int:
         _knock_out(args.knock_out)
     if args.child == "service":
         def run() -> Awaitable[dict[str, Any]]:
-            return _service(args.reads, args.profile)
+            return _service(args.reads, args.profile, args.opcodes)
     else:
         def run() -> Awaitable[dict[str, Any]]:
-            return _peer(Path(args.state), args.token, args.reads)
+            return _peer(Path(args.state), args.token, args.reads, args.opcodes)
     result = uvloop.run(run())
     print(json.dumps(result))
     return 0
 
 
 def _round(target: str, reads: int, tmp: Path, peer: tuple[Path, str] | None,
-           profile: bool = False, knock_out: str | None = None) -> dict[str, Any]:
+           profile: bool = False, knock_out: str | None = None,
+           opcodes: bool = False) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", target, "--reads", str(reads),
-               *(["--knock-out", knock_out] if knock_out else [])]
+               *(["--knock-out", knock_out] if knock_out else []),
+               *(["--opcodes"] if opcodes else [])]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
     if target == "service":
         state = Path(tempfile.mkdtemp(prefix="state-", dir=tmp))
@@ -286,8 +348,8 @@ def _round(target: str, reads: int, tmp: Path, peer: tuple[Path, str] | None,
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def run(rounds: int, reads: int, *, profile: bool = False, parts: bool = False
-        ) -> dict[str, Any]:
+def run(rounds: int, reads: int, *, profile: bool = False, parts: bool = False,
+        opcodes: bool = False) -> dict[str, Any]:
     """``rounds`` alternated rounds of each target (with ``parts``, of the service without each
     part too); the medians and their ratio."""
     with h.temp_dir("read-inproc-") as tmp_name:
@@ -315,6 +377,9 @@ def run(rounds: int, reads: int, *, profile: bool = False, parts: bool = False
                             for name, part in without.items()}
         if profile:
             doc["profile"] = _round("service", reads, tmp, None, profile=True)["profile"]
+        if opcodes:
+            doc["opcodes"] = {name: _round(name, reads, tmp, peer, opcodes=True)
+                              for name in ("service", *(["peer"] if peer else []))}
         return doc
 
 
@@ -382,6 +447,22 @@ def markdown(doc: dict[str, Any]) -> str:
                   "with the part knocked out (answered at once), medians of the same rounds:", "",
                   "| part | CPU us/read |", "|---|---:|"]
         lines += [f"| {PARTS[part]} | {cost:.1f} |" for part, cost in doc["parts"].items()]
+    if "opcodes" in doc:
+        counted = doc["opcodes"]
+        lines += ["", f"Bytecodes executed on the event loop's thread per read, counted over "
+                  f"{COUNTED_READS} reads (not timed: the same on a busy machine; the harness's "
+                  "own are in both):", "",
+                  "| target | bytecodes/read |", "|---|---:|"]
+        lines += [f"| {name} | {figures['opcodes_per_read']:,.0f} |"
+                  for name, figures in counted.items()]
+        if "peer" in counted:
+            lines += ["", "Service / peer: **"
+                      f"{counted['service']['opcodes_per_read'] / counted['peer']['opcodes_per_read']:.2f}x**"
+                      " the bytecodes."]
+        lines += ["", f"The service's {OPCODES_TOP} functions executing the most of them "
+                  "(their own bytecodes per read):", "", "```"]
+        lines += [f"{n:8.1f}  {where}" for where, n in counted["service"]["opcodes_top"]]
+        lines += ["```"]
     if "profile" in doc:
         lines += ["", "cProfile of the service's event loop thread (own time):", "", "```",
                   doc["profile"].strip(), "```"]
@@ -393,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--reads", type=int, default=25_600)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--opcodes", action="store_true",
+                        help="also count each target's bytecodes per read (see the module)")
     parser.add_argument("--parts", action="store_true",
                         help="also the service with each part knocked out (see the module)")
     parser.add_argument("--against", metavar="CHECKOUT",
@@ -411,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = against(args.rounds, args.reads, Path(args.against))
         section = markdown_against(doc)
     else:
-        doc = run(args.rounds, args.reads, profile=args.profile, parts=args.parts)
+        doc = run(args.rounds, args.reads, profile=args.profile, parts=args.parts,
+                  opcodes=args.opcodes)
         section = markdown(doc)
     return h.report(doc, section, args.json, args.markdown)
 

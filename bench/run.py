@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     inproc_args = ["--rounds", "2", "--reads", "6400"] if args.quick else []
     inproc = h.run_reaped([sys.executable, str(BENCH / "read_inproc.py"), *inproc_args,
-                           "--parts", *([] if args.no_profile else ["--profile"])],
+                           "--parts", "--opcodes", *([] if args.no_profile else ["--profile"])],
                           timeout=1200, cwd=h.REPO)
     inproc_md = (inproc.stdout if inproc.returncode == 0 else "\n".join([
         "## Authorized read in-process (`bench/read_inproc.py`)", "", "```",
