@@ -22,45 +22,50 @@ def correlation_id_for(value: str | None) -> str:
     return new_uuid4()
 
 
-#: Random bytes for ids, read from the OS 4 KiB at a time (a getrandom call per request was
-#: ~1 us of it); emptied in a forked child, which must not repeat its parent's ids. Called on
-#: the event loop's thread only (the request layers).
+#: New ids, made from the OS's random bytes 256 at a time (a getrandom call and the id's
+#: formatting per request were ~2 us of it; 4 KiB of bytes at a time, each id formatted on its
+#: own, 1.5 us); emptied in a forked child, which must not repeat
+#: its parent's ids. Called on the event loop's thread only (the request layers).
 _POOL_BYTES = 4096
 
 
 class _Pool:
-    __slots__ = ("buf", "used")
+    __slots__ = ("ids",)
 
     def __init__(self) -> None:
         self.empty()
 
     def empty(self) -> None:
-        self.buf, self.used = b"", 0
+        self.ids: list[str] = []
 
 
 _pool = _Pool()
-
-
-def _random16() -> bytes:
-    pool = _pool
-    used = pool.used
-    if used + 16 > len(pool.buf):
-        pool.buf, used = os.urandom(_POOL_BYTES), 0
-    pool.used = used + 16
-    return pool.buf[used:used + 16]
-
-
 os.register_at_fork(after_in_child=_pool.empty)
 
 
+#: Bytes -> the same byte with the version (4) or the RFC 4122 variant bits set.
+_VERSION = bytes((b & 0x0F) | 0x40 for b in range(256))
+_VARIANT = bytes((b & 0x3F) | 0x80 for b in range(256))
+
+
+def _uuid4s(raw: bytes) -> list[str]:
+    """``str(uuid.UUID(bytes=chunk, version=4))`` of every 16 bytes of ``raw``: 122 random bits
+    each, the version and the RFC 4122 variant bits set (all of them in one ``hex`` and one
+    ``translate`` each: 1.48 -> 0.96 us an id)."""
+    data = bytearray(raw)
+    data[6::16] = data[6::16].translate(_VERSION)
+    data[8::16] = data[8::16].translate(_VARIANT)
+    h = data.hex()
+    return [f"{h[i:i + 8]}-{h[i + 8:i + 12]}-{h[i + 12:i + 16]}-{h[i + 16:i + 20]}-{h[i + 20:i + 32]}"
+            for i in range(0, len(h), 32)]
+
+
 def new_uuid4() -> str:
-    """``str(uuid.uuid4())``, formatted without the ``UUID`` object (a third of its cost; one
-    per request that brings no id): 122 random bits, the version and variant bits set."""
-    raw = bytearray(_random16())
-    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
-    raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    """``str(uuid.uuid4())``, one of the pool's (one per request that brings no id)."""
+    ids = _pool.ids
+    if not ids:
+        ids = _pool.ids = _uuid4s(os.urandom(_POOL_BYTES))
+    return ids.pop()
 
 
 def setup_correlation(app: web.Application) -> None:

@@ -65,8 +65,8 @@ def apply_security_headers(request: web.Request, response: web.StreamResponse) -
     API responses are never cached (they may carry tokens)."""
     headers = response.headers
     headers[hdrs.SERVER] = SERVER  # aiohttp would name its and Python's versions
+    setdefault = headers.setdefault  # (each header unless the response set its own)
     for name, value in _ALWAYS_ISTR:
-        if name not in headers:
-            headers[name] = value
+        setdefault(name, value)
     if request.path.startswith("/api/"):
         headers[hdrs.CACHE_CONTROL] = "no-store"

@@ -80,13 +80,13 @@ def test_a_new_correlation_id_is_a_random_uuid4():
 
 
 def test_a_forked_child_does_not_repeat_its_parents_ids():
-    """The random bytes are read 4 KiB at a time: a child forked with bytes left must not
-    hand out the ids its parent will."""
+    """Ids are made 256 at a time: a child forked with ids left in the pool must not hand out
+    the ids its parent will."""
     import os
 
     from service.middleware.correlation import new_uuid4
 
-    new_uuid4()  # the pool holds bytes now
+    new_uuid4()  # the pool holds ids now
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its next ids, to the parent
@@ -99,3 +99,15 @@ def test_a_forked_child_does_not_repeat_its_parents_ids():
     os.waitpid(pid, 0)
     parent = {new_uuid4() for _ in range(4)}
     assert len(child) == 4 and not child & parent
+
+
+def test_the_pools_ids_are_the_uuid4s_of_its_bytes():
+    """Each 16 bytes of the OS's give the id ``uuid.UUID(bytes=..., version=4)`` gives them."""
+    import os
+    import uuid
+
+    from service.middleware.correlation import _uuid4s
+
+    for raw in (os.urandom(4096), bytes(4096), b"\xff" * 4096):
+        assert _uuid4s(raw) == [str(uuid.UUID(bytes=raw[i:i + 16], version=4))
+                                for i in range(0, len(raw), 16)]
