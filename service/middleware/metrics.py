@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -111,43 +111,56 @@ class Tally:
     to the instruments by ``flush``: one write per label set per flush instead of several
     locked writes (multiprocess mode: mmap files) per request."""
 
-    __slots__ = ("_counts", "_hists", "in_flight")
+    __slots__ = ("_counts", "decisions", "in_flight", "requests")
 
     def __init__(self) -> None:
         self._counts: dict[tuple[Counter, tuple[str, ...]], float] = {}
-        # (histogram, labels) -> [sum, count in bucket 0, bucket 1, ...]
-        self._hists: dict[tuple[Histogram, tuple[str, ...]], list[float]] = {}
+        # The two events of every request (and every decision), in one accumulator each
+        # (``timed``): (method, route, status) / (result, cached) -> [count, sum, bucket 0, ...].
+        self.requests: dict[tuple[str, str, int], list[float]] = {}
+        self.decisions: dict[tuple[str, bool], list[float]] = {}
         self.in_flight = 0
+
+    @staticmethod
+    def timed(table: dict[Any, list[float]], key: Any, seconds: float,
+              bounds: list[float]) -> None:
+        """One event of ``table`` (``requests``, ``decisions``) under ``key``: counted, and its
+        ``seconds`` observed (``bounds``: its histogram's)."""
+        acc = table.get(key)
+        if acc is None:
+            acc = table[key] = [0.0] * (len(bounds) + 2)
+        acc[0] += 1
+        acc[1] += seconds
+        acc[2 + bisect.bisect_left(bounds, seconds)] += 1
 
     def count(self, counter: Counter, labels: tuple[str, ...], amount: float = 1) -> None:
         key = (counter, labels)
         self._counts[key] = self._counts.get(key, 0) + amount
 
-    def observe(self, histogram: Histogram, labels: tuple[str, ...], amount: float) -> None:
-        acc = self._hists.get((histogram, labels))
-        if acc is None:
-            acc = self._hists[(histogram, labels)] = [0.0] * (len(_bounds(histogram)) + 1)
-        acc[0] += amount
-        acc[1 + bisect.bisect_left(_bounds(histogram), amount)] += 1
-
-    def flush(self, in_flight: Gauge) -> None:
+    def flush(self, metrics: Metrics) -> None:
+        requests, self.requests = self.requests, {}
+        for (method, route, status), acc in requests.items():
+            metrics.requests.labels(method, route, str(status)).inc(acc[0])
+            _observed(metrics.latency.labels(method, route), acc)
+        decisions, self.decisions = self.decisions, {}
+        for (result, cached), acc in decisions.items():
+            if result in DECISION_RESULTS:
+                metrics.decisions.labels(result, "true" if cached else "false").inc(acc[0])
+            _observed(metrics.decision_latency, acc)
         counts, self._counts = self._counts, {}
         for (counter, labels), amount in counts.items():
             (counter.labels(*labels) if labels else counter).inc(amount)
-        hists, self._hists = self._hists, {}
-        for (histogram, labels), acc in hists.items():
-            child = histogram.labels(*labels) if labels else histogram
-            # Histogram.observe's own writes (its sum, then the first bucket the value fits),
-            # once per bucket for all the observations that fell in it.
-            child._sum.inc(acc[0])
-            for i, n in enumerate(acc[1:]):
-                if n:
-                    child._buckets[i].inc(n)
-        in_flight.set(self.in_flight)
+        metrics.in_flight.set(self.in_flight)
 
 
-def _bounds(histogram: Histogram) -> list[float]:
-    return histogram._upper_bounds  # ends with +Inf
+def _observed(histogram: Histogram, acc: list[float]) -> None:
+    """Add the observations ``acc`` tallied (a count, their sum, then a count a bucket) to
+    ``histogram``: Histogram.observe's own writes (its sum, then the first bucket the value
+    fits), once per bucket for all the observations that fell in it."""
+    histogram._sum.inc(acc[1])
+    for i, n in enumerate(acc[2:]):
+        if n:
+            histogram._buckets[i].inc(n)
 
 
 @dataclass
@@ -226,10 +239,11 @@ class Metrics:
             self.store_converged.set(1 if running or active is None else 0)
 
     def decided(self, result: str, cached: bool, duration_s: float) -> None:
-        """One AuthZ decision of the chain."""
-        if result in DECISION_RESULTS:
-            self.tally.count(self.decisions, (result, "true" if cached else "false"))
-        self.tally.observe(self.decision_latency, (), duration_s)
+        """One AuthZ decision of the chain (counted when ``result`` is one of
+        ``DECISION_RESULTS``; its latency whatever it is)."""
+        tally = self.tally
+        tally.timed(tally.decisions, (result, cached), duration_s,
+                    self.decision_latency._upper_bounds)
 
     def shadow_diverged(self, live: str, candidate: str) -> None:
         """A shadow (candidate) decision differed from the live one (``authz/shadow.py``)."""
@@ -285,7 +299,7 @@ class Metrics:
 
     def flush(self) -> None:
         """Write the tallied per-request events to the instruments."""
-        self.tally.flush(self.in_flight)
+        self.tally.flush(self)
 
     def compose_evaluator_failed(self, reason: str) -> None:
         self.compose_evaluator_failures.labels(reason).inc()
@@ -646,7 +660,6 @@ def install_metrics(app: web.Application, *, multiprocess: bool = False) -> Metr
 def observe_request(metrics: Metrics, request: web.Request, status: int, started: float) -> None:
     """Count a finished request and its latency (since ``started``, ``time.perf_counter``) under
     its route template; the caller counted it in flight (``tally.in_flight``) and out again."""
-    route = _route_label(request)
     tally = metrics.tally
-    tally.count(metrics.requests, (request.method, route, str(status)))
-    tally.observe(metrics.latency, (request.method, route), time.perf_counter() - started)
+    tally.timed(tally.requests, (request.method, _route_label(request), status),
+                time.perf_counter() - started, metrics.latency._upper_bounds)

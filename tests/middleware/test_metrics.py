@@ -214,6 +214,10 @@ async def test_a_request_writes_no_instrument_until_the_worker_flushes_its_tally
     metrics.flush()
     child = metrics.requests.labels("GET", "/api/v1/databases", "200")
     before = child._value.get()
+    route = {"method": "GET", "route": "/api/v1/databases"}
+    latency = "controlplane_http_request_duration_seconds"
+    decisions = "controlplane_decision_duration_seconds"
+    was = await scrape(client)
     for _ in range(5):
         response = await client.get("/api/v1/databases", headers=bearer(carol))
         assert response.status == 200
@@ -222,3 +226,14 @@ async def test_a_request_writes_no_instrument_until_the_worker_flushes_its_tally
     assert value(families, "controlplane_http_requests", "controlplane_http_requests_total",
                  method="GET", route="/api/v1/databases", status="200") == before + 5
     assert child._value.get() == before + 5
+    # Each request's latency, and each decision with its latency, written with it: the count,
+    # a sum that grew, and every observation in the +Inf bucket and in no fewer finite ones.
+    for family, labels in ((latency, route), (decisions, {})):
+        count = value(families, family, family + "_count", **labels)
+        assert count - value(was, family, family + "_count", **labels) == 5
+        assert value(families, family, family + "_sum", **labels) > value(
+            was, family, family + "_sum", **labels)
+        assert value(families, family, family + "_bucket", le="+Inf", **labels) == count
+    assert value(families, "controlplane_decisions", "controlplane_decisions_total",
+                 result="allow") - value(was, "controlplane_decisions",
+                                         "controlplane_decisions_total", result="allow") == 5
