@@ -42,7 +42,7 @@ def _listing(items: Any, env: str | None) -> dict[str, Any]:
 async def list_databases(run: Run) -> Outcome:
     """The database inventory (``placeholder`` + ``[]`` when none is configured)."""
     env = query_str(run.request, "env", pattern=_ENV)
-    return Outcome(200, _listing(run.request.app[CONFIG].inventory.databases, env))
+    return Outcome(200, _listing(run.config.inventory.databases, env))
 
 
 @routes.get("/api/v1/storage/objects")
@@ -50,4 +50,4 @@ async def list_databases(run: Run) -> Outcome:
 async def list_storage(run: Run) -> Outcome:
     """The object-storage inventory (``placeholder`` + ``[]`` when none is configured)."""
     env = query_str(run.request, "env", pattern=_ENV)
-    return Outcome(200, _listing(run.request.app[CONFIG].inventory.storage, env))
+    return Outcome(200, _listing(run.config.inventory.storage, env))
