@@ -24,8 +24,8 @@ def correlation_id_for(value: str | None) -> str:
 
 #: New ids, made from the OS's random bytes 256 at a time (a getrandom call and the id's
 #: formatting per request were ~2 us of it; 4 KiB of bytes at a time, each id formatted on its
-#: own, 1.5 us); emptied in a forked child, which must not repeat
-#: its parent's ids. Called on the event loop's thread only (the request layers).
+#: own, 1.5 us); emptied in a forked child, which must not repeat its parent's ids. Called on
+#: the event loop's thread only (the request layers).
 _POOL_BYTES = 4096
 
 
