@@ -40,6 +40,9 @@ _INSERT_ALL_AND_HEAD = (
 )
 # Taking the head's row lock (a no-op UPDATE: RETURNING shows the committed head after any wait).
 _LOCK_HEAD = "UPDATE audit_head SET seq = seq WHERE id = 1 RETURNING seq, hash"
+# The head as committed (in a transaction that holds the write lock already, SQLite's BEGIN
+# IMMEDIATE: the head no other writer can move).
+_READ_HEAD = "SELECT seq, hash FROM audit_head WHERE id = 1"
 # The records a ``ChainGuard`` reads to vouch for the head: between its known head and this one.
 _SINCE = ("SELECT seq, prev_hash, hash, entry FROM audit_log WHERE seq >= ? AND seq <= ? "
           "ORDER BY seq")
@@ -95,9 +98,6 @@ _SWAP = (
     "SELECT (SELECT COUNT(*) FROM head) AS moved, (SELECT COUNT(*) FROM taken) AS taken"
 )
 
-
-# The head, read by a transaction that holds the write lock already (SQLite's BEGIN IMMEDIATE).
-_READ_HEAD = "SELECT seq, hash FROM audit_head WHERE id = 1"
 
 _ADD_CHECKPOINT = (
     "INSERT INTO audit_checkpoints (seq, head_hash, at, kid, sig) VALUES (?, ?, ?, ?, ?) "
@@ -217,7 +217,7 @@ class AuditSql(Unit):
 
     async def audit_head(self) -> tuple[int, str]:
         async with self._unit(write=False) as q:
-            row = await q.one("SELECT seq, hash FROM audit_head WHERE id = 1")
+            row = await q.one(_READ_HEAD)
         if row is None:
             raise StoreError("audit head row missing")
         return int(row["seq"]), str(row["hash"])
