@@ -108,34 +108,31 @@ def _request(app: Any, token: str) -> Any:
 COUNTED_READS = 640
 
 
-def _count_opcodes(run_reads: Callable[[], Awaitable[None]], reads: int
-                   ) -> Callable[[], Awaitable[dict[str, Any]]]:
+async def _count_opcodes(run_reads: Callable[[], Awaitable[None]], reads: int
+                         ) -> dict[str, Any]:
     """``run_reads`` (``reads`` reads) with every bytecode this thread executes counted, per
     function: the total and the top functions, per read."""
-    async def counted() -> dict[str, Any]:
-        counts: dict[tuple[str, int, str], int] = {}
+    counts: dict[tuple[str, int, str], int] = {}
 
-        def per_opcode(frame: Any, event: str, arg: Any) -> Any:
-            if event == "opcode":
-                code = frame.f_code
-                key = (code.co_filename, code.co_firstlineno, code.co_name)
-                counts[key] = counts.get(key, 0) + 1
-            return per_opcode
+    def per_opcode(frame: Any, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            code = frame.f_code
+            key = (code.co_filename, code.co_firstlineno, code.co_name)
+            counts[key] = counts.get(key, 0) + 1
+        return per_opcode
 
-        def per_call(frame: Any, event: str, arg: Any) -> Any:
-            frame.f_trace_opcodes, frame.f_trace_lines = True, False
-            return per_opcode
+    def per_call(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes, frame.f_trace_lines = True, False
+        return per_opcode
 
-        sys.settrace(per_call)
-        try:
-            await run_reads()
-        finally:
-            sys.settrace(None)
-        top = sorted(counts.items(), key=lambda kv: -kv[1])[:OPCODES_TOP]
-        return {"opcodes_per_read": sum(counts.values()) / reads,
-                "opcodes_top": [(_where(*key), n / reads) for key, n in top]}
-
-    return counted
+    sys.settrace(per_call)
+    try:
+        await run_reads()
+    finally:
+        sys.settrace(None)
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:OPCODES_TOP]
+    return {"opcodes_per_read": sum(counts.values()) / reads,
+            "opcodes_top": [(_where(*key), n / reads) for key, n in top]}
 
 
 #: Functions ``--opcodes`` names, the most executed first.
@@ -175,7 +172,7 @@ async def _measure(app: Any, token: str, reads: int, profile: bool,
 
     await batch(WARMUP_READS)
     if opcodes:
-        return await _count_opcodes(lambda: batch(COUNTED_READS), COUNTED_READS)()
+        return await _count_opcodes(lambda: batch(COUNTED_READS), COUNTED_READS)
     n = reads // IN_FLIGHT * IN_FLIGHT
     started = time.process_time()
     await batch(n)
