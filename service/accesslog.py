@@ -29,7 +29,7 @@ from aiohttp.web_response import StreamResponse
 from . import clock
 from .appkeys import CORRELATION_ID
 from .authn.principal import PRINCIPAL
-from .logs import MASK, JSONFormatter, direct_handler, encode_line, scrub
+from .logs import MASK, JSONFormatter, direct_handler, encode_line, scrub, scrub_new
 from .middleware.correlation import HEADER as CORRELATION_HEADER
 
 __all__ = ["ACCESS_LOGGER", "AccessLogger", "access_fields"]
@@ -70,17 +70,19 @@ def access_fields(request: BaseRequest, response: StreamResponse, seconds: float
 #: The fields of an access line a ``logging.mask_fields`` setting may mask (``_line``).
 _LINE_FIELDS = frozenset({"event", "correlation_id", "method", "route", "status", "duration_ms",
                           "bytes", "principal", "principal_kind"})
+#: The members of a line that differ from request to request (besides ``ts``): a template's
+#: copy takes them when none of them is masked (``_line``).
+_VARYING = frozenset({"correlation_id", "duration_ms", "bytes"})
 
 
-def _line(logger: str, request: BaseRequest, response: StreamResponse, seconds: float,
-          masks: frozenset[str]) -> str:
-    """The line ``JSONFormatter.line`` writes for ``access_fields`` of this request, made
+def _doc(logger: str, request: BaseRequest, response: StreamResponse, seconds: float,
+         masks: frozenset[str], cid: Any, route: str | None) -> dict[str, Any]:
+    """The document ``JSONFormatter.line`` writes for ``access_fields`` of this request, made
     without the fields' dict and the walk that masks it: the same members in the same order,
     each string scrubbed (those the caller controls: the correlation id, the method, the
     principal), the fields the formatter's ``masks`` name masked, the rest as they are
     (``tests/test_accesslog.py`` holds the two equal)."""
-    cid = request.get(CORRELATION_ID) or response.headers.get(CORRELATION_HEADER)
-    method, route, status = request.method, _route(request), response.status
+    method, status = request.method, response.status
     cid = scrub(str(cid)) if isinstance(cid, str) else cid
     doc: dict[str, Any] = {"ts": clock.iso(wall_time()), "level": "INFO", "logger": logger,
                            "msg": scrub(f"{method} {route or '-'} {status}")}
@@ -100,6 +102,40 @@ def _line(logger: str, request: BaseRequest, response: StreamResponse, seconds: 
     if not masks.isdisjoint(_LINE_FIELDS):  # (none of them is secret by its name)
         for name in masks & _LINE_FIELDS & doc.keys():
             doc[name] = MASK
+    return doc
+
+
+#: (logger, method, route, status, masks, subject, kind) -> the document of an access line with
+#: those members (``_doc``), its varying ones still to fill in: lines repeat all but those, so
+#: the rest is made, scrubbed and masked once (bounded: emptied when full).
+_TEMPLATES: dict[tuple[Any, ...], dict[str, Any]] = {}
+_TEMPLATES_MAX = 1024
+
+
+def _line(logger: str, request: BaseRequest, response: StreamResponse, seconds: float,
+          masks: frozenset[str]) -> str:
+    """The line ``JSONFormatter.line`` writes for ``access_fields`` of this request
+    (``_doc``): from its template, with this request's time, correlation id, duration and
+    bytes, where the line has an id and none of those is masked (every request the service
+    answers has one); else made whole."""
+    cid = request.get(CORRELATION_ID) or response.headers.get(CORRELATION_HEADER)
+    route = _route(request)
+    if type(cid) is not str or not cid or not masks.isdisjoint(_VARYING):
+        return encode_line(_doc(logger, request, response, seconds, masks, cid, route))
+    principal = request.get(PRINCIPAL)
+    key = (logger, request.method, route, response.status, masks,
+           None if principal is None else principal.subject_id,
+           None if principal is None else principal.kind)
+    template = _TEMPLATES.get(key)
+    if template is None:
+        if len(_TEMPLATES) >= _TEMPLATES_MAX:
+            _TEMPLATES.clear()
+        template = _TEMPLATES[key] = _doc(logger, request, response, seconds, masks, cid, route)
+    doc = template.copy()  # (its members' order is the line's: a copy's updates keep it)
+    doc["ts"] = clock.iso(wall_time())
+    doc["correlation_id"] = scrub_new(cid)
+    doc["duration_ms"] = round(seconds * 1000, 3)
+    doc["bytes"] = response.body_length
     return encode_line(doc)
 
 

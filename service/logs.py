@@ -35,7 +35,8 @@ from typing import Any
 from . import clock, jsontext
 from .redaction import SECRET_BY_NAME, SECRET_WORDS, is_secret_field
 
-__all__ = ["ScrubFilter", "configure", "correlation_id_var", "install_scrubbing", "mask", "scrub"]
+__all__ = ["ScrubFilter", "configure", "correlation_id_var", "install_scrubbing", "mask", "scrub",
+           "scrub_new"]
 
 correlation_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "correlation_id", default=None
@@ -98,6 +99,14 @@ def scrub(text: str) -> str:
         _remember_clean(text)
         return text
     return _scrub_patterns(text)
+
+
+def scrub_new(text: str) -> str:
+    """``scrub`` for a text that does not repeat (a request's correlation id): the same answer,
+    without looking it up among, or adding it to, the texts remembered clean."""
+    if _SEPARATOR.search(text) is None:
+        return text
+    return scrub(text)
 
 
 # Log lines repeat their values (actions, routes, envs, subjects, revisions): the short texts

@@ -140,8 +140,8 @@ def test_cpctl_serve_writes_one_json_access_line_with_the_clients_id(tmp_path: P
 
 
 
-@pytest.mark.parametrize("masks", [[], ["route"], ["principal"]], ids=["made", "masked-route",
-                                                                   "masked-principal"])
+@pytest.mark.parametrize("masks", [[], ["route"], ["principal"], ["duration_ms"]],
+                         ids=["made", "masked-route", "masked-principal", "masked-duration"])
 @pytest.mark.parametrize(("method", "cid", "principal"), [
     ("GET", "cid-1 Bearer eyJhbGciOi.xyz", None),  # scrubbed either way
     ("GET", "0b8e2c1e-1e1e-4a4a-8b8b-123456789abc", "carol"),
@@ -184,18 +184,40 @@ def test_the_direct_access_line_is_the_line_its_record_would_give(masks, method,
     if principal is not None:
         request[PRINCIPAL] = Principal(principal, "human", "s1", 1.0, "password")
     response = web.Response(status=200, text="{}", headers={"X-Correlation-ID": "from-edge"})
+    # A second request like the first, but for its id, duration and size: a line made from
+    # the first one's template (``_line``) must carry its own.
+    again = make_mocked_request(method, "/api/v1/databases", app=app)
+    again._match_info = request._match_info
+    if cid is not None:
+        again[CORRELATION_ID] = cid + "-2" if cid else cid
+    if principal is not None:
+        again[PRINCIPAL] = Principal(principal, "human", "s1", 1.0, "password")
+
+    class Sent(web.Response):  # as written: its head and body counted (a mocked one has none)
+        body_length = 321
+
+    bigger = Sent(status=200, text="{[]}", headers={"X-Correlation-ID": "from-edge-2"})
+
+    def lines() -> list[dict[str, object]]:
+        AccessLogger(logger, "").log(request, response, 0.0125)
+        AccessLogger(logger, "").log(again, bigger, 0.5)
+        found = [json.loads(line) for line in stream.getvalue().splitlines()]
+        stream.seek(0), stream.truncate()
+        return found
+
     try:
         assert direct_handler(logger, logging.INFO) is handler
-        AccessLogger(logger, "").log(request, response, 0.0125)
-        direct = json.loads(stream.getvalue())
-        stream.seek(0), stream.truncate()
+        direct, direct_again = lines()
         logger.addFilter(lambda record: True)  # now the record path
         assert direct_handler(logger, logging.INFO) is None
-        AccessLogger(logger, "").log(request, response, 0.0125)
-        via_record = json.loads(stream.getvalue())
+        via_record, via_record_again = lines()
     finally:
         logger.removeHandler(handler)
         logger.filters.clear()
+    del direct_again["ts"], via_record_again["ts"]
+    assert list(direct_again.items()) == list(via_record_again.items())
+    assert direct_again["duration_ms"] == ("***" if "duration_ms" in masks else 500.0)
+    assert direct_again["bytes"] == 321 and direct["bytes"] != 321
     assert abs(time.time() - time.mktime(time.strptime(direct["ts"][:19], "%Y-%m-%dT%H:%M:%S"))
                + time.timezone) < 5
     del direct["ts"], via_record["ts"]
