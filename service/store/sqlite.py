@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import mmap
@@ -511,6 +512,13 @@ class _InlineConnection(_ConnectionNow):
                 return self.version()  # read after: a later version (the row is read later still)
         return version
 
+    def wal_index(self) -> _WalIndex | None:
+        """The wal-index header's mapping (``version``'s), opened if it was not yet."""
+        if self._wal is None and not self._wal_tried:
+            with contextlib.suppress(sqlite3.Error):
+                self.version()
+        return self._wal
+
     def fetch_now(self, sql: str, args: Sequence[Any]) -> Row | None:
         """The first row of ``sql`` (its own statement: a fresh snapshot), at once: an
         ``sqlite3.Row``, read by column name like the units' rows."""
@@ -595,6 +603,96 @@ class _WalIndex:
         nothing else moves (modulo 2**32)."""
         return (int.from_bytes(after[8:12], sys.byteorder)
                 - int.from_bytes(before[8:12], sys.byteorder)) % 2**32
+
+    def close(self) -> None:
+        self._map.close()
+
+
+class _CommitNotes:
+    """Commits that wrote no session row, noted by the processes that made them: a file shared
+    by every process of one database (``<database>.commit-notes`` beside it), so that a worker
+    keeps its session copies (``SqliteStore.session_now``) across another worker's audit group
+    commits, not only its own.
+
+    Every commit changes the wal-index header (``_WalIndex``), so a copy read at one header is
+    dropped at the next, whoever committed. Under two workers' reads nearly every commit is
+    the other worker's group commit of audit records, which writes no session row; each made
+    the next check read the row again (~20-30 us on the loop, every commit resets the reader's
+    page cache). The one-call group commit (``SqliteStore.append_audit_many``: audit records and
+    a due checkpoint, nothing else) notes here the header its transaction began at and the one
+    it committed, read under the writers' lock, when exactly one commit lies between the two
+    (its own). A reader whose copies were read at header ``since`` keeps them at header ``now``
+    only when notes chain from one to the other, each note's ``before`` the ``after`` of the
+    one before: every commit in between is one that wrote no session row. A commit nobody
+    noted (a login, a revocation, a step-up, any other transaction, a process outside the
+    server) breaks the chain, and the row is read again, as before.
+
+    Layout: the count of notes ever written (8 bytes, little-endian), then ``SLOTS`` notes in a
+    ring, each ``before`` and ``after`` (48 bytes each) and a BLAKE2b digest of the two (16): a
+    note read while another process writes it (torn) fails its digest and breaks the chain. The
+    file is as writable as the database beside it, and someone who can write it can write the
+    sessions too: it adds no way in. None where the file cannot be opened or mapped: then only
+    the row's read again serves (nothing is carried)."""
+
+    SLOTS = 128
+    NOTE = 2 * _WalIndex.SIZE + 16
+    _FIRST = 64
+    SIZE = _FIRST + SLOTS * 128
+    #: How many notes a reader walks back (past newer ones, then along its chain) at most.
+    WALK = 32
+
+    __slots__ = ("_map",)
+
+    def __init__(self, mapped: mmap.mmap) -> None:
+        self._map = mapped
+
+    @classmethod
+    def open(cls, database: str) -> _CommitNotes | None:
+        try:
+            fd = os.open(database + ".commit-notes", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_size < cls.SIZE:
+                os.ftruncate(fd, cls.SIZE)  # (zeros: no note; another opener's is the same size)
+            return cls(mmap.mmap(fd, cls.SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)  # the mapping keeps the file
+
+    @staticmethod
+    def _digest(pair: bytes) -> bytes:
+        return hashlib.blake2b(pair, digest_size=16).digest()
+
+    def note(self, before: bytes | None, after: bytes | None) -> None:
+        """Note the commit from header ``before`` to ``after`` as one that wrote no session row,
+        when it is exactly one commit. Called under the writers' lock (one writer at a time)."""
+        if before is None or after is None or _WalIndex.commits(before, after) != 1:
+            return
+        count = int.from_bytes(self._map[:8], "little")
+        at = self._FIRST + (count % self.SLOTS) * 128
+        pair = before + after
+        self._map[at:at + self.NOTE] = pair + self._digest(pair)
+        self._map[:8] = (count + 1).to_bytes(8, "little")
+
+    def chain(self, since: bytes, now: bytes) -> bool:
+        """Whether noted commits lead from header ``since`` to header ``now`` (see above)."""
+        count = int.from_bytes(self._map[:8], "little")
+        size, target, linked = _WalIndex.SIZE, now, False
+        for i in range(count - 1, max(count - self.WALK, 0) - 1, -1):
+            at = self._FIRST + (i % self.SLOTS) * 128
+            found = self._map[at:at + self.NOTE]
+            if found[size:2 * size] != target:
+                if linked:
+                    return False  # (in commit order: the commit before this one was not noted)
+                continue  # newer than ``now``: committed since it was read
+            if self._digest(found[:2 * size]) != found[2 * size:]:
+                return False
+            target, linked = found[:size], True
+            if target == since:
+                return True
+        return False
 
     def close(self) -> None:
         self._map.close()
@@ -714,6 +812,8 @@ class SqliteStore(SqlStore):
         # Session rows read at the reader's ``data_version`` (``get_session``).
         self._sessions: dict[str, SessionRecord | None] = {}
         self._sessions_version: bytes | int | None = None
+        # Commits that wrote no session row, noted by every process of the file.
+        self._notes = _CommitNotes.open(path)
         #: Waiting for the writer (another process's lock, the batch ahead) ends here.
         self.timeout_s = busy_timeout_s
 
@@ -773,40 +873,32 @@ class SqliteStore(SqlStore):
             guard.since(start)  # its own start: raises only where it vouches for nothing
         if self.on_transaction is not None:
             self.on_transaction(True)
-        wal, writer = self._reader._wal, self._writer
-        versions: list[bytes | None] = []  # the file's version as it began, once committed
+        wal, writer, notes = self._reader.wal_index(), self._writer, self._notes
+        began: list[bytes | None] = []  # the file's version as the transaction began
 
         def append(db: sqlite3.Connection) -> tuple[list[AuditRecord], tuple[int, str] | None]:
             if wal is not None:  # the write lock held: no commit but this one until COMMIT
-                versions.append(wal.header())
+                began.append(wal.header())
             q = Query(_ConnectionNow(db, writer._thread), DIALECT)
             return _now(append_locked(q, entries, seal, guard, start, checkpoint))
 
+        def committed() -> None:
+            # Still under the writers' lock: a commit that wrote no session row, for every
+            # worker's session copies (``_CommitNotes``), this one's included.
+            if wal is not None and notes is not None and began:
+                notes.note(began[0], wal.header())
+
         try:
             with charged(), self._observed(True):
-                records, vouched = await writer.locked(
-                    append, None if wal is None else lambda: versions.append(wal.header()))
+                records, vouched = await writer.locked(append, committed)
         except ChainBroken as broken:
             assert guard is not None
             guard.vouch(broken.start, broken.head, broken.records)  # raises: it is spoiled
             raise
-        if len(versions) == 2:
-            self._carry_sessions(versions[0], versions[1])
         if vouched is not None:
             assert guard is not None and start is not None
             guard.vouched(start, vouched)
         return records
-
-    def _carry_sessions(self, before: bytes | None, after: bytes | None) -> None:
-        """After this worker's own audit commit (``append_audit_many``, which writes no session
-        row), from version ``before`` (read as it began, under the write lock) to ``after``
-        (read once committed): the session copies read at ``before`` hold at ``after`` when that
-        commit is the only one between the two (the header's commit counter moved by exactly
-        one). Saves the rows' reads after every group commit of the worker's own reads (~20 us
-        each: every commit resets the reader's page cache); any other commit still drops them."""
-        if (before is not None and after is not None and self._sessions_version == before
-                and _WalIndex.commits(before, after) == 1):
-            self._sessions_version = after
 
     async def get_session(self, id: str) -> SessionRecord | None:
         """The session row as a read now would find it (``session_now``), awaited where it
@@ -817,15 +909,16 @@ class SqliteStore(SqlStore):
     def session_now(self, id: str) -> tuple[SessionRecord | None] | None:
         """The session row as a read now would find it, without waiting: from this worker's
         copy while the file's version (``_InlineConnection.version``) is the one it was read at
-        (no connection of any process has committed since: nothing can have changed it), else
-        read again on the inline reader. None when the inline reader cannot answer now
-        (``get_session`` then awaits the read).
+        (no connection of any process has committed since: nothing can have changed it), or
+        every commit since is noted as one that wrote no session row (``_CommitNotes``: the
+        workers' audit group commits), else read again on the inline reader. None when the
+        inline reader cannot answer now (``get_session`` then awaits the read).
 
         Measured on the authorized read (in-process, SQLite, 32 in flight): the row's read costs
         ~20 us on the loop while commits keep coming (each resets the reader's page cache), the
         version ~0.3 us read from the wal-index (~3 us as a ``PRAGMA data_version``). Every
-        commit changes the version, so a copy serves only the requests between two commits;
-        that is most of them under load, when commits are grouped."""
+        commit changes the version; under reads, nearly all of them are audit group commits,
+        which the notes carry the copies over."""
         if not self._inline_free():
             return None
         try:
@@ -833,9 +926,10 @@ class SqliteStore(SqlStore):
         except sqlite3.Error:
             return None  # the awaited read answers as the store is
         if version != self._sessions_version:
-            self._sessions.clear()
+            if not self._carried(version):
+                self._sessions.clear()
             self._sessions_version = version
-        elif id in self._sessions:
+        if id in self._sessions:
             return (self._sessions[id],)
         session = self._session_now(id)
         # Read after the version was: a commit in between makes the next version differ, and
@@ -845,6 +939,13 @@ class SqliteStore(SqlStore):
                 self._sessions.clear()
             self._sessions[id] = session
         return (session,)
+
+    def _carried(self, version: bytes | int) -> bool:
+        """Whether the session copies read at ``_sessions_version`` hold at ``version``: every
+        commit in between wrote no session row (``_CommitNotes``)."""
+        since, notes = self._sessions_version, self._notes
+        return (notes is not None and bool(self._sessions) and type(version) is bytes
+                and type(since) is bytes and notes.chain(since, version))
 
     def _session_now(self, id: str) -> SessionRecord | None:
         """``get_session``'s read on the inline reader, counted and observed as that unit
@@ -950,6 +1051,9 @@ class SqliteStore(SqlStore):
         await self._writer.close()
         async with self._reader_lock:
             await self._reader.close()
+        if self._notes is not None:
+            self._notes.close()
+            self._notes = None
 
 
 class _InlineRead:

@@ -208,30 +208,48 @@ def test_a_database_not_in_wal_mode_has_no_wal_index(tmp_path: Path) -> None:
         db.close()
 
 
-async def test_the_workers_own_audit_commit_keeps_its_session_copies(tmp_path: Path) -> None:
-    """A group commit of this worker's audit records writes no session row: the copies read
-    before it still hold after it, and are not read again; any other commit in between (here:
-    another worker's revocation) drops them as before."""
+async def test_audit_group_commits_of_any_worker_keep_the_session_copies(tmp_path: Path) -> None:
+    """A group commit of audit records (``append_audit_many``) writes no session row, and says
+    so in the commit notes: the copies read before this worker's, or another worker's, still
+    hold after them and are not read again. Any other commit in between (another worker's
+    revocation, a process outside the server) drops them as before."""
     from service.audit.log import AuditLog
 
     path = str(tmp_path / "s.db")
     worker, other = await SqliteStore.open(path), await SqliteStore.open(path)
     try:
-        log = AuditLog(worker)
+        log, others = AuditLog(worker), AuditLog(other)
         log.tip.start()
+        others.tip.start()
         await other.create_session(_session("s1"))
         assert await worker.get_session("s1") is not None
         traced = _selects(worker)
         copy = await worker.get_session("s1")
         await log.append({"action": "databases.list", "outcome": "executed"})
         assert await worker.get_session("s1") is copy
+        await others.append({"action": "databases.list", "outcome": "executed"})
+        await others.append({"action": "databases.list", "outcome": "executed"})
+        await log.append({"action": "databases.list", "outcome": "executed"})
+        assert await worker.get_session("s1") is copy
         assert traced == []  # neither the row nor the version statement
 
-        # Another worker commits first: the next own commit carries nothing over.
+        # Another worker's revocation between two group commits: read again, and seen.
+        await others.append({"action": "databases.list", "outcome": "executed"})
         await other.revoke_session("s1", 1_010.0)
-        await log.append({"action": "databases.list", "outcome": "executed"})
+        await others.append({"action": "databases.list", "outcome": "executed"})
         assert (await worker.get_session("s1")).revoked_at == 1_010.0
-        assert any(s.startswith("SELECT") for s in traced)
+        assert len([s for s in traced if s.startswith("SELECT")]) == 1
+
+        # A process outside the server changes the row, then a worker commits its audit
+        # records: the change is seen.
+        await other.create_session(_session("s2"))
+        assert (await worker.get_session("s2")).revoked_at is None
+        outsider = await asyncio.create_subprocess_exec(sys.executable, "-c", (
+            "import sqlite3, sys; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "db.execute(\"UPDATE sessions SET revoked_at = 1030.0 WHERE id = 's2'\")"), path)
+        assert await asyncio.wait_for(outsider.wait(), 30) == 0
+        await others.append({"action": "databases.list", "outcome": "executed"})
+        assert (await worker.get_session("s2")).revoked_at == 1_030.0
     finally:
         await worker.close()
         await other.close()
@@ -252,23 +270,42 @@ def test_the_commit_counter_is_read_from_the_header() -> None:
     assert _WalIndex.commits(header(2**32 - 1, 10), header(0, 12)) == 1
 
 
-async def test_copies_are_carried_over_one_commit_only(tmp_path: Path) -> None:
-    """Another connection's commit between this worker's COMMIT and its read of the header
-    makes the count two: nothing is carried over."""
-    from service.store.sqlite import _WalIndex
+def test_commit_notes_chain_only_noted_commits_one_after_another(tmp_path: Path) -> None:
+    """``_CommitNotes``: a note is taken only for exactly one commit; a reader's copies are
+    carried from ``since`` to ``now`` only along notes that chain, past notes newer than
+    ``now``; a commit nobody noted, a torn note or a chain longer than the walk carries nothing."""
+    from service.store.sqlite import _CommitNotes
 
-    store = await SqliteStore.open(str(tmp_path / "s.db"))
+    def header(change: int) -> bytes:
+        return bytes(8) + change.to_bytes(4, sys.byteorder) + bytes(36)
+
+    notes = _CommitNotes.open(str(tmp_path / "n.db"))
+    again = _CommitNotes.open(str(tmp_path / "n.db"))  # another process's mapping of it
+    assert notes is not None and again is not None
     try:
-        def header(change: int) -> bytes:
-            return bytes(8) + change.to_bytes(4, sys.byteorder) + bytes(36)
-
-        assert _WalIndex.commits(header(7), header(9)) == 2
-        store._sessions_version = header(7)
-        store._carry_sessions(header(7), header(9))
-        assert store._sessions_version == header(7)
-        store._carry_sessions(header(6), header(7))  # not the version the copies were read at
-        assert store._sessions_version == header(7)
-        store._carry_sessions(header(7), header(8))
-        assert store._sessions_version == header(8)
+        assert not again.chain(header(1), header(2))  # nothing noted yet
+        notes.note(header(1), header(3))  # two commits: not noted
+        notes.note(None, header(2))
+        assert not again.chain(header(1), header(3)) and not again.chain(header(1), header(2))
+        notes.note(header(1), header(2))
+        notes.note(header(2), header(3))
+        assert again.chain(header(1), header(3)) and again.chain(header(2), header(3))
+        assert again.chain(header(1), header(2))  # past the newer note
+        # Commit 4 was nobody's note (a revocation): nothing carries across it.
+        notes.note(header(4), header(5))
+        assert again.chain(header(4), header(5))
+        assert not again.chain(header(3), header(5)) and not again.chain(header(1), header(5))
+        # A note torn by a concurrent write fails its digest.
+        count = int.from_bytes(notes._map[:8], "little")
+        at = _CommitNotes._FIRST + ((count - 1) % _CommitNotes.SLOTS) * 128
+        notes._map[at + 100] ^= 0xFF
+        assert not again.chain(header(4), header(5))
+        # The ring wraps; a chain longer than the walk is not followed to its start.
+        for change in range(10, 10 + _CommitNotes.SLOTS + 5):
+            notes.note(header(change), header(change + 1))
+        last = 10 + _CommitNotes.SLOTS + 5
+        assert again.chain(header(last - _CommitNotes.WALK), header(last))
+        assert not again.chain(header(last - _CommitNotes.WALK - 1), header(last))
     finally:
-        await store.close()
+        notes.close()
+        again.close()
