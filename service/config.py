@@ -109,7 +109,7 @@ class Secret:
 class Environments(Mapping[str, bool]):
     """Environment name -> is it production. The one home of the environment rules."""
 
-    __slots__ = ("_production",)
+    __slots__ = ("_production", "_strictest")
 
     DEFAULTS: ClassVar[dict[str, Any]] = {
         "dev": {"production": False},
@@ -121,6 +121,10 @@ class Environments(Mapping[str, bool]):
         if not production:
             raise ConfigError("environments: at least one environment is required")
         self._production = dict(production)
+        # The first production environment (or, with none, the first configured): every
+        # listing without an ``env`` is judged as it (``strictest``).
+        self._strictest = next((name for name, prod in self._production.items() if prod),
+                               next(iter(self._production)))
 
     def __getitem__(self, name: str) -> bool:
         return self._production[name]
@@ -141,10 +145,7 @@ class Environments(Mapping[str, bool]):
     def strictest(self) -> str:
         """The environment a request spanning every environment is judged as: the first
         production one (or, with none, the first configured)."""
-        for name, production in self._production.items():
-            if production:
-                return name
-        return next(iter(self._production))
+        return self._strictest
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> Environments:

@@ -3,7 +3,7 @@
 Each store call has its own deadline (``store.timeout_s``) from when it starts. A request makes
 several calls in turn (the session check, its reads and writes, its audit record, and when the
 store failed, the record of that failure), so without a bound of its own it could wait several
-deadlines for a store that stalls in the middle of it. Inside ``budget(total_s)`` a request may
+deadlines for a store that stalls in the middle of it. After ``begin(total_s)`` a request may
 wait on the store ``total_s`` in all: each call ends at its own deadline or when the budget is
 spent, whichever comes first (``call_deadline``), and the time it took is charged to the
 budget (``charged``). Work that is not a store wait (policy evaluation, vetting a revision)
@@ -21,7 +21,7 @@ import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["Budget", "budget", "call_deadline", "charged", "detached", "unbounded"]
+__all__ = ["Budget", "begin", "call_deadline", "charged", "detached", "end", "unbounded"]
 
 
 class Budget:
@@ -37,26 +37,16 @@ _BUDGET: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
     "controlplane_store_budget", default=None)
 
 
-def budget(total_s: float) -> _Budgeted:
-    """Let the store calls of this block (in this task and the tasks it starts) wait
-    ``total_s`` in all."""
-    return _Budgeted(Budget(total_s))
+def begin(total_s: float) -> contextvars.Token[Budget | None]:
+    """Let the store calls from now on (in this task and the tasks it starts) wait ``total_s``
+    in all, until ``end`` with what this returned (a ``finally``: it wraps every request, where
+    a context manager's calls cost more than the rest of this)."""
+    return _BUDGET.set(Budget(total_s))
 
 
-class _Budgeted:
-    """``budget()``: a class, not a generator, as it wraps every request."""
-
-    __slots__ = ("_budget", "_token")
-
-    def __init__(self, spent: Budget) -> None:
-        self._budget = spent
-
-    def __enter__(self) -> Budget:
-        self._token = _BUDGET.set(self._budget)
-        return self._budget
-
-    def __exit__(self, *exc: object) -> None:
-        _BUDGET.reset(self._token)
+def end(token: contextvars.Token[Budget | None]) -> None:
+    """The budget ``begin`` gave ``token`` for is over."""
+    _BUDGET.reset(token)
 
 
 @contextmanager

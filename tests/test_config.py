@@ -27,6 +27,17 @@ def test_unknown_environment_counts_as_production(tmp_path):
     assert load(None, {}, base_dir=tmp_path).is_production("qa-7")
 
 
+def test_a_request_spanning_every_environment_is_judged_as_the_strictest():
+    """The first production environment in the configured order, else the first one."""
+    from service.config import Environments
+
+    assert Environments({"dev": False, "prod": True, "prod-eu": True}).strictest() == "prod"
+    assert Environments({"prod-eu": True, "dev": False, "prod": True}).strictest() == "prod-eu"
+    assert Environments({"dev": False, "staging": False}).strictest() == "dev"
+    with pytest.raises(ConfigError):
+        Environments({})
+
+
 def test_yaml_then_environment_override(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("server:\n  port: 9000\n  host: 0.0.0.0\nlogging:\n  level: DEBUG\n")

@@ -20,7 +20,10 @@ def setup_deadline(app: web.Application) -> None:
     @web.middleware
     async def deadline_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         """Give the request one store deadline for all its store calls."""
-        with deadline.budget(request.app[CONFIG].store.timeout_s):
+        budget = deadline.begin(request.app[CONFIG].store.timeout_s)
+        try:
             return await handler(request)
+        finally:
+            deadline.end(budget)
 
     app.middlewares.append(deadline_middleware)

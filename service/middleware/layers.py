@@ -58,20 +58,22 @@ def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
         started = time.perf_counter()
         tally.in_flight += 1
         status = 500
+        budget = deadline.begin(timeout_s)
         try:
-            with deadline.budget(timeout_s):
-                try:
-                    pending = authn.identify_now(request)
-                    if pending is not None:
-                        await pending
-                    response = await handler(request)
-                except web.HTTPException as exc:
-                    if exc.status < 400:  # redirects and the like are not errors
-                        headers.apply_security_headers(request, exc)
-                        raise
-                    response = problems.answer(request, exc)
-                except Exception as exc:
-                    response = problems.answer(request, exc)
+            try:
+                pending = authn.identify_now(request)
+                if pending is not None:
+                    await pending
+                response = await handler(request)
+            except web.HTTPException as exc:
+                if exc.status < 400:  # redirects and the like are not errors
+                    headers.apply_security_headers(request, exc)
+                    raise
+                response = problems.answer(request, exc)
+            except Exception as exc:
+                response = problems.answer(request, exc)
+            finally:
+                deadline.end(budget)
             if not response.prepared:  # streamed responses set their headers before preparing
                 headers.apply_security_headers(request, response)
                 response.headers[_HEADER] = cid

@@ -76,3 +76,30 @@ def test_outside_any_request_a_call_has_its_own_deadline():
         return _left(3.0)
 
     assert asyncio.run(left()) > 2.0
+
+
+@pytest.mark.parametrize("layers", [False, True], ids=["deadline-alone", "request-layers"])
+async def test_the_budget_ends_with_the_request(aiohttp_client, make_config, layers):
+    """Code that runs after the request in the same task (a keep-alive connection's next
+    request, the response's writing) has no budget left over from it."""
+    from service.middleware.layers import setup_layers
+
+    after: list[float] = []
+
+    @web.middleware
+    async def outside(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        response = await handler(request)
+        after.append(_left())
+        return response
+
+    app = web.Application()
+    app[CONFIG] = make_config({"store": {"timeout_s": TIMEOUT_S}})
+    if layers:
+        setup_layers(app)
+    else:
+        setup_deadline(app)
+    app.middlewares.insert(0, outside)
+    app.router.add_get("/waits", _waits)
+    client = await aiohttp_client(app)
+    assert (await client.get("/waits")).status == 200
+    assert after and after[0] > TIMEOUT_S
