@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from multidict import istr
+
 from ..authn import stepup
 from ..authn.principal import Principal
 from ..authz.actions import Action
@@ -43,9 +45,11 @@ __all__ = [
     "presented_ticket_id",
 ]
 
-TICKET_HEADER = "Approval-Ticket"
-NONCE_HEADER = "Approval-Nonce"
-COMMAND_HASH_HEADER = "Command-Hash"
+# ``istr``: a case-insensitive multidict looks a plain ``str`` name up by folding its case first,
+# every time (these are looked up on every request).
+TICKET_HEADER = istr("Approval-Ticket")
+NONCE_HEADER = istr("Approval-Nonce")
+COMMAND_HASH_HEADER = istr("Command-Hash")
 _TICKET_ID = re.compile(r"tkt_[0-9a-f]{32}")
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 _STATE_CODES = {"consumed": "ticket_consumed", "pending": "ticket_not_approved"}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from .. import clock, consolesession
 from ..appkeys import AUTHN_ERROR
@@ -47,7 +47,7 @@ DEFERRED = web.RequestKey("deferred_bearer", Bearer)
 
 def bearer_token(request: web.Request) -> str | None:
     """The RFC 6750 bearer token of the Authorization header, if any."""
-    header = request.headers.get("Authorization")
+    header = request.headers.get(hdrs.AUTHORIZATION)
     if not header:
         return None
     scheme, _, token = header.partition(" ")

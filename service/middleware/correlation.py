@@ -7,11 +7,13 @@ import re
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from multidict import istr
 
 from ..appkeys import CORRELATION_ID
 from ..logs import correlation_id_var
 
-HEADER = "X-Correlation-ID"
+#: (An ``istr``: looked up on every request without folding its case each time.)
+HEADER = istr("X-Correlation-ID")
 _VALID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 

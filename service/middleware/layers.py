@@ -28,7 +28,6 @@ import time
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from multidict import istr
 
 from .. import deadline
 from ..appkeys import CORRELATION_ID
@@ -38,10 +37,6 @@ from . import authn, headers, metrics, problems
 from .correlation import HEADER, correlation_id_for
 
 __all__ = ["setup_layers"]
-
-#: ``HEADER`` as the response's multidict keeps it without folding its case on every request.
-_HEADER = istr(HEADER)
-
 
 def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
     """Install the request layers (before any other middleware: they are the outermost)."""
@@ -76,7 +71,7 @@ def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
                 deadline.end(budget)
             if not response.prepared:  # streamed responses set their headers before preparing
                 headers.apply_security_headers(request, response)
-                response.headers[_HEADER] = cid
+                response.headers[HEADER] = cid
             status = response.status
             return response
         except web.HTTPException as exc:
