@@ -150,10 +150,12 @@ def _response(outcome: Outcome) -> web.Response | None:
     for name, value in outcome.headers.items():
         if not _FIELD_NAME.fullmatch(name) or _FIELD_VALUE_BAD.search(value):
             raise ValueError(f"response header {name[:64]!r} cannot be sent")
-    if outcome.text is not None:
-        response = web.json_response(text=outcome.text, status=outcome.status)
-    else:
-        response = web.json_response(outcome.body, status=outcome.status, dumps=jsontext.compact)
+    # What ``web.json_response`` makes of the text (its body is the text in UTF-8), without
+    # the text in between.
+    body = (jsontext.compact_bytes(outcome.body) if outcome.text is None
+            else outcome.text.encode("utf-8"))
+    response = web.Response(body=body, status=outcome.status, content_type="application/json",
+                            charset="utf-8")
     response.headers.update(outcome.headers)
     return response
 

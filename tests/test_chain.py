@@ -108,6 +108,7 @@ async def test_dev_mutation_follows_policy_without_ticket(client):
     response = await client.post("/api/v1/installer/actions", json=installer_body("dev"),
                                  headers=bearer(alice))
     assert response.status == 202
+    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
     assert (await response.json())["event"]["ticket_id"] is None
 
 

@@ -48,6 +48,21 @@ def test_the_same_text_as_json_for_every_value_canonical_admits(value):
         assert _float_spelling_only(ours, theirs)
 
 
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_a_response_body_is_the_compact_text_in_utf8(value):
+    assert jsontext.compact_bytes(value) == jsontext.compact(value).encode("utf-8")
+
+
+def test_a_response_body_refuses_what_the_compact_text_cannot_send():
+    big = {"n": 2**70, 1: "x"}  # refused by orjson: written by json
+    assert jsontext.compact_bytes(big) == jsontext.compact(big).encode("utf-8")
+    with pytest.raises(UnicodeEncodeError):  # no UTF-8 form: as ``text.encode`` refused it
+        jsontext.compact_bytes({"s": "\ud800"})
+    with pytest.raises(TypeError):
+        jsontext.compact_bytes({"v": {1, 2}})
+
+
 def test_every_code_point_is_escaped_or_written_as_json_does():
     for cp in (*range(0, 0xD800), *range(0xE000, 0x110000, 101)):
         text = f"{chr(cp)}x{chr(cp)}"
