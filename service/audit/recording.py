@@ -119,7 +119,8 @@ class Recording:
         if self._record is None and self._staged is None:
             raise ServiceUnavailable("the run was not recorded; nothing was executed",
                                      code="audit_unavailable")
-        self.ticket_events = _log_ticket_events(self.entry)  # committed: they happened
+        if "ticket_id" in self.entry:  # committed: its ticket events happened
+            self.ticket_events = _log_ticket_events(self.entry)
         if self._staged is not None:
             return settle_committed(self._audit, self._staged, self.entry)  # the sealer mirrors
         assert self._record is not None
