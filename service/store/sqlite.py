@@ -525,7 +525,8 @@ class _InlineConnection(_ConnectionNow):
         try:
             cursor = self._db.execute(sql, tuple(args))
             try:
-                return cast(Row | None, cursor.fetchone())
+                row: Row | None = cursor.fetchone()  # (no cast() call: every session read)
+                return row
             finally:
                 cursor.close()
         except sqlite3.Error as exc:
