@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["Budget", "begin", "budget", "call_deadline", "charged", "detached", "end",
-           "unbounded"]
+__all__ = ["Budget", "Waiting", "begin", "budget", "call_deadline", "charged", "detached",
+           "end", "unbounded"]
 
 
 class Budget:
@@ -93,6 +94,30 @@ class _Charged:
         self._budget = _BUDGET.get()
         if self._budget is not None:
             self._started = asyncio.get_running_loop().time()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._budget is not None:
+            self._budget.left_s -= asyncio.get_running_loop().time() - self._started
+
+
+class Waiting:
+    """A store wait that starts now: ``call_deadline`` and ``charged`` in one, for a caller
+    that needs both (one read of the budget and of the loop's clock where the two read each
+    twice; the audit log's group commit waits on every read). ``at``: the loop time by which
+    it must end, ``timeout_s`` from now or sooner as the budget says (``inf`` without a
+    ``timeout_s``); as a context manager, the time from now to the block's end is charged to
+    the request's budget, however the block ends."""
+
+    __slots__ = ("_budget", "_started", "at")
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self._budget = left = _BUDGET.get()
+        self._started = now = asyncio.get_running_loop().time()
+        self.at = math.inf if timeout_s is None else now + (
+            timeout_s if left is None else max(0.0, min(timeout_s, left.left_s)))
+
+    def __enter__(self) -> Waiting:
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self._budget is not None:

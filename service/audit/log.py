@@ -44,7 +44,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .. import clock
-from ..deadline import call_deadline, charged, detached
+from ..deadline import Waiting, detached
 from ..store.base import (
     AUDIT_GENESIS_HASH,
     AuditCheckpoint,
@@ -167,7 +167,8 @@ class AuditLog:
         # (or one queued behind it) answers StoreUnavailable instead of hanging the caller. One
         # timer watches every waiting caller (``_expire``), not one per caller: the commit is
         # shared, and a timer each was ~5% of an authorized read's CPU.
-        deadline = self._call_deadline()
+        waiting = self._waiting()
+        deadline = waiting.at
         self._pending.append((prepare(entry, known), future, deadline))
         if deadline < math.inf and (self._watchdog is None or deadline < self._watchdog.when()):
             self._watch(loop, deadline)
@@ -176,14 +177,13 @@ class AuditLog:
             self._flusher = asyncio.create_task(self._flush(), context=detached())
         # A caller that goes away cancels its own future, never the commit (a task of its own)
         # others are waiting for, which then skips it.
-        with charged():
+        with waiting:
             return await future
 
-    def _call_deadline(self) -> float:
-        """The loop time by which a caller waiting on the store now is answered: the store's
-        deadline, or what is left of the request's (``service.deadline``); inf without one."""
-        timeout_s = getattr(self.store, "timeout_s", None)
-        return math.inf if timeout_s is None else call_deadline(timeout_s)
+    def _waiting(self) -> Waiting:
+        """A caller's wait on the store from now: answered by the store's deadline, or what is
+        left of the request's (``service.deadline``; inf without one), and charged to it."""
+        return Waiting(getattr(self.store, "timeout_s", None))
 
     def _watch(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._watchdog is not None:
@@ -244,9 +244,10 @@ class AuditLog:
         # caller also awaits is shielded.
         # Bounded by the store's deadline (or what is left of the request's): a stalled batch
         # (or one queued behind it) answers StoreUnavailable instead of hanging the caller.
-        deadline = self._call_deadline()
+        waiting = self._waiting()
+        deadline = waiting.at
         try:
-            with charged():
+            with waiting:
                 async with asyncio.timeout_at(None if deadline == math.inf else deadline):
                     return await (asyncio.shield(future) if shared else future)
         except TimeoutError:

@@ -49,3 +49,24 @@ async def test_each_caller_is_answered_at_its_own_deadline_while_the_commit_wait
         assert broken is None and count == record.seq
     finally:
         await store.close()
+
+
+async def test_a_callers_wait_for_the_commit_comes_out_of_its_requests_budget(
+    tmp_path: Path,
+) -> None:
+    """The time a caller waits for its record's group commit is charged to its request's store
+    budget: what is left after it is what its next store call may wait."""
+    from service import deadline
+
+    path = tmp_path / "s.db"
+    store = await SqliteStore.open(str(path), busy_timeout_s=5.0)
+    log = AuditLog(store)
+    try:
+        await log.append({"action": "approvals.read", "n": 0})  # the tip is started
+        async with write_lock_held(path, hold_s=0.4):  # the commit waits ~0.4 s for the lock
+            with budget(3.0):
+                await log.append({"action": "approvals.read", "n": 1})
+                left = deadline.call_deadline(60.0) - asyncio.get_running_loop().time()
+        assert left <= 3.0 - 0.3
+    finally:
+        await store.close()
