@@ -24,7 +24,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from collections.abc import Set as AbstractSet
-from typing import Any, Literal, overload
+from typing import Any, Literal, NoReturn, overload
 
 from .. import clock
 from ..authn.principal import Principal
@@ -102,9 +102,12 @@ class Recording:
             known = known - {"status"}
         if tx is not None and self._audit.stages:
             self._staged = await _append(self._audit, self.entry, tx, stage=True, known=known)
-        else:
-            self._record = await _append(self._audit, self.entry, tx, known=known)
-            self._told = tx is None  # its group commit told the tip and the checkpointer
+            return
+        try:  # ``_append``'s common case, without its coroutine (every read)
+            self._record = await self._audit.append(self.entry, tx, known)
+        except StoreError as exc:
+            _not_written(self._audit, self.entry, exc, stage=False)
+        self._told = tx is None  # its group commit told the tip and the checkpointer
 
     async def refused(self, exc: Exception) -> Problem:
         """The run raised ``exc``: its record written as a refusal or failure (see
@@ -356,25 +359,32 @@ async def _append(audit: AuditLog, entry: dict[str, Any], tx: Tx | None,
                 return await audit.append(entry, tx)
         except TimeoutError:
             raise StoreUnavailable("audit record not committed in time") from None
-    except StoreUnavailable as exc:
+    except StoreError as exc:
+        _not_written(audit, entry, exc, stage=stage)
+
+
+def _not_written(audit: AuditLog, entry: dict[str, Any], exc: StoreError, *,
+                 stage: bool) -> NoReturn:
+    """Raise what a run whose record ``exc`` kept from being written is answered with
+    (``_append``)."""
+    if isinstance(exc, StoreUnavailable):
         unknown = isinstance(exc, StoreOutcomeUnknown)
         if unknown and stage:
             # The run's writes went in one call with its staged record (``store.pgrun``): the
             # run's own outcome is unknown, not only its record's.
-            raise
+            raise exc
         audit.append_failed()
         _write_failed("audit record could not be written: store unavailable", exc, entry)
         # An unanswered commit of this record alone (a group commit, outside the run's
         # transaction) leaves the run itself with nothing executed.
         raise to_problem(StoreUnavailable("audit record not confirmed") if unknown else exc) from None
-    except StoreError as exc:
-        if stage and isinstance(exc, (Conflict, NotFound)):
-            # Staged with the run's writes in one call (``store.pgrun``): the call also consumed
-            # the ticket, and a ticket another run consumed first (or a task event seq taken)
-            # refuses the whole call. That is the run's answer (409), not a record that could
-            # not be written: nothing was written, and the refusal is recorded like any other.
-            raise to_problem(exc) from None
-        audit.append_failed()
-        _write_failed("audit record could not be written", exc, entry)
-        raise ServiceUnavailable("the audit log is unavailable; nothing was executed",
-                                 code="audit_unavailable") from None
+    if stage and isinstance(exc, (Conflict, NotFound)):
+        # Staged with the run's writes in one call (``store.pgrun``): the call also consumed
+        # the ticket, and a ticket another run consumed first (or a task event seq taken)
+        # refuses the whole call. That is the run's answer (409), not a record that could
+        # not be written: nothing was written, and the refusal is recorded like any other.
+        raise to_problem(exc) from None
+    audit.append_failed()
+    _write_failed("audit record could not be written", exc, entry)
+    raise ServiceUnavailable("the audit log is unavailable; nothing was executed",
+                             code="audit_unavailable") from None
