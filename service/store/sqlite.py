@@ -684,9 +684,13 @@ class _CommitNotes:
         for i in range(count - 1, max(count - self.WALK, 0) - 1, -1):
             at = self._FIRST + (i % self.SLOTS) * 128
             found = self._map[at:at + self.NOTE]
-            if found[size:2 * size] != target:
-                if linked:
-                    return False  # (in commit order: the commit before this one was not noted)
+            after = found[size:2 * size]
+            if after != target:
+                if linked or not 0 < _WalIndex.commits(now, after) < 2**31:
+                    # In commit order: the commit before this one (or ``now``'s own commit,
+                    # older than this note) was not noted. (Most commits of a write load: the
+                    # walk ends here, at once.)
+                    return False
                 continue  # newer than ``now``: committed since it was read
             if self._digest(found[:2 * size]) != found[2 * size:]:
                 return False

@@ -300,6 +300,25 @@ def test_commit_notes_chain_only_noted_commits_one_after_another(tmp_path: Path)
         at = _CommitNotes._FIRST + ((count - 1) % _CommitNotes.SLOTS) * 128
         notes._map[at + 100] ^= 0xFF
         assert not again.chain(header(4), header(5))
+        # A reader's header whose own commit nobody noted: the walk ends at the first note
+        # (older than it), not after the whole ring (a write load's every commit).
+        for change in range(100, 120):
+            notes.note(header(change), header(change + 1))
+        real = again._map
+
+        class Counted:
+            reads = 0
+
+            def __getitem__(self, key: slice) -> bytes:
+                Counted.reads += 1
+                return real[key]
+
+        again._map = Counted()  # type: ignore[assignment]
+        assert not again.chain(header(100), header(130))
+        assert Counted.reads <= 2  # the count, one note
+        # Notes newer than the reader's header (committed since it read it) are walked past.
+        assert again.chain(header(100), header(115))
+        again._map = real
         # The ring wraps; a chain longer than the walk is not followed to its start.
         for change in range(10, 10 + _CommitNotes.SLOTS + 5):
             notes.note(header(change), header(change + 1))
