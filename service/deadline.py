@@ -74,39 +74,22 @@ def unbounded() -> Iterator[None]:
 def call_deadline(timeout_s: float) -> float:
     """The loop time by which a store call starting now must end: ``timeout_s`` from now, or
     sooner when less of the request's budget is left."""
-    left = _BUDGET.get()
-    return asyncio.get_running_loop().time() + (
-        timeout_s if left is None else max(0.0, min(timeout_s, left.left_s)))
+    return Waiting(timeout_s).at
 
 
-def charged() -> _Charged:
+def charged() -> Waiting:
     """Charge the time this block takes (a store call, a wait for a group commit) to the
     request's budget, however the block ends."""
-    return _Charged()
-
-
-class _Charged:
-    """``charged()``: a class, not a generator, as it wraps every store call."""
-
-    __slots__ = ("_budget", "_started")
-
-    def __enter__(self) -> None:
-        self._budget = _BUDGET.get()
-        if self._budget is not None:
-            self._started = asyncio.get_running_loop().time()
-
-    def __exit__(self, *exc: object) -> None:
-        if self._budget is not None:
-            self._budget.left_s -= asyncio.get_running_loop().time() - self._started
+    return Waiting(None)
 
 
 class Waiting:
-    """A store wait that starts now: ``call_deadline`` and ``charged`` in one, for a caller
-    that needs both (one read of the budget and of the loop's clock where the two read each
-    twice; the audit log's group commit waits on every read). ``at``: the loop time by which
-    it must end, ``timeout_s`` from now or sooner as the budget says (``inf`` without a
-    ``timeout_s``); as a context manager, the time from now to the block's end is charged to
-    the request's budget, however the block ends."""
+    """A store wait that starts now, the one body of ``call_deadline`` and ``charged``, for a
+    caller that needs both too (one read of the budget and of the loop's clock; the audit
+    log's group commit waits on every read). ``at``: the loop time by which it must end,
+    ``timeout_s`` from now or sooner as the budget says (``inf`` without a ``timeout_s``); as
+    a context manager (a class, not a generator: it wraps every store call), the time from now
+    to the block's end is charged to the request's budget, however the block ends."""
 
     __slots__ = ("_budget", "_started", "at")
 

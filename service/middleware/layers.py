@@ -38,6 +38,7 @@ from .correlation import HEADER, correlation_id_for
 
 __all__ = ["setup_layers"]
 
+
 def setup_layers(app: web.Application, *, multiprocess: bool = False) -> None:
     """Install the request layers (before any other middleware: they are the outermost)."""
     counted = metrics.install_metrics(app, multiprocess=multiprocess)

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
 
-from ..deadline import call_deadline, charged
+from ..deadline import Waiting, call_deadline
 from ..limits import JSONValueRefused
 from . import pgrun
 from .base import (
@@ -381,8 +381,8 @@ class PostgresStore(SqlStore):
             raise StoreUnavailable("postgresql store is closed")
         if self.on_transaction is not None:
             self.on_transaction(True)
-        with charged(), self._observed(True):
-            deadline = call_deadline(self.timeout_s)
+        with Waiting(self.timeout_s) as waiting, self._observed(True):
+            deadline = waiting.at
             conn = await self._acquire(deadline)
             pid = conn.get_server_pid()
             healthy = False
