@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["compact", "compact_bytes", "compact_sorted", "encoder_with_default"]
+__all__ = ["compact_bytes", "compact_sorted", "encoder_with_default"]
 
 #: Types orjson writes its own way and ``json`` does not: sent to the fallback instead.
 _STRICT = (orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
@@ -57,17 +57,10 @@ def compact_sorted(value: Any) -> str:
         return _json_sorted(value)
 
 
-def compact(value: Any) -> str:
-    """``value`` as compact JSON, keys in their order (response bodies)."""
-    try:
-        return _dumps(value, option=_STRICT).decode()
-    except _Refused:
-        return _json_compact(value)
-
-
 def compact_bytes(value: Any) -> bytes:
-    """``compact(value)`` in UTF-8, as a response body is sent (orjson's own bytes: no text in
-    between). Raises ``UnicodeEncodeError`` where that text has no UTF-8 form."""
+    """``value`` as compact JSON in UTF-8, keys in their order: a response body as it is sent
+    (orjson's own bytes, no text in between). Raises ``UnicodeEncodeError`` where the text has
+    no UTF-8 form (an unpaired surrogate)."""
     try:
         return _dumps(value, option=_STRICT)
     except _Refused:
