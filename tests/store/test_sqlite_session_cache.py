@@ -1,6 +1,8 @@
 """SQLite's session check reads the row again only when the file changed (``get_session`` and
 ``PRAGMA data_version``): whoever commits a change to a session (this worker, another worker, a
-process outside the server), the next check sees it; while nobody commits, no row is read."""
+process outside the server), the next check sees it; while nobody commits, or only the
+workers' audit group commits noted as writing no session row (``_CommitNotes``), no row is
+read."""
 
 from __future__ import annotations
 
