@@ -73,8 +73,8 @@ MAX_BATCH = 256
 #: load the answers of one commit bring the next requests within a few turns: taken at once,
 #: the batch is the few records that came in while the last commit ran. A turn with nothing
 #: ready costs a few us, so an idle worker's record waits ~10-40 us more. Measured on the
-#: authorized read (2 workers, SQLite): CPU per read 179 -> 127 us at 16 connections and 111
-#: -> 85-95 us at 64, p99 unchanged, against taking the batch at once (see bench/RESULTS.md).
+#: authorized read (2 workers, SQLite): CPU per read 179 -> 127 us at 16 connections, 111-117
+#: -> 85-103 us at 64, p99 unchanged, against taking the batch at once (bench/RESULTS.md).
 GATHER_TURNS = 8
 #: A staged record this old (seconds) is sealed by whichever worker sweeps first (housekeeping
 #: sweeps every 30 s).
