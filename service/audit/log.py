@@ -6,8 +6,8 @@ change nothing (reads, refusals) are group-committed: they queue while a commit 
 the next commit writes them all, so a durable commit is shared by many requests instead of
 paid by each; each commit first lets the event loop run a few turns (``GATHER_TURNS``), so the
 requests already on their way join it. Every caller still waits until its own record is
-committed. The optional
-JSON-lines sink is written after commit; it is a copy for log shippers, the store is the record.
+committed. The optional JSON-lines sink is written after commit; it is a copy for log shippers,
+the store is the record.
 
 Where the store is shared by several writing processes (``Store.stages_audit``: PostgreSQL), a
 run's transaction does not append its record to the chain: it only stages it (``stage``: an
